@@ -1,0 +1,1 @@
+"""servesim.sim: the simulator and everything simulation and live mode share."""

@@ -1,0 +1,94 @@
+"""The ``servesim`` command line.
+
+Every error a user can cause (a bad scenario field, a missing trace, an impossible KV cache)
+prints one line on stderr and exits with status 2; a traceback means a bug in servesim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+EXIT_USAGE = 2
+
+
+class UserError(Exception):
+    """An error the user can fix; printed as one line, exit status 2."""
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from .cost_model import ProfileError
+    from .presets import PresetError
+    from .scenario import ScenarioError
+    from .workload import WorkloadError
+
+    return (UserError, ScenarioError, WorkloadError, ProfileError, PresetError, FileNotFoundError)
+
+
+def _load(args: argparse.Namespace):
+    from .scenario import load_scenario
+
+    return load_scenario(args.scenario, args.set)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .metrics import format_summary_table
+    from .simulate import default_out_dir, simulate, write_results
+    from .workload import workload_stats
+
+    sc = _load(args)
+    result = simulate(sc, progress=None if not args.quiet else False)
+    out = write_results(result, args.out or default_out_dir(sc), plots=not args.no_plots)
+    stats = workload_stats(result.requests)
+    print(
+        f"servesim run: {sc.name} | {sc.model} on {sc.hardware} (tp={sc.tensor_parallel}) x{sc.cluster.num_replicas} | "
+        f"{sc.scheduler.type} scheduler | {result.kv.num_blocks} KV blocks of {result.kv.block_size} tokens | "
+        f"{int(stats.get('count', len(result.requests)))} requests, seed {sc.seed}"
+    )
+    print(format_summary_table(result.summary))
+    print(f"simulated in {result.wall_s:.2f} s wall; results in {out}/")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="servesim", description="Simulate and measure LLM serving schedulers.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def scenario_cmd(name: str, help_: str, fn: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help_, description=help_)
+        sp.add_argument("scenario", help="scenario YAML file")
+        sp.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
+                        help="override a scenario field, e.g. --set scheduler.max_num_seqs=128 (repeatable)")
+        sp.add_argument("--out", help="run folder (default: the scenario's output_dir or results/NAME)")
+        sp.add_argument("--quiet", action="store_true", help="no progress bar")
+        sp.set_defaults(fn=fn)
+        return sp
+
+    run = scenario_cmd("run", "simulate a scenario and write its run folder", cmd_run)
+    run.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except _user_errors() as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if isinstance(e, FileNotFoundError) and e.filename:
+            msg = f"file not found: {e.filename}"
+        print(f"servesim {args.command}: error: {msg}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("servesim: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["main", "build_parser", "UserError", "Path"]

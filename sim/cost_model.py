@@ -1,0 +1,448 @@
+"""Step shape -> seconds: how long one engine iteration takes.
+
+A step is described by two int arrays, one row per scheduled sequence: ``q_lens[i]`` new tokens
+computed this step (1 for a decode) and ``ctx_lens[i]`` tokens already in the KV cache (so row i
+attends over ``ctx + q`` keys), plus the KV bytes swapped between host and device before it.
+
+Three models share the interface ``iteration_time(q_lens, ctx_lens, swap_bytes=0.0) -> seconds``:
+
+- ``RooflineCostModel``: datasheet peaks times efficiency factors; uncalibrated default.
+- ``FittedCostModel``: non-negative coefficients fitted to measured steps (``calibration/fit.py``).
+- ``ConstantCostModel``: closed form, for tests.
+
+Both real models use the same physical terms, ``step_features`` (names in ``FEATURE_NAMES``):
+
+=====================  =========================================================  ==============
+feature                what it is                                                 unit
+=====================  =========================================================  ==============
+tokens                 T = sum(q): rows through every linear layer                tokens
+tokens_tiled           ceil(T / tile) * tile: the GEMM M dimension after padding  tokens
+prefill_attn_pairs     sum over prefill rows of q * (ctx + (q + 1) / 2)            query-key pairs
+decode_kv_tokens       sum over decode rows (q == 1) of ctx + 1: KV read          tokens
+seqs                   rows in the step (lm head, sampler, per-request CPU work)  sequences
+prefill_seqs           rows with q != 1 (varlen attention launch, prompt setup)   sequences
+const                  1 for a non-empty step: weight read, launches, scheduler   1
+=====================  =========================================================  ==============
+
+A step is *decode* when every row has q == 1, *prefill* when none has, else *mixed*.
+
+Profile file (JSON), written by ``save_profile`` and read by ``FittedCostModel.from_profile``::
+
+    {
+      "format": "servesim-profile/1",
+      "features": [...FEATURE_NAMES, in order...],
+      "tile_tokens": 64,                      # the tile used for tokens_tiled
+      "regimes": {                            # "prefill", "decode", "mixed", and/or "all";
+        "decode": {"coef": [7 floats >= 0]},  # a missing regime falls back to "all", so either
+        "prefill": {"coef": [...]},           # "all" or all three must be present; coefficients
+        "mixed": {"coef": [...]}              # are seconds per unit of each feature
+      },
+      "overhead": {"step_s": 0.0, "per_seq_s": 0.0, "swap_bandwidth": null},
+      "provenance": {...free-form: device, backend, model, date, commit, samples...},
+      "held_out_error": {...free-form: e.g. "mape": 0.04, "p90_ape": 0.09, "n": 200...}
+    }
+
+``overhead`` holds host-side time the kernel timings did not see (seconds per step, seconds per
+sequence) and the swap bandwidth in bytes/s (null: use the hardware preset's PCIe figure).
+Step time = coef[regime] . step_features + overhead.step_s + overhead.per_seq_s * seqs
++ swap_bytes / swap_bandwidth.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
+from .presets import HardwareConfig, ModelConfig, kv_heads_per_rank
+
+PROFILE_FORMAT = "servesim-profile/1"
+FEATURE_NAMES: tuple[str, ...] = (
+    "tokens", "tokens_tiled", "prefill_attn_pairs", "decode_kv_tokens", "seqs", "prefill_seqs", "const",
+)
+REGIMES = ("prefill", "decode", "mixed")
+TILE_TOKENS = 64
+
+
+class CostModel(Protocol):
+    def iteration_time(self, q_lens: np.ndarray, ctx_lens: np.ndarray, swap_bytes: float = 0.0) -> float:
+        """Seconds one step takes; ``q_lens``/``ctx_lens`` are 1-D int arrays (tokens)."""
+        ...
+
+
+class ProfileError(ValueError):
+    """A cost-model profile that is missing or malformed."""
+
+
+def _step_sums(q: np.ndarray, ctx: np.ndarray) -> tuple[int, int, int, int, int, int]:
+    """(rows, decode rows, tokens, prefill attention pairs, decode KV tokens, prefill KV tokens).
+
+    Few numpy calls on purpose: this runs once per simulated step (~5 us for 512 rows).
+    """
+    n = q.shape[0]
+    dec = q == 1
+    n_dec = int(np.count_nonzero(dec))
+    ctx_sum = int(ctx.sum())
+    if n_dec == n:  # decode-only, the common step
+        return n, n, n, 0, ctx_sum + n, 0
+    tokens = int(q.sum())
+    # sum over all rows of q * (ctx + (q + 1) / 2), minus what decode rows add (ctx + 1 each).
+    decode_kv = int(np.dot(dec, ctx)) + n_dec if n_dec else 0
+    pairs = int(np.dot(q, ctx)) + (int(np.dot(q, q)) + tokens) // 2 - decode_kv
+    return n, n_dec, tokens, pairs, decode_kv, ctx_sum + tokens - decode_kv
+
+
+def classify_step(q_lens: np.ndarray) -> Literal["prefill", "decode", "mixed", "empty"]:
+    """Which regime a step belongs to: decode if every row has q == 1, prefill if none has."""
+    n = len(q_lens)
+    n_dec = int(np.count_nonzero(np.asarray(q_lens) == 1))
+    if n == 0:
+        return "empty"
+    return "decode" if n_dec == n else "prefill" if n_dec == 0 else "mixed"
+
+
+def step_features(q_lens: np.ndarray, ctx_lens: np.ndarray, tile: int = TILE_TOKENS) -> np.ndarray:
+    """The ``FEATURE_NAMES`` vector (float64) of one step; all zeros for an empty step."""
+    q = np.asarray(q_lens, dtype=np.int64)
+    ctx = np.asarray(ctx_lens, dtype=np.int64)
+    if q.shape[0] == 0:
+        return np.zeros(len(FEATURE_NAMES))
+    n, n_dec, tokens, pairs, decode_kv, _ = _step_sums(q, ctx)
+    tiled = -(-tokens // tile) * tile
+    return np.array([tokens, tiled, pairs, decode_kv, n, n - n_dec, 1.0], dtype=np.float64)
+
+
+# --------------------------------------------------------------------------------------------------
+# Roofline
+
+
+class RooflineCostModel:
+    """Datasheet roofline: linear layers, attention, TP all-reduce, swap, CPU overhead, summed.
+
+    Linear layers take max(FLOPs / (peak * eff), bytes / (bw * eff)), where the bytes are the
+    weights (read once per step whatever the batch) plus activations. Prefill attention is
+    compute-bound (4 * layers * heads * head_dim FLOPs per query-key pair, floored by its KV read);
+    decode attention reads each row's KV. With tensor parallelism compute and bytes are split
+    over ``tp`` ranks and every layer adds two ring all-reduces of the step's hidden states.
+    """
+
+    def __init__(self, model: ModelConfig, hardware: HardwareConfig, tensor_parallel: int = 1,
+                 flops_efficiency: float = 0.6, bandwidth_efficiency: float = 0.8,
+                 # vLLM v1 with CUDA graphs: the CPU schedules, prepares inputs and launches the
+                 # graph in ~0.3-1 ms per step on a modern host; per-request bookkeeping (input
+                 # tensors, sampler, output processing) adds a few us per sequence, so a batch of
+                 # 256 pays ~1.3 ms. Whole-ms figures belong to pre-v0.6 vLLM.
+                 step_overhead_s: float = 0.5e-3, per_seq_overhead_s: float = 5e-6,
+                 # Ring all-reduce reaches ~70% of NVLink's one-direction bandwidth in nccl-tests;
+                 # small (decode) messages are latency-bound at ~10 us each (NCCL / vLLM custom AR).
+                 tp_comm_efficiency: float = 0.7, tp_comm_latency_s: float = 10e-6,
+                 tile_tokens: int | None = None) -> None:
+        # 0.6 / 0.8: a large bf16 GEMM reaches ~0.8 of peak on an H200 (788 of 989 TFLOP/s
+        # measured) and a device copy ~0.9 of HBM bandwidth; a whole model step, with its small
+        # GEMMs, norms and launches, sits below that.
+        tp = tensor_parallel
+        kv_per_rank = kv_heads_per_rank(model, tp)
+        m = model
+        self.model, self.hardware, self.tp = model, hardware, tp
+        self.flops_efficiency, self.bandwidth_efficiency = flops_efficiency, bandwidth_efficiency
+        self.step_overhead_s, self.per_seq_overhead_s = step_overhead_s, per_seq_overhead_s
+        self.tp_comm_efficiency, self.tp_comm_latency_s = tp_comm_efficiency, tp_comm_latency_s
+        self.tile = tile_tokens or hardware.gemm_tile_tokens
+
+        self._flops_rate = hardware.peak_flops * flops_efficiency
+        self._bytes_rate = hardware.hbm_bandwidth * bandwidth_efficiency
+        self._layer_flops_per_token = 2 * m.num_layers * m.layer_matmul_params / tp
+        # vLLM computes logits only for each sequence's last position.
+        self._lm_head_flops_per_seq = 2 * m.embedding_params / tp
+        self._weight_bytes = m.streamed_weight_bytes / tp
+        # Per token per layer, activations written and read back: norms, residual, q/k/v, attention
+        # output (~10 hidden-sized values, replicated over ranks) and gate/up/act (3 x intermediate).
+        self._act_bytes_per_token = m.num_layers * (10 * m.hidden_size + 3 * m.intermediate_size / tp) \
+            * m.dtype_bytes
+        self._attn_flops_per_pair = m.attention_flops_per_pair / tp
+        self._kv_bytes_per_token = 2 * m.num_layers * kv_per_rank * m.head_dim * m.dtype_bytes
+        self._pcie = hardware.pcie_bandwidth
+        if tp > 1:
+            ring = 2 * (tp - 1) / tp
+            n_ar = 2 * m.num_layers
+            self._ar_fixed = n_ar * tp_comm_latency_s
+            self._ar_per_token = n_ar * ring * m.hidden_size * m.dtype_bytes / (
+                hardware.interconnect_bandwidth * tp_comm_efficiency)
+        else:
+            self._ar_fixed = self._ar_per_token = 0.0
+
+    def iteration_time(self, q_lens: np.ndarray, ctx_lens: np.ndarray, swap_bytes: float = 0.0) -> float:
+        """Seconds for one step (see the class docstring); 0 for an empty step without swaps."""
+        swap = swap_bytes / self._pcie if swap_bytes else 0.0
+        if q_lens.shape[0] == 0:
+            return swap
+        n, _, tokens, pairs, decode_kv, prefill_kv = _step_sums(q_lens, ctx_lens)
+        tiled = -(-tokens // self.tile) * self.tile
+        linear = max((tiled * self._layer_flops_per_token + n * self._lm_head_flops_per_seq) / self._flops_rate,
+                     (self._weight_bytes + tokens * self._act_bytes_per_token) / self._bytes_rate)
+        kv = self._kv_bytes_per_token / self._bytes_rate
+        attn = decode_kv * kv
+        if pairs:
+            attn += max(pairs * self._attn_flops_per_pair / self._flops_rate, prefill_kv * kv)
+        comm = self._ar_fixed + tokens * self._ar_per_token
+        return linear + attn + comm + swap + self.step_overhead_s + n * self.per_seq_overhead_s
+
+    def describe(self) -> dict[str, Any]:
+        """The constants behind the predictions (rates in FLOP/s and bytes/s, times in seconds)."""
+        return {
+            "type": "roofline", "model": self.model.name, "hardware": self.hardware.name,
+            "tensor_parallel": self.tp, "flops_efficiency": self.flops_efficiency,
+            "bandwidth_efficiency": self.bandwidth_efficiency, "effective_flops": self._flops_rate,
+            "effective_bandwidth": self._bytes_rate, "tile_tokens": self.tile,
+            "weight_bytes_per_rank": self._weight_bytes, "kv_bytes_per_token_per_rank": self._kv_bytes_per_token,
+            "step_overhead_s": self.step_overhead_s, "per_seq_overhead_s": self.per_seq_overhead_s,
+            "tp_comm_efficiency": self.tp_comm_efficiency, "tp_comm_latency_s": self.tp_comm_latency_s,
+            "pcie_bandwidth": self._pcie,
+        }
+
+
+# --------------------------------------------------------------------------------------------------
+# Fitted profile
+
+
+def _check_coef(regime: str, coef: Any) -> tuple[float, ...]:
+    if not isinstance(coef, Sequence) or len(coef) != len(FEATURE_NAMES):
+        raise ProfileError(f"regimes.{regime}.coef must be a list of {len(FEATURE_NAMES)} numbers "
+                           f"(one per feature), got {coef!r}")
+    try:
+        values = tuple(float(c) for c in coef)
+    except (TypeError, ValueError):
+        raise ProfileError(f"regimes.{regime}.coef must hold numbers, got {coef!r}") from None
+    if not all(math.isfinite(c) and c >= 0.0 for c in values):
+        raise ProfileError(f"regimes.{regime}.coef must be finite and >= 0, got {list(values)}")
+    return values
+
+
+class FittedCostModel:
+    """Per-regime non-negative coefficients dotted with ``step_features`` (see module docstring)."""
+
+    def __init__(self, coefs: Mapping[str, Sequence[float]], *, tile_tokens: int = TILE_TOKENS,
+                 overhead: Mapping[str, Any] | None = None, swap_bandwidth: float | None = None,
+                 provenance: Mapping[str, Any] | None = None,
+                 held_out_error: Mapping[str, Any] | None = None) -> None:
+        """``coefs`` maps regime ("prefill"/"decode"/"mixed"/"all") to one coefficient per feature.
+
+        ``swap_bandwidth`` (bytes/s) is used when the profile's overhead does not name one.
+        """
+        unknown = set(coefs) - {*REGIMES, "all"}
+        if unknown:
+            raise ProfileError(f"unknown regime(s) {sorted(unknown)}; use prefill, decode, mixed or all")
+        checked = {r: _check_coef(r, c) for r, c in coefs.items()}
+        missing = [r for r in REGIMES if r not in checked]
+        if missing and "all" not in checked:
+            raise ProfileError(f"profile lacks regime(s) {missing} and has no 'all' regime to fall back on")
+        if not isinstance(tile_tokens, int) or tile_tokens < 1:
+            raise ProfileError(f"tile_tokens must be a positive integer, got {tile_tokens!r}")
+        self.coefs = checked
+        self.tile = tile_tokens
+        self.overhead = dict(overhead or {})
+        self.provenance = dict(provenance or {})
+        self.held_out_error = dict(held_out_error or {})
+        unknown = set(self.overhead) - {"step_s", "per_seq_s", "swap_bandwidth"}
+        if unknown:
+            raise ProfileError(f"unknown overhead key(s) {sorted(unknown)}; use step_s, per_seq_s, swap_bandwidth")
+        self._step_s = float(self.overhead.get("step_s") or 0.0)
+        self._per_seq_s = float(self.overhead.get("per_seq_s") or 0.0)
+        bw = self.overhead.get("swap_bandwidth") or swap_bandwidth
+        if bw is not None and not bw > 0:
+            raise ProfileError(f"overhead.swap_bandwidth must be > 0 bytes/s, got {bw!r}")
+        self._swap_bw = float(bw) if bw else math.inf
+        self._dec, self._pre, self._mix = (checked.get(r, checked.get("all")) for r in ("decode", "prefill", "mixed"))
+
+    @classmethod
+    def from_profile(cls, path: str | Path, swap_bandwidth: float | None = None) -> FittedCostModel:
+        """Load a ``servesim-profile/1`` JSON file; ``ProfileError`` says what is wrong with it."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ProfileError(f"profile file {str(path)!r} not found") from None
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ProfileError(f"cannot read profile {str(path)!r}: {exc}") from None
+        try:
+            return cls.from_profile_dict(data, swap_bandwidth=swap_bandwidth)
+        except ProfileError as exc:
+            raise ProfileError(f"{path}: {exc}") from None
+
+    @classmethod
+    def from_profile_dict(cls, data: Any, swap_bandwidth: float | None = None) -> FittedCostModel:
+        """Build from an already-parsed profile dict (same checks as ``from_profile``)."""
+        if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
+            got = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise ProfileError(f"not a servesim profile: format is {got!r}, expected {PROFILE_FORMAT!r}")
+        if data.get("features") != list(FEATURE_NAMES):
+            raise ProfileError(f"features {data.get('features')!r} do not match this servesim's "
+                               f"{list(FEATURE_NAMES)}; refit the profile")
+        regimes = data.get("regimes")
+        if not isinstance(regimes, dict) or not regimes:
+            raise ProfileError("regimes must be a non-empty object like {\"all\": {\"coef\": [...]}}")
+        coefs = {}
+        for name, body in regimes.items():
+            if not isinstance(body, dict) or "coef" not in body:
+                raise ProfileError(f"regimes.{name} must be an object with a 'coef' list")
+            coefs[name] = body["coef"]
+        return cls(coefs, tile_tokens=data.get("tile_tokens", TILE_TOKENS), overhead=data.get("overhead"),
+                   swap_bandwidth=swap_bandwidth, provenance=data.get("provenance"),
+                   held_out_error=data.get("held_out_error"))
+
+    def to_profile_dict(self) -> dict[str, Any]:
+        """This model as a profile dict (what ``save_profile`` writes)."""
+        return to_profile_dict(self.coefs, tile_tokens=self.tile, overhead=self.overhead,
+                               provenance=self.provenance, held_out_error=self.held_out_error)
+
+    def iteration_time(self, q_lens: np.ndarray, ctx_lens: np.ndarray, swap_bytes: float = 0.0) -> float:
+        """Seconds for one step: coef[regime] . step_features + overheads + swap."""
+        swap = swap_bytes / self._swap_bw if swap_bytes else 0.0
+        if q_lens.shape[0] == 0:
+            return swap
+        n, n_dec, tokens, pairs, decode_kv, _ = _step_sums(q_lens, ctx_lens)
+        c = self._dec if n_dec == n else self._pre if n_dec == 0 else self._mix
+        tiled = -(-tokens // self.tile) * self.tile
+        return (c[0] * tokens + c[1] * tiled + c[2] * pairs + c[3] * decode_kv + c[4] * n
+                + c[5] * (n - n_dec) + c[6] + self._step_s + self._per_seq_s * n + swap)
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": "profile", **self.to_profile_dict()}
+
+
+def to_profile_dict(coefs: Mapping[str, Sequence[float]], *, tile_tokens: int = TILE_TOKENS,
+                    overhead: Mapping[str, Any] | None = None, provenance: Mapping[str, Any] | None = None,
+                    held_out_error: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A ``servesim-profile/1`` dict from fitted coefficients (seconds per feature unit)."""
+    return {
+        "format": PROFILE_FORMAT,
+        "features": list(FEATURE_NAMES),
+        "tile_tokens": int(tile_tokens),
+        "regimes": {r: {"coef": [float(c) for c in cs]} for r, cs in coefs.items()},
+        "overhead": {"step_s": 0.0, "per_seq_s": 0.0, "swap_bandwidth": None, **(overhead or {})},
+        "provenance": dict(provenance or {}),
+        "held_out_error": dict(held_out_error or {}),
+    }
+
+
+def save_profile(path: str | Path, profile: Mapping[str, Any]) -> Path:
+    """Validate ``profile`` (a dict from ``to_profile_dict``) and write it as JSON; returns the path."""
+    FittedCostModel.from_profile_dict(dict(profile))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(profile, indent=2) + "\n")
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# Constant
+
+
+class ConstantCostModel:
+    """step_s + per_token_s * total tokens per non-empty step; swaps at ``swap_bandwidth`` bytes/s."""
+
+    def __init__(self, step_s: float, per_token_s: float = 0.0, swap_bandwidth: float = math.inf) -> None:
+        self.step_s, self.per_token_s, self.swap_bandwidth = step_s, per_token_s, swap_bandwidth
+
+    def iteration_time(self, q_lens: np.ndarray, ctx_lens: np.ndarray, swap_bytes: float = 0.0) -> float:
+        swap = swap_bytes / self.swap_bandwidth if swap_bytes else 0.0
+        if q_lens.shape[0] == 0:
+            return swap
+        return self.step_s + self.per_token_s * int(q_lens.sum()) + swap
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": "constant", "step_s": self.step_s, "per_token_s": self.per_token_s}
+
+
+# --------------------------------------------------------------------------------------------------
+# Config
+
+
+class CostModelConfig(BaseModel):
+    """The ``cost_model:`` section of a scenario. Times in milliseconds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["roofline", "profile", "constant"] = "roofline"
+    path: str | None = None  # profile JSON; relative paths also searched in servesim.calibration
+    flops_efficiency: float | None = None
+    bandwidth_efficiency: float | None = None
+    step_overhead_ms: float | None = None
+    per_seq_overhead_ms: float | None = None
+    step_ms: float | None = None
+    per_token_ms: float | None = None
+
+    @field_validator("flops_efficiency", "bandwidth_efficiency")
+    @classmethod
+    def _efficiency(cls, v: float | None, info) -> float | None:
+        if v is not None and not 0.0 < v <= 1.0:
+            raise ValueError(f"{info.field_name} must be in (0, 1], got {v}")
+        return v
+
+    @field_validator("step_overhead_ms", "per_seq_overhead_ms", "step_ms", "per_token_ms")
+    @classmethod
+    def _non_negative(cls, v: float | None, info) -> float | None:
+        if v is not None and not (math.isfinite(v) and v >= 0.0):
+            raise ValueError(f"{info.field_name} must be a finite number >= 0, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _fields_match_type(self) -> CostModelConfig:
+        if self.type == "profile" and not self.path:
+            raise ValueError("path is required when type is 'profile' (e.g. path: profiles/cpu-tiny.json)")
+        if self.type == "constant" and self.step_ms is None:
+            raise ValueError("step_ms is required when type is 'constant'")
+        own = {"roofline": {"flops_efficiency", "bandwidth_efficiency", "step_overhead_ms", "per_seq_overhead_ms"},
+               "profile": {"path"}, "constant": {"step_ms", "per_token_ms"}}
+        stray = sorted(f for t, fs in own.items() if t != self.type for f in fs if getattr(self, f) is not None)
+        if stray:
+            raise ValueError(f"{', '.join(stray)} do(es) not apply to type '{self.type}'; remove or change type")
+        return self
+
+
+def resolve_profile_path(path: str | Path) -> Path:
+    """Find a profile: as given (absolute or from the current dir), then inside servesim.calibration.
+
+    ``profiles/cpu-tiny.json`` and ``cpu-tiny.json`` both find the shipped
+    ``calibration/profiles/cpu-tiny.json`` from any directory.
+    """
+    path = Path(path)
+    tried = [path if path.is_absolute() else Path.cwd() / path]
+    spec = importlib.util.find_spec("servesim.calibration")
+    if not path.is_absolute() and spec and spec.submodule_search_locations:
+        pkg = Path(next(iter(spec.submodule_search_locations)))
+        tried += [pkg / path, pkg / "profiles" / path]
+    for candidate in tried:
+        if candidate.is_file():
+            return candidate
+    raise ProfileError(f"profile {str(path)!r} not found; tried: {', '.join(map(str, dict.fromkeys(tried)))}")
+
+
+def build_cost_model(cfg: CostModelConfig, model: ModelConfig, hardware: HardwareConfig,
+                     tensor_parallel: int = 1) -> CostModel:
+    """The cost model a scenario asks for. A profile's provenance naming another model warns."""
+    if cfg.type == "constant":
+        return ConstantCostModel(cfg.step_ms / 1e3, (cfg.per_token_ms or 0.0) / 1e3, hardware.pcie_bandwidth)
+    if cfg.type == "profile":
+        fitted = FittedCostModel.from_profile(resolve_profile_path(cfg.path), swap_bandwidth=hardware.pcie_bandwidth)
+        profiled = fitted.provenance.get("model")
+        if profiled and profiled != model.name:
+            warnings.warn(f"profile {cfg.path} was fitted on model {profiled!r}, scenario runs {model.name!r}",
+                          stacklevel=2)
+        return fitted
+    kw: dict[str, float] = {}
+    for field, arg, scale in (("flops_efficiency", "flops_efficiency", 1.0),
+                              ("bandwidth_efficiency", "bandwidth_efficiency", 1.0),
+                              ("step_overhead_ms", "step_overhead_s", 1e-3),
+                              ("per_seq_overhead_ms", "per_seq_overhead_s", 1e-3)):
+        value = getattr(cfg, field)
+        if value is not None:
+            kw[arg] = value * scale
+    return RooflineCostModel(model, hardware, tensor_parallel, **kw)

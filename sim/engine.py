@@ -1,0 +1,177 @@
+"""One serving replica as a SimPy process: schedule -> execute -> update, one iteration a step.
+
+The same loop runs in simulation (``simpy.Environment``: a step takes the seconds the cost model
+predicts) and live (``simpy.rt.RealtimeEnvironment(strict=False)``: the executor runs the real
+model, and the clock advances by what the step really took, scheduling and bookkeeping
+included). An idle replica waits on an arrival event instead of polling.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+import simpy
+import simpy.rt
+
+from .batch import Batch
+from .request import Request, RequestState
+from .schedulers import Scheduler
+
+if TYPE_CHECKING:
+    from .cost_model import CostModel
+
+
+class Executor(Protocol):
+    def run(self, batch: Batch) -> float:
+        """Execute one step; return its duration in seconds."""
+        ...
+
+
+class SimExecutor:
+    """Executes a step by asking the cost model how long it takes."""
+
+    def __init__(self, cost_model: CostModel, kv_block_bytes: float) -> None:
+        self.cost_model = cost_model
+        self.kv_block_bytes = kv_block_bytes
+
+    def run(self, batch: Batch) -> float:
+        swap_bytes = batch.num_swap_blocks * self.kv_block_bytes
+        return self.cost_model.iteration_time(batch.num_new_tokens, batch.num_context_tokens, swap_bytes)
+
+
+class Recorder(Protocol):  # what the engine needs from sim/metrics.py
+    def on_iteration(self, **kwargs: object) -> None: ...
+    def on_itl(self, itl: np.ndarray) -> None: ...
+    def on_request_done(self, req: Request) -> None: ...
+
+
+class Replica:
+    """A serving replica: a scheduler, an executor, and the SimPy process that drives them."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        replica_id: int,
+        scheduler: Scheduler,
+        executor: Executor,
+        recorder: Recorder,
+        on_done=None,  # callable(Request) -> None, called once per finished or rejected request
+    ) -> None:
+        self.env = env
+        self.replica_id = replica_id
+        self.scheduler = scheduler
+        self.executor = executor
+        self.recorder = recorder
+        self.on_done = on_done
+        self.realtime = isinstance(env, simpy.rt.RealtimeEnvironment)
+        self.num_iterations = 0
+        self.arrivals_open = True  # the cluster clears this when no request is left to arrive
+        self._wakeup = env.event()
+        self.process = env.process(self._loop())
+
+    @property
+    def num_outstanding(self) -> int:
+        s = self.scheduler
+        return s.num_waiting + s.num_running + s.num_swapped
+
+    def submit(self, req: Request) -> None:
+        """A request arrives at this replica now."""
+        req.replica = self.replica_id
+        if not self.scheduler.add(req):
+            self._done(req)
+            return
+        if not self._wakeup.triggered:
+            self._wakeup.succeed()
+
+    def close(self) -> None:
+        """No more arrivals: let an idle replica's process end."""
+        self.arrivals_open = False
+        if not self._wakeup.triggered:
+            self._wakeup.succeed()
+
+    def _done(self, req: Request) -> None:
+        self.recorder.on_request_done(req)
+        if self.on_done is not None:
+            self.on_done(req)
+
+    def _wall_now(self) -> float:
+        env = self.env
+        return env.env_start + (time.monotonic() - env.real_start) / env.factor  # type: ignore[attr-defined]
+
+    def _loop(self):  # noqa: ANN202 - a SimPy process
+        env = self.env
+        sched = self.scheduler
+        kv = sched.kv
+        rec = self.recorder
+        overhead = 0.0  # live mode: seconds spent in update + schedule around this step
+        while True:
+            if not sched.has_unfinished:
+                if not self.arrivals_open:
+                    return
+                yield self._wakeup
+                self._wakeup = env.event()
+                continue
+            t_sched = time.perf_counter()
+            batch = sched.schedule(env.now)
+            if batch.is_empty:
+                if sched.num_running == 0 and sched.num_swapped == 0 and self.arrivals_open:
+                    # only an arrival can change anything (e.g. a batching delay); wait for one
+                    yield self._wakeup
+                    self._wakeup = env.event()
+                    continue
+                raise RuntimeError(
+                    f"replica {self.replica_id}: scheduler made no progress with {sched.num_waiting} waiting, "
+                    f"{sched.num_running} running, {sched.num_swapped} swapped and "
+                    f"{kv.num_free_blocks}/{kv.num_blocks} KV blocks free"
+                )
+            overhead += time.perf_counter() - t_sched
+            start = env.now
+            dt = self.executor.run(batch)
+            if self.realtime:
+                # the clock advances by what the step really took, scheduling included
+                dt = max(dt, self._wall_now() - start)
+            yield env.timeout(dt)
+            t_upd = time.perf_counter()
+            out = sched.update(batch, env.now)
+            self.num_iterations += 1
+            if len(out.itl):
+                rec.on_itl(out.itl)
+            for req in out.finished:
+                self._done(req)
+            rec.on_iteration(
+                replica=self.replica_id,
+                start=start,
+                duration=dt,
+                batch=batch,
+                kv_blocks_used=kv.num_used_blocks,
+                kv_blocks_total=kv.num_blocks,
+                num_waiting=sched.num_waiting,
+                num_running=sched.num_running,
+                num_swapped=sched.num_swapped,
+                num_preempted=len(batch.preempted),
+                sched_overhead_s=overhead if self.realtime else math.nan,
+            )
+            overhead = time.perf_counter() - t_upd
+
+
+def check_conservation(requests: list[Request], replicas: list[Replica], num_done: int) -> None:
+    """End-of-run check: every request finished with all its tokens or was rejected with a reason,
+    each exactly once, and every replica gave back all its KV blocks."""
+    if num_done != len(requests):
+        raise AssertionError(f"{len(requests)} requests submitted but {num_done} reported done")
+    for req in requests:
+        if req.state == RequestState.FINISHED:
+            if req.num_output_tokens != req.output_len:
+                raise AssertionError(
+                    f"request {req.request_id} finished with {req.num_output_tokens} of {req.output_len} tokens"
+                )
+        elif req.state == RequestState.REJECTED:
+            if not req.reject_reason:
+                raise AssertionError(f"request {req.request_id} rejected without a reason")
+        else:
+            raise AssertionError(f"request {req.request_id} left in state {req.state.name}")
+    for rep in replicas:
+        rep.scheduler.check_drained()

@@ -1,0 +1,273 @@
+"""Paged KV cache block manager: allocate, append, free, prefix caching and host swap space.
+
+Block ids are real rows of the cache tensor in live mode and bookkeeping only in simulation; the
+manager does not know which. Allocation answers ``False`` when it cannot allocate and leaves the
+request untouched (as vLLM's KV cache manager answers ``None``): the scheduler decides what to
+preempt.
+
+Prefix caching keys full prompt blocks by a hash chain: with token ids, each block's key hashes
+its parent's key and its own tokens; without them (pure simulation), blocks inside a request's
+shared prefix are keyed by ``(prefix_id, block index)``, which names the same chain. Cached blocks
+are ref-counted; a block whose last user leaves stays cached and becomes evictable, least
+recently used first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from .request import Request
+
+
+@dataclass(slots=True)
+class KVStats:
+    num_blocks: int
+    num_free: int
+    num_cached_evictable: int
+    num_host_blocks: int
+    num_host_free: int
+    prefix_hits: int  # blocks served from the prefix cache
+    prefix_queries: int  # cacheable blocks looked up
+
+
+class BlockManager:
+    """Owns ``num_blocks`` device blocks of ``block_size`` tokens and ``num_host_blocks`` host blocks."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_prefix_caching: bool = False,
+        num_host_blocks: int = 0,
+        watermark: float = 0.0,
+    ) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.watermark_blocks = int(watermark * num_blocks)
+        # pop() hands out the lowest id first, which keeps live-mode runs easy to read.
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._ref = [0] * num_blocks
+        self._tables: dict[int, list[int]] = {}
+        # prefix cache
+        self._block_key: list[int | None] = [None] * num_blocks
+        self._key_block: dict[int, int] = {}
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+        self._keys: dict[int, list[int]] = {}  # request_id -> keys of its cacheable prompt blocks
+        self._registered: dict[int, int] = {}  # request_id -> how many of those keys are in the cache
+        self.prefix_hits = 0
+        self.prefix_queries = 0
+        # host swap space
+        self.num_host_blocks = num_host_blocks
+        self._host_free: list[int] = list(range(num_host_blocks - 1, -1, -1))
+        self._host_tables: dict[int, list[int]] = {}
+
+    # ---- queries -------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation can take now: never-used free blocks plus evictable cached ones."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks held by at least one request."""
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_host_free_blocks(self) -> int:
+        return len(self._host_free)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks needed to hold ``num_tokens`` tokens."""
+        return -(-num_tokens // self.block_size)
+
+    def num_blocks_of(self, request: Request) -> int:
+        table = self._tables.get(request.request_id)
+        return len(table) if table is not None else 0
+
+    def block_table(self, request: Request) -> list[int]:
+        """The request's device blocks in token order (empty if it holds none)."""
+        return self._tables.get(request.request_id, [])
+
+    def holds(self, request: Request) -> bool:
+        return request.request_id in self._tables or request.request_id in self._host_tables
+
+    def can_allocate(self, num_blocks: int, *, watermark: bool = False) -> bool:
+        """Whether ``num_blocks`` more blocks can be taken, keeping the watermark free if asked."""
+        reserve = self.watermark_blocks if watermark else 0
+        return self.num_free_blocks - num_blocks >= reserve
+
+    def stats(self) -> KVStats:
+        return KVStats(
+            self.num_blocks,
+            self.num_free_blocks,
+            len(self._evictable),
+            self.num_host_blocks,
+            len(self._host_free),
+            self.prefix_hits,
+            self.prefix_queries,
+        )
+
+    # ---- allocation ----------------------------------------------------------------------
+    def allocate(self, request: Request, num_tokens: int, *, watermark: bool = False) -> bool:
+        """Grow the request's table to hold ``num_tokens`` tokens; ``False`` (and no change) if short."""
+        table = self._tables.get(request.request_id)
+        have = len(table) if table is not None else 0
+        need = -(-num_tokens // self.block_size) - have
+        if need <= 0:
+            return True
+        if not self.can_allocate(need, watermark=watermark):
+            return False
+        if table is None:
+            table = self._tables[request.request_id] = []
+        for _ in range(need):
+            table.append(self._take_block())
+        return True
+
+    def _take_block(self) -> int:
+        if self._free:
+            block = self._free.pop()
+        else:
+            block, _ = self._evictable.popitem(last=False)  # least recently used
+            del self._key_block[self._block_key[block]]  # type: ignore[index]
+            self._block_key[block] = None
+        self._ref[block] = 1
+        return block
+
+    def free(self, request: Request) -> int:
+        """Release every device block the request holds; returns how many it held."""
+        table = self._tables.pop(request.request_id, None)
+        self._keys.pop(request.request_id, None)
+        self._registered.pop(request.request_id, None)
+        if not table:
+            return 0
+        # Free in reverse so the tail of a sequence is evicted before its head (vLLM does the same).
+        for block in reversed(table):
+            self._release(block)
+        return len(table)
+
+    def _release(self, block: int) -> None:
+        self._ref[block] -= 1
+        if self._ref[block] == 0:
+            if self._block_key[block] is not None:
+                self._evictable[block] = None
+            else:
+                self._free.append(block)
+
+    # ---- prefix caching --------------------------------------------------------------------
+    def _prompt_keys(self, request: Request) -> list[int]:
+        keys = self._keys.get(request.request_id)
+        if keys is not None:
+            return keys
+        bs = self.block_size
+        keys = []
+        if request.prompt_token_ids is not None:
+            ids = request.prompt_token_ids
+            parent = 0
+            for i in range(len(ids) // bs):
+                parent = hash((parent, tuple(ids[i * bs : (i + 1) * bs])))
+                keys.append(parent)
+        elif request.prefix_id >= 0:
+            for i in range(min(request.prefix_len, request.prompt_len) // bs):
+                keys.append(hash(("prefix", request.prefix_id, i)))
+        self._keys[request.request_id] = keys
+        self._registered[request.request_id] = 0
+        return keys
+
+    def lookup_prefix(self, request: Request) -> int:
+        """Attach the longest run of cached prompt blocks to a request that holds none.
+
+        Returns the number of prompt tokens now served from the cache. At least one prompt token
+        is always left to compute, so the step that finishes the prompt can sample.
+        """
+        if not self.enable_prefix_caching or request.request_id in self._tables:
+            return 0
+        keys = self._prompt_keys(request)
+        limit = min(len(keys), (request.num_prompt_tokens - 1) // self.block_size)
+        self.prefix_queries += limit
+        blocks: list[int] = []
+        for key in keys[:limit]:
+            block = self._key_block.get(key)
+            if block is None:
+                break
+            blocks.append(block)
+        if not blocks:
+            return 0
+        for block in blocks:
+            if self._ref[block] == 0:
+                del self._evictable[block]
+            self._ref[block] += 1
+        self._tables[request.request_id] = blocks
+        self._registered[request.request_id] = len(blocks)
+        self.prefix_hits += len(blocks)
+        return len(blocks) * self.block_size
+
+    def cache_computed_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Publish the request's prompt blocks that are now fully computed to the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        keys = self._prompt_keys(request)
+        done = self._registered.get(request.request_id, 0)
+        upto = min(len(keys), num_computed_tokens // self.block_size)
+        table = self._tables.get(request.request_id)
+        if table is None or upto <= done:
+            return
+        for i in range(done, upto):
+            key = keys[i]
+            block = table[i]
+            if key in self._key_block or self._block_key[block] is not None:
+                continue  # another request published the same content first
+            self._key_block[key] = block
+            self._block_key[block] = key
+        self._registered[request.request_id] = upto
+
+    # ---- swap ------------------------------------------------------------------------------
+    def swap_out(self, request: Request) -> list[tuple[int, int]] | None:
+        """Move the request's blocks to host memory: (device, host) copy pairs, or None if host is full."""
+        table = self._tables.get(request.request_id)
+        if not table:
+            return []
+        if len(self._host_free) < len(table):
+            return None
+        pairs = [(block, self._host_free.pop()) for block in table]
+        self._host_tables[request.request_id] = [host for _, host in pairs]
+        self.free(request)
+        return pairs
+
+    def swap_in(self, request: Request) -> list[tuple[int, int]] | None:
+        """Bring a swapped request's blocks back: (host, device) copy pairs, or None if short of blocks."""
+        host = self._host_tables.get(request.request_id)
+        if host is None:
+            return []
+        if not self.can_allocate(len(host)):
+            return None
+        device = [self._take_block() for _ in host]
+        self._tables[request.request_id] = device
+        del self._host_tables[request.request_id]
+        self._host_free.extend(reversed(host))
+        return list(zip(host, device, strict=True))
+
+    def drop_swapped(self, request: Request) -> None:
+        """Forget a swapped request's host blocks (it will be recomputed instead)."""
+        host = self._host_tables.pop(request.request_id, None)
+        if host:
+            self._host_free.extend(reversed(host))
+
+    # ---- end-of-run check ------------------------------------------------------------------
+    def check_all_free(self) -> None:
+        """Raise if any block is still held: every request must have returned its blocks."""
+        if self._tables or self._host_tables:
+            held = sorted(set(self._tables) | set(self._host_tables))[:10]
+            raise AssertionError(f"KV blocks leaked: requests {held} still hold blocks")
+        if self.num_free_blocks != self.num_blocks or any(self._ref):
+            raise AssertionError(
+                f"KV accounting broken: {self.num_free_blocks} free of {self.num_blocks} with no holder"
+            )
+        if len(self._host_free) != self.num_host_blocks:
+            raise AssertionError("host swap blocks leaked")

@@ -1,0 +1,526 @@
+"""What a run measured: per-request, per-iteration and per-token records, summaries, goodput.
+
+The engine feeds a ``MetricsRecorder`` on its hot path (one call per iteration, one per step's
+inter-token latencies, one per finished request); pandas appears only after the run. Summary keys
+follow vLLM's ``benchmark_serving.py`` (``mean_ttft_ms``, ``p99_tpot_ms``, ``request_goodput``...)
+so numbers can be put side by side with a real vLLM benchmark.
+
+Inter-token latencies are not kept one by one (a long run emits tens of millions of tokens): they
+go into a ``LogHistogram`` whose percentiles carry a stated relative error bound.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .batch import Batch
+from .request import Request
+
+_PERCENTILES = (90, 95, 99)  # reported for every latency, next to mean, median and std
+_SLO_KEYS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "e2el_ms": "e2e"}
+
+
+class LogHistogram:
+    """Streaming histogram of positive values (seconds) on geometric bins.
+
+    Bin ``i`` covers ``[lo * ratio**i, lo * ratio**(i+1))``; values below ``lo`` or above ``hi``
+    are clamped into the first / last bin (the exact min and max are kept separately).
+    ``quantile`` returns the geometric centre of the bin holding each order statistic, so for
+    values inside ``[lo, hi]`` the worst-case relative error of any percentile is half a bin
+    width, ``sqrt(ratio) - 1`` (about 0.05 % for the default ratio 1.001), measured against
+    ``np.percentile``'s linear interpolation between order statistics. ``mean`` is exact (a
+    running sum); ``std`` comes from a running sum of squared deviations (Chan et al.'s pairwise
+    update, which does not cancel catastrophically the way sum-of-squares minus square-of-sum does).
+    """
+
+    def __init__(self, lo: float = 1e-6, hi: float = 1e3, ratio: float = 1.001) -> None:
+        if not (0 < lo < hi) or ratio <= 1:
+            raise ValueError(
+                f"LogHistogram needs 0 < lo < hi and ratio > 1, got lo={lo} hi={hi} ratio={ratio}"
+            )
+        self.lo, self.hi, self.ratio = float(lo), float(hi), float(ratio)
+        self._inv_log_ratio = 1.0 / math.log(ratio)
+        self.num_bins = int(math.ceil(math.log(hi / lo) * self._inv_log_ratio))
+        self.counts = np.zeros(self.num_bins, dtype=np.int64)
+        self.count = 0
+        self.sum = 0.0
+        self._m2 = 0.0  # sum of squared deviations from the running mean
+        self.min = math.inf
+        self.max = -math.inf
+
+    @property
+    def max_relative_error(self) -> float:
+        """Worst-case relative error of ``quantile`` for values inside [lo, hi]."""
+        return math.sqrt(self.ratio) - 1.0
+
+    def add(self, values: np.ndarray) -> None:
+        """Add a batch of values (seconds; non-positive values land in the first bin)."""
+        v = np.asarray(values, dtype=np.float64).ravel()
+        n = v.size
+        if n == 0:
+            return
+        if not np.isfinite(v).all():  # a nan would index a bin at random
+            raise ValueError("LogHistogram.add: values must be finite")
+        idx = np.log(np.maximum(v, self.lo) * (1.0 / self.lo))
+        idx *= self._inv_log_ratio
+        bins = np.minimum(idx.astype(np.int64), self.num_bins - 1)
+        if n < 4096:  # np.add.at avoids allocating a full-length bincount for small batches
+            np.add.at(self.counts, bins, 1)
+        else:
+            self.counts += np.bincount(bins, minlength=self.num_bins)
+        s = float(v.sum())
+        m2 = float(np.square(v - s / n).sum())
+        self._combine(n, s, m2, float(v.min()), float(v.max()))
+
+    def _combine(self, n: int, s: float, m2: float, vmin: float, vmax: float) -> None:
+        if self.count:
+            delta = s / n - self.sum / self.count
+            self._m2 += m2 + delta * delta * self.count * n / (self.count + n)
+        else:
+            self._m2 = m2
+        self.count += n
+        self.sum += s
+        self.min = min(self.min, vmin)
+        self.max = max(self.max, vmax)
+
+    def merge(self, other: LogHistogram) -> LogHistogram:
+        """Add every value of ``other`` (same binning) into this histogram; returns self."""
+        if (other.lo, other.hi, other.ratio) != (self.lo, self.hi, self.ratio):
+            raise ValueError("cannot merge LogHistograms with different lo/hi/ratio")
+        if other.count:
+            self.counts += other.counts
+            self._combine(other.count, other.sum, other._m2, other.min, other.max)
+        return self
+
+    @property
+    def mean(self) -> float:
+        """Exact mean (seconds); nan when empty."""
+        return self.sum / self.count if self.count else math.nan
+
+    @property
+    def std(self) -> float:
+        """Population standard deviation (seconds, ddof=0 like np.std); nan when empty."""
+        return math.sqrt(max(self._m2, 0.0) / self.count) if self.count else math.nan
+
+    def quantile(self, q: float | np.ndarray) -> float | np.ndarray:
+        """Quantile(s) ``q`` in [0, 1] (seconds), interpolated like ``np.quantile``; nan when empty."""
+        qs = np.atleast_1d(np.asarray(q, dtype=np.float64))
+        if np.any((qs < 0) | (qs > 1)):
+            raise ValueError(f"quantile q must be in [0, 1], got {q}")
+        if not self.count:
+            out = np.full(qs.shape, math.nan)
+        else:
+            cum = np.cumsum(self.counts)
+            rank = qs * (self.count - 1)
+            below, above = np.floor(rank), np.ceil(rank)
+            frac = rank - below
+            # The order statistic of 0-based rank k sits in the first bin whose cumulative count > k.
+            b_lo = np.searchsorted(cum, below, side="right")
+            b_hi = np.searchsorted(cum, above, side="right")
+            out = (1 - frac) * self._centre(b_lo) + frac * self._centre(b_hi)
+            # Clamping only moves an estimate towards the truth; the extremes are known exactly.
+            out = np.clip(out, self.min, self.max)
+            out = np.where(qs == 0, self.min, np.where(qs == 1, self.max, out))
+        return float(out[0]) if np.ndim(q) == 0 else out
+
+    def _centre(self, b: np.ndarray) -> np.ndarray:
+        """Geometric centre of bins ``b`` (seconds)."""
+        return self.lo * self.ratio ** (b + 0.5)
+
+    def cdf_points(self) -> tuple[np.ndarray, np.ndarray]:
+        """(bin upper edges in seconds, cumulative fraction) for the nonzero bins, for plotting."""
+        nz = np.flatnonzero(self.counts)
+        if not self.count:
+            return np.zeros(0), np.zeros(0)
+        edges = np.clip(self.lo * self.ratio ** (nz + 1.0), self.min, self.max)
+        return edges, np.cumsum(self.counts[nz]) / self.count
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready state; only nonzero bins are listed."""
+        nz = np.flatnonzero(self.counts)
+        empty = self.count == 0
+        return {
+            "lo": self.lo,
+            "hi": self.hi,
+            "ratio": self.ratio,
+            "count": int(self.count),
+            "sum": float(self.sum),
+            "m2": float(self._m2),
+            "min": None if empty else float(self.min),
+            "max": None if empty else float(self.max),
+            "bins": nz.tolist(),
+            "counts": self.counts[nz].tolist(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LogHistogram:
+        """Inverse of ``to_dict``."""
+        h = cls(lo=d["lo"], hi=d["hi"], ratio=d["ratio"])
+        h.counts[np.asarray(d["bins"], dtype=np.int64)] = np.asarray(d["counts"], dtype=np.int64)
+        h.count, h.sum, h._m2 = int(d["count"]), float(d["sum"]), float(d["m2"])
+        if h.count:
+            h.min, h.max = float(d["min"]), float(d["max"])
+        return h
+
+
+REQUEST_COLUMNS = (
+    "request_id", "replica", "arrival_time", "first_scheduled_time", "first_token_time",
+    "finish_time", "prompt_len", "output_len", "num_output_tokens", "ttft", "tpot", "e2e",
+    "queueing_delay", "num_preemptions", "num_cached_tokens", "state", "reject_reason",
+)  # fmt: skip
+
+ITERATION_COLUMNS = (
+    "replica", "start", "duration", "batch_size", "num_prefill_tokens", "num_decode_tokens",
+    "num_tokens", "kv_blocks_used", "kv_blocks_total", "num_waiting", "num_running",
+    "num_swapped", "num_preempted", "num_swap_blocks", "sched_overhead_s",
+)  # fmt: skip
+_FLOAT_ITER_COLUMNS = frozenset({"start", "duration", "sched_overhead_s"})
+
+
+class MetricsRecorder:
+    """Collects a run's records with constant, small per-call cost (see the module docstring)."""
+
+    _ITL_BUFFER = 1 << 16
+
+    def __init__(self, num_replicas: int = 1, itl_histogram: LogHistogram | None = None) -> None:
+        self.num_replicas = num_replicas
+        # One float64 row per iteration: a single tuple store is cheaper than 15 column stores,
+        # and every count fits exactly in a float64 mantissa.
+        self._iters = np.empty((4096, len(ITERATION_COLUMNS)), dtype=np.float64)
+        self._n_iters = 0
+        self._requests: list[tuple] = []
+        self._itl_hist = itl_histogram if itl_histogram is not None else LogHistogram()
+        # ITLs are staged in a buffer so the histogram's log/bincount runs on big chunks.
+        self._itl_buf = np.empty(self._ITL_BUFFER, dtype=np.float64)
+        self._itl_n = 0
+
+    def on_iteration(
+        self,
+        replica: int,
+        start: float,
+        duration: float,
+        batch: Batch,
+        kv_blocks_used: int,
+        kv_blocks_total: int,
+        num_waiting: int,
+        num_running: int,
+        num_swapped: int,
+        num_preempted: int,
+        sched_overhead_s: float = math.nan,
+    ) -> None:
+        """Record one engine iteration of ``replica``: started at ``start``, took ``duration`` (s).
+
+        ``sched_overhead_s`` is the live-mode CPU time spent scheduling (seconds); nan in simulation.
+        """
+        i = self._n_iters
+        if i == len(self._iters):
+            grown = np.empty((2 * i, self._iters.shape[1]), dtype=np.float64)
+            grown[:i] = self._iters
+            self._iters = grown
+        new = batch.num_new_tokens
+        num_tokens = int(new.sum())
+        # Same definition as Batch.num_decode_tokens, computed once instead of via two properties.
+        num_decode = int(np.count_nonzero((new == 1) & batch.samples & (batch.num_context_tokens > 0)))
+        self._iters[i] = (
+            replica, start, duration, len(batch.requests), num_tokens - num_decode, num_decode,
+            num_tokens, kv_blocks_used, kv_blocks_total, num_waiting, num_running, num_swapped,
+            num_preempted, len(batch.swap_out) + len(batch.swap_in), sched_overhead_s,
+        )  # fmt: skip
+        self._n_iters = i + 1
+
+    def on_itl(self, itl_seconds: np.ndarray) -> None:
+        """Record the inter-token latencies (seconds) of the tokens emitted in one step."""
+        n = len(itl_seconds)
+        if n == 0:
+            return
+        j = self._itl_n
+        if j + n > self._ITL_BUFFER:
+            self._flush_itl()
+            j = 0
+            if n > self._ITL_BUFFER:
+                self._itl_hist.add(itl_seconds)
+                return
+        self._itl_buf[j : j + n] = itl_seconds
+        self._itl_n = j + n
+
+    def _flush_itl(self) -> None:
+        if self._itl_n:
+            self._itl_hist.add(self._itl_buf[: self._itl_n])
+            self._itl_n = 0
+
+    def on_request_done(self, req: Request) -> None:
+        """Record a request once, when it finishes or is rejected."""
+        self._requests.append(
+            (
+                req.request_id,
+                req.replica,
+                req.arrival_time,
+                req.first_scheduled_time,
+                req.first_token_time,
+                req.finish_time,
+                req.prompt_len,
+                req.output_len,
+                req.num_output_tokens,
+                req.num_preemptions,
+                req.num_cached_tokens,
+                req.state.name.lower(),
+                req.reject_reason,
+            )  # fmt: skip
+        )
+
+    @property
+    def itl_histogram(self) -> LogHistogram:
+        """The inter-token latency histogram, with every recorded ITL in it."""
+        self._flush_itl()
+        return self._itl_hist
+
+    @property
+    def num_iterations(self) -> int:
+        return self._n_iters
+
+    def requests_frame(self) -> pd.DataFrame:
+        """One row per recorded request (times in seconds, lengths in tokens), columns REQUEST_COLUMNS."""
+        raw = ("request_id", "replica", "arrival_time", "first_scheduled_time", "first_token_time",
+               "finish_time", "prompt_len", "output_len", "num_output_tokens", "num_preemptions",
+               "num_cached_tokens", "state", "reject_reason")  # fmt: skip
+        cols = list(zip(*self._requests, strict=True)) if self._requests else [()] * len(raw)
+        data: dict[str, Any] = dict(zip(raw, cols, strict=True))
+        ints = ("request_id", "replica", "prompt_len", "output_len", "num_output_tokens",
+                "num_preemptions", "num_cached_tokens")  # fmt: skip
+        for k in raw:
+            if k in ints:
+                data[k] = np.asarray(data[k], dtype=np.int64)
+            elif k.endswith("_time"):
+                data[k] = np.asarray(data[k], dtype=np.float64)
+        arrival, out = data["arrival_time"], data["num_output_tokens"]
+        data["ttft"] = data["first_token_time"] - arrival
+        data["e2e"] = data["finish_time"] - arrival
+        data["queueing_delay"] = data["first_scheduled_time"] - arrival
+        with np.errstate(divide="ignore", invalid="ignore"):
+            data["tpot"] = np.where(out > 1, (data["e2e"] - data["ttft"]) / (out - 1), np.nan)
+        data["state"] = pd.Series(data["state"], dtype=object)
+        data["reject_reason"] = pd.Series(data["reject_reason"], dtype=object)
+        return pd.DataFrame({k: data[k] for k in REQUEST_COLUMNS})
+
+    def iterations_frame(self) -> pd.DataFrame:
+        """One row per engine iteration (times in seconds, sizes in tokens / blocks / requests)."""
+        buf = self._iters[: self._n_iters]
+        return pd.DataFrame(
+            {
+                name: buf[:, j].copy() if name in _FLOAT_ITER_COLUMNS else buf[:, j].astype(np.int64)
+                for j, name in enumerate(ITERATION_COLUMNS)
+            }
+        )
+
+
+def _stats_ms(values_s: np.ndarray, name: str) -> dict[str, float]:
+    """mean/median/std/p90/p95/p99 in ms, vLLM key names; nan when there are no values."""
+    v = np.asarray(values_s, dtype=np.float64) * 1e3
+    if v.size == 0:
+        return {
+            f"{k}_{name}_ms": math.nan for k in ("mean", "median", "std", *(f"p{p}" for p in _PERCENTILES))
+        }
+    out = {f"mean_{name}_ms": float(np.mean(v)), f"median_{name}_ms": float(np.median(v)),
+           f"std_{name}_ms": float(np.std(v))}  # fmt: skip
+    for p, x in zip(_PERCENTILES, np.percentile(v, _PERCENTILES), strict=True):
+        out[f"p{p}_{name}_ms"] = float(x)
+    return out
+
+
+def _hist_stats_ms(hist: LogHistogram | None, name: str) -> dict[str, float]:
+    if hist is None or hist.count == 0:
+        return _stats_ms(np.zeros(0), name)
+    qs = hist.quantile(np.array([0.5, *(p / 100 for p in _PERCENTILES)])) * 1e3
+    out = {
+        f"mean_{name}_ms": hist.mean * 1e3,
+        f"median_{name}_ms": float(qs[0]),
+        f"std_{name}_ms": hist.std * 1e3,
+    }
+    for p, x in zip(_PERCENTILES, qs[1:], strict=True):
+        out[f"p{p}_{name}_ms"] = float(x)
+    return out
+
+
+def _div(a: float, b: float) -> float:
+    return a / b if b > 0 and not math.isnan(b) else math.nan
+
+
+def meets_slo(requests_df: pd.DataFrame, slo: Mapping[str, float] | None) -> np.ndarray:
+    """Boolean per row: finished and every SLO target in ``slo`` (ms; keys ttft_ms, tpot_ms, e2el_ms) met.
+
+    As in vLLM's ``--goodput``, a value meets its target when value <= target, and a request with
+    one output token has no TPOT and passes the TPOT target.
+    """
+    ok = np.array(requests_df["state"] == "finished", dtype=bool)
+    for key, target in (slo or {}).items():
+        if key not in _SLO_KEYS:
+            raise ValueError(f"unknown SLO key {key!r}; use one of {sorted(_SLO_KEYS)}")
+        v = requests_df[_SLO_KEYS[key]].to_numpy(dtype=np.float64) * 1e3
+        passes = v <= float(target)
+        if key == "tpot_ms":
+            passes |= requests_df["num_output_tokens"].to_numpy() <= 1
+        ok &= passes
+    return ok
+
+
+def summarize(
+    requests_df: pd.DataFrame,
+    iterations_df: pd.DataFrame,
+    itl_hist: LogHistogram | None = None,
+    slo: Mapping[str, float] | None = None,
+    duration_s: float | None = None,
+) -> dict[str, float | int]:
+    """Summary of a run with vLLM ``benchmark_serving.py`` key names (latencies in ms, rates per s).
+
+    Latency statistics use finished requests only; rejected requests count in ``rejected`` and fail
+    every SLO in ``slo_attainment``. ``duration_s`` defaults to first arrival to last finish
+    (seconds). Values are plain Python ints/floats, nan where undefined; key order is fixed.
+    """
+    fin = requests_df[requests_df["state"] == "finished"]
+    completed = len(fin)
+    rejected = int((requests_df["state"] == "rejected").sum())
+    if duration_s is None:
+        last = fin["finish_time"].max() if completed else math.nan
+        duration_s = float(last - requests_df["arrival_time"].min()) if completed else math.nan
+    duration_s = float(duration_s)
+    total_in = int(fin["prompt_len"].sum())
+    total_out = int(fin["num_output_tokens"].sum())
+    good = int(meets_slo(requests_df, slo).sum())
+    multi = fin[fin["num_output_tokens"] > 1]
+
+    s: dict[str, float | int] = {
+        "completed": completed,
+        "rejected": rejected,
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "duration_s": duration_s,
+        "request_throughput": _div(completed, duration_s),
+        "request_goodput": _div(good, duration_s),
+        "slo_attainment": _div(good, len(requests_df)),
+        "output_throughput": _div(total_out, duration_s),
+        "total_token_throughput": _div(total_in + total_out, duration_s),
+    }
+    s.update(_stats_ms(fin["ttft"].to_numpy(), "ttft"))
+    s.update(_stats_ms(multi["tpot"].to_numpy(), "tpot"))
+    s.update(_hist_stats_ms(itl_hist, "itl"))
+    s.update(_stats_ms(fin["e2e"].to_numpy(), "e2el"))
+    qd = fin["queueing_delay"].to_numpy(dtype=np.float64)
+    s["mean_queueing_delay_ms"] = float(np.mean(qd) * 1e3) if completed else math.nan
+    s["num_preemptions"] = int(requests_df["num_preemptions"].sum())
+    s["preempted_requests"] = int((requests_df["num_preemptions"] > 0).sum())
+    n_it = len(iterations_df)
+    if n_it:
+        used = iterations_df["kv_blocks_used"].to_numpy(dtype=np.float64)
+        total = iterations_df["kv_blocks_total"].to_numpy(dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            s["max_kv_usage"] = float(np.nanmax(np.where(total > 0, used / total, np.nan), initial=0.0))
+        s["mean_batch_size"] = float(iterations_df["batch_size"].mean())
+    else:
+        s["max_kv_usage"] = math.nan
+        s["mean_batch_size"] = math.nan
+    s["num_iterations"] = n_it
+    return s
+
+
+def _jsonable(x: Any) -> Any:
+    """Plain JSON values: numpy scalars unwrapped, nan/inf -> None, paths -> str."""
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple | np.ndarray):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, Path):
+        return str(x)
+    return x
+
+
+def to_json(obj: Any) -> str:
+    """Deterministic JSON (insertion order, indent 2, NaN -> null, trailing newline)."""
+    return json.dumps(_jsonable(obj), indent=2, allow_nan=False) + "\n"
+
+
+def write_run(
+    out_dir: str | Path,
+    requests_df: pd.DataFrame,
+    iterations_df: pd.DataFrame,
+    summary: Mapping[str, Any],
+    itl_hist: LogHistogram | None,
+    extra: Mapping[str, Any] | None = None,
+) -> list[Path]:
+    """Write a run folder: requests.parquet, iterations.parquet, summary.json, itl_histogram.json.
+
+    ``summary.json`` holds ``extra`` (run metadata: scenario, seed, scheduler...) first, then the
+    summary keys, both in insertion order; a key in both is an error. Returns the written paths.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    extra = dict(extra or {})
+    clash = sorted(set(extra) & set(summary))
+    if clash:
+        raise ValueError(f"write_run: extra keys {clash} clash with summary keys")
+    paths = [
+        out / "requests.parquet",
+        out / "iterations.parquet",
+        out / "summary.json",
+        out / "itl_histogram.json",
+    ]
+    requests_df.to_parquet(paths[0], index=False)
+    iterations_df.to_parquet(paths[1], index=False)
+    paths[2].write_text(to_json({**extra, **summary}))
+    paths[3].write_text(to_json((itl_hist or LogHistogram()).to_dict()))
+    return paths
+
+
+def load_run(out_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any], LogHistogram | None]:
+    """Read a folder written by ``write_run``: (requests, iterations, summary dict, ITL histogram).
+
+    JSON nulls in the summary come back as nan so numeric comparisons keep working.
+    """
+    d = Path(out_dir)
+    summary = json.loads((d / "summary.json").read_text())
+    summary = {k: (math.nan if v is None else v) for k, v in summary.items()}
+    hist_path = d / "itl_histogram.json"
+    hist = LogHistogram.from_dict(json.loads(hist_path.read_text())) if hist_path.exists() else None
+    return pd.read_parquet(d / "requests.parquet"), pd.read_parquet(d / "iterations.parquet"), summary, hist
+
+
+def _fmt(x: Any, spec: str = ".1f") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return format(x, spec)
+
+
+def format_summary_table(summary: Mapping[str, Any]) -> str:
+    """A compact human-readable table of a summary (latencies in ms, rates per second)."""
+    g = summary.get
+    lines = [
+        f"requests: {g('completed', 0)} completed, {g('rejected', 0)} rejected in {_fmt(g('duration_s'), '.2f')} s",
+        f"{'latency (ms)':<13}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}",
+    ]
+    for label, key in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"), ("E2E", "e2el")):
+        cells = (g(f"{s}_{key}_ms") for s in ("mean", "median", "p90", "p99"))
+        lines.append(f"{label:<13}" + "".join(f"{_fmt(c):>10}" for c in cells))
+    lines.append(
+        f"throughput: {_fmt(g('request_throughput'), '.2f')} req/s, "
+        f"{_fmt(g('output_throughput'))} output tok/s, {_fmt(g('total_token_throughput'))} total tok/s"
+    )
+    att = g("slo_attainment")
+    att_s = "-" if att is None or (isinstance(att, float) and math.isnan(att)) else f"{100 * att:.1f}%"
+    lines.append(f"goodput: {_fmt(g('request_goodput'), '.2f')} req/s (SLO attainment {att_s})")
+    kv = g("max_kv_usage")
+    kv_s = "-" if kv is None or (isinstance(kv, float) and math.isnan(kv)) else f"{100 * kv:.1f}%"
+    lines.append(
+        f"engine: {g('num_iterations', 0)} iterations, mean batch {_fmt(g('mean_batch_size'))}, "
+        f"max KV {kv_s}, {g('num_preemptions', 0)} preemptions ({g('preempted_requests', 0)} requests)"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,254 @@
+"""Pictures of a run: latency CDFs, engine timelines, run-vs-run CDF overlays, latency vs rate.
+
+Figures are built with ``matplotlib.figure.Figure`` and saved through the Agg canvas, never
+through pyplot: no global backend switch, no window, safe in tests, notebooks and worker
+processes. Long runs are binned by time before plotting so a million-iteration timeline still
+draws in about a second.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from .metrics import LogHistogram
+
+# Above this many replicas the timeline shows the cluster sum instead of one line per replica.
+MAX_REPLICA_LINES = 4
+TIMELINE_BINS = 1500
+_LABELS = {
+    "ttft": "TTFT",
+    "tpot": "TPOT",
+    "e2e": "E2E latency",
+    "itl": "ITL",
+    "queueing_delay": "queueing delay",
+}
+
+
+def _ecdf(ax: Axes, values_s: np.ndarray, label: str | None = None) -> bool:
+    """Step CDF of finite positive values (seconds), drawn in ms. False when there is nothing to draw."""
+    v = np.sort(values_s[np.isfinite(values_s)]) * 1e3
+    if v.size == 0:
+        return False
+    ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=label)
+    if v[0] > 0 and v[-1] / v[0] > 20:
+        ax.set_xscale("log")
+    return True
+
+
+def _finish_cdf_axes(ax: Axes, title: str, drew: bool) -> None:
+    ax.set_title(title)
+    ax.set_xlabel("ms")
+    ax.set_ylabel("fraction of requests" if title != "ITL" else "fraction of tokens")
+    ax.set_ylim(0, 1.02)
+    ax.grid(True, which="both", alpha=0.3)
+    if not drew:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+
+
+def _finished(requests_df: pd.DataFrame) -> pd.DataFrame:
+    return requests_df[requests_df["state"] == "finished"]
+
+
+def _plot_latency_cdfs(path: Path, requests_df: pd.DataFrame, itl_hist: LogHistogram | None) -> Path:
+    fin = _finished(requests_df)
+    fig = Figure(figsize=(10, 7), layout="constrained")
+    axes = fig.subplots(2, 2).ravel()
+    for ax, col in zip(axes[:3], ("ttft", "tpot", "e2e"), strict=True):
+        _finish_cdf_axes(ax, _LABELS[col], _ecdf(ax, fin[col].to_numpy(dtype=np.float64)))
+    ax = axes[3]
+    drew = itl_hist is not None and itl_hist.count > 0
+    if drew:
+        edges, frac = itl_hist.cdf_points()
+        ax.step(edges * 1e3, frac, where="post")
+        if edges[0] > 0 and edges[-1] / edges[0] > 20:
+            ax.set_xscale("log")
+    _finish_cdf_axes(ax, "ITL", drew)
+    rejected = int((requests_df["state"] == "rejected").sum())
+    fig.suptitle(f"{len(fin)} finished requests, {rejected} rejected")
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def _binned(values: np.ndarray, cell: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """Mean of ``values`` per (replica, time bin) cell, as a matrix; nan where a cell is empty."""
+    size = shape[0] * shape[1]
+    n = np.bincount(cell, minlength=size)
+    s = np.bincount(cell, weights=values, minlength=size)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, s / n, np.nan).reshape(shape)
+
+
+def _plot_timeline(path: Path, it: pd.DataFrame) -> Path:
+    panels = (
+        ("batch size (requests)", ("batch_size",)),
+        ("tokens per step", ("num_prefill_tokens", "num_decode_tokens")),
+        ("KV blocks", ("kv_blocks_used", "kv_blocks_total")),
+        ("waiting requests", ("num_waiting",)),
+    )
+    fig = Figure(figsize=(11, 11), layout="constrained")
+    axes = fig.subplots(len(panels) + 1, 1, sharex=True)
+    if len(it) == 0:
+        for ax in axes:
+            ax.text(0.5, 0.5, "no iterations", ha="center", va="center", transform=ax.transAxes)
+        fig.savefig(path, dpi=100)
+        return path
+
+    t0, t1 = float(it["start"].min()), float((it["start"] + it["duration"]).max())
+    n_bins = int(min(TIMELINE_BINS, max(1, len(it) // max(1, it["replica"].nunique()))))
+    edges = np.linspace(t0, max(t1, t0 + 1e-9), n_bins + 1)
+    centres = 0.5 * (edges[:-1] + edges[1:])
+    replicas, rep_idx = np.unique(it["replica"].to_numpy(), return_inverse=True)
+    per_replica = len(replicas) <= MAX_REPLICA_LINES
+    t_bin = np.clip(np.searchsorted(edges, it["start"].to_numpy(), side="right") - 1, 0, n_bins - 1)
+    cell = rep_idx * n_bins + t_bin
+    shape = (len(replicas), n_bins)
+    # Each bin shows the mean over the iterations that started in it; with many replicas the
+    # per-replica means are summed (an idle replica adds nothing) to show the cluster total.
+    for ax, (title, cols) in zip(axes, panels, strict=False):
+        for col in cols:
+            m = _binned(it[col].to_numpy(dtype=np.float64), cell, shape)
+            ls = "--" if col == "kv_blocks_total" else "-"
+            if per_replica:
+                for r, y in zip(replicas, m, strict=True):
+                    label = col if len(replicas) == 1 else f"{col} r{r}"
+                    ax.plot(centres, y, lw=0.8, ls=ls, label=label)
+            else:
+                y = np.where(np.isnan(m).all(axis=0), np.nan, np.nansum(m, axis=0))
+                ax.plot(centres, y, lw=0.8, ls=ls, label=f"{col} (sum)")
+        ax.set_ylabel(title)
+        ax.grid(True, alpha=0.3)
+        if len(cols) > 1 or len(replicas) > 1:
+            ax.legend(fontsize="small", loc="upper right")
+
+    ax = axes[-1]
+    order = np.argsort(it["start"].to_numpy(), kind="stable")
+    t = it["start"].to_numpy()[order]
+    cum = np.cumsum(it["num_preempted"].to_numpy()[order])
+    idx = np.minimum(np.searchsorted(t, edges[1:], side="right"), len(t)) - 1
+    ax.step(edges[1:], np.where(idx >= 0, cum[np.maximum(idx, 0)], 0), where="post")
+    ax.set_ylabel("preemptions (cumulative)")
+    ax.set_xlabel("time (s)")
+    ax.grid(True, alpha=0.3)
+    scope = "per replica" if per_replica else f"sum of {len(replicas)} replicas"
+    fig.suptitle(f"{len(it)} iterations, {scope}, binned into {n_bins} time bins")
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def plot_run(
+    out_dir: str | Path,
+    requests_df: pd.DataFrame,
+    iterations_df: pd.DataFrame,
+    itl_hist: LogHistogram | None = None,
+) -> list[Path]:
+    """Write latency_cdf.png and timeline.png into ``out_dir``; returns their paths.
+
+    The timeline draws one line per replica up to MAX_REPLICA_LINES replicas and the cluster sum
+    above that; iterations are binned into at most TIMELINE_BINS time bins (mean per bin).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return [
+        _plot_latency_cdfs(out / "latency_cdf.png", requests_df, itl_hist),
+        _plot_timeline(out / "timeline.png", iterations_df),
+    ]
+
+
+def plot_cdf_overlay(
+    out_path: str | Path,
+    frames: Mapping[str, pd.DataFrame],
+    metrics: Sequence[str] = ("ttft", "tpot", "e2e"),
+) -> Path:
+    """Overlaid CDFs (ms) of the finished requests of several runs, one panel per metric.
+
+    ``frames`` maps a run label (e.g. "live", "sim") to its requests frame; ``metrics`` are
+    requests-frame columns in seconds.
+    """
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig = Figure(figsize=(4.5 * len(metrics), 4), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(metrics)))
+    for ax, col in zip(axes, metrics, strict=True):
+        drew = False
+        for label, df in frames.items():
+            drew |= _ecdf(ax, _finished(df)[col].to_numpy(dtype=np.float64), label=label)
+        _finish_cdf_axes(ax, _LABELS.get(col, col), drew)
+        if drew:
+            ax.legend(fontsize="small")
+    fig.savefig(out, dpi=100)
+    return out
+
+
+def plot_latency_vs_rate(
+    out_path: str | Path,
+    rows: pd.DataFrame,
+    chosen_rate: float | None = None,
+    rate_col: str = "request_rate",
+    slo: Mapping[str, float] | None = None,
+    hue: str | None = None,
+) -> Path:
+    """p50/p99 TTFT, TPOT, E2E (ms) and goodput (req/s) against arrival rate (req/s).
+
+    ``rows`` holds one summary per rate (``summarize`` keys plus ``rate_col``). ``chosen_rate``
+    is marked with a vertical line; ``slo`` (ms; ttft_ms, tpot_ms, e2el_ms) draws the targets;
+    ``hue`` names a column whose values get separate lines (e.g. the scheduler).
+    """
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig = Figure(figsize=(10, 7), layout="constrained")
+    axes = fig.subplots(2, 2).ravel()
+    groups = [(None, rows)] if hue is None else list(rows.groupby(hue, sort=True))
+    panels = (("TTFT", "ttft", "ttft_ms"), ("TPOT", "tpot", "tpot_ms"), ("E2E latency", "e2el", "e2el_ms"))
+    for ax, (title, key, slo_key) in zip(axes[:3], panels, strict=True):
+        for gi, (g, df) in enumerate(groups):
+            df = df.sort_values(rate_col)
+            prefix = "" if g is None else f"{g} "
+            for stat, ls in (("median", "-"), ("p99", "--")):
+                col = f"{stat}_{key}_ms"
+                if col in df:
+                    ax.plot(
+                        df[rate_col],
+                        df[col],
+                        ls,
+                        marker="o",
+                        ms=3,
+                        color=f"C{gi}",
+                        label=f"{prefix}{stat.replace('median', 'p50')}",
+                    )
+        if slo and slo_key in slo:
+            ax.axhline(slo[slo_key], color="red", lw=0.8, ls=":", label="SLO")
+        ax.set_yscale("log")
+        ax.set_title(title)
+        ax.set_ylabel("ms")
+    ax = axes[3]
+    for gi, (g, df) in enumerate(groups):
+        df = df.sort_values(rate_col)
+        prefix = "" if g is None else f"{g} "
+        if "request_goodput" in df:
+            ax.plot(
+                df[rate_col],
+                df["request_goodput"],
+                marker="o",
+                ms=3,
+                color=f"C{gi}",
+                label=f"{prefix}goodput",
+            )
+        if "request_throughput" in df:
+            ax.plot(df[rate_col], df["request_throughput"], ":", color=f"C{gi}", label=f"{prefix}throughput")
+    ax.set_title("goodput")
+    ax.set_ylabel("requests/s")
+    for ax in axes:
+        if chosen_rate is not None:
+            ax.axvline(chosen_rate, color="black", lw=0.8, ls="-.", label=f"chosen {chosen_rate:g}/s")
+        ax.set_xlabel("arrival rate (requests/s)")
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.has_data():
+            ax.legend(fontsize="small")
+    fig.savefig(out, dpi=100)
+    return out

@@ -1,0 +1,211 @@
+"""The scenario YAML: one validated schema for everything a run needs.
+
+Every bad field becomes one line naming the field path and what is allowed (``ScenarioError``);
+the CLI prints it and exits with status 2, never a traceback. ``--set key.path=value`` overrides
+are applied to the raw YAML before validation, so they are checked the same way.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .cluster import ClusterConfig
+from .cost_model import CostModelConfig
+from .presets import HARDWARE, MODELS
+from .schedulers import SchedulerConfig
+from .workload import WorkloadConfig
+
+
+class ScenarioError(ValueError):
+    """A problem with a scenario a user can fix; the message is one line."""
+
+
+class KVCacheConfig(BaseModel):
+    """The paged KV cache. ``num_blocks`` wins over the memory-derived count when given."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    block_size: int = Field(16, ge=1, le=4096)
+    num_blocks: int | None = Field(None, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    enable_prefix_caching: bool = False
+    swap_space_gb: float = Field(4.0, ge=0.0, description="host memory for swapped-out blocks, GiB per replica")
+
+
+class LiveConfig(BaseModel):
+    """How ``servesim live`` runs the model (ignored by ``servesim run``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["torch", "triton"] = "torch"
+    device: Literal["cpu", "cuda"] = "cpu"
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    kv_cache_memory_mb: float | None = Field(
+        None, gt=0, description="memory budget for the KV cache tensor; sets num_blocks when num_blocks is unset"
+    )
+    threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's choice)")
+    warmup_steps: int = Field(2, ge=0, description="untimed forward passes before the replay starts")
+
+
+class Scenario(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "scenario"
+    seed: int = 0
+    model: str = "llama-3.1-8b"
+    hardware: str = "h100-sxm"
+    tensor_parallel: int = Field(1, ge=1, le=64)
+    cost_model: CostModelConfig = Field(default_factory=CostModelConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    kv_cache: KVCacheConfig = Field(default_factory=KVCacheConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    workload: WorkloadConfig
+    slo: dict[Literal["ttft_ms", "tpot_ms", "e2el_ms", "itl_ms"], float] = Field(default_factory=dict)
+    live: LiveConfig = Field(default_factory=LiveConfig)
+    output_dir: str | None = None
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str) -> str:
+        if v not in MODELS:
+            raise ValueError(f"unknown model preset '{v}'; allowed: {', '.join(MODELS)}")
+        return v
+
+    @field_validator("hardware")
+    @classmethod
+    def _known_hardware(cls, v: str) -> str:
+        if v not in HARDWARE:
+            raise ValueError(f"unknown hardware preset '{v}'; allowed: {', '.join(HARDWARE)}")
+        return v
+
+    @field_validator("slo")
+    @classmethod
+    def _positive_slo(cls, v: dict[str, float]) -> dict[str, float]:
+        for key, target in v.items():
+            if not (math.isfinite(target) and target > 0):
+                raise ValueError(f"slo.{key} must be a positive number of milliseconds, got {target}")
+        return v
+
+
+# ---- loading ------------------------------------------------------------------------------------
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    """Read, override and validate a scenario file. Raises ScenarioError with a one-line message."""
+    p = Path(path)
+    if not p.is_file():
+        raise ScenarioError(f"scenario file not found: {p}")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ScenarioError(f"{p}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{p}: a scenario is a mapping of fields (name, model, scheduler, workload, ...)")
+    for item in overrides or []:
+        apply_override(raw, item)
+    sc = scenario_from_dict(raw, source=str(p))
+    # trace and empirical paths are relative to the scenario file unless absolute or present here
+    sc.workload = sc.workload.resolve_paths(p.parent)
+    return sc
+
+
+def scenario_from_dict(raw: dict[str, Any], source: str = "scenario") -> Scenario:
+    try:
+        return Scenario.model_validate(raw)
+    except ValidationError as e:
+        raise ScenarioError(f"{source}: {format_validation_error(e)}") from None
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Apply one ``key.path=value`` override; the value is parsed as YAML (numbers, lists, ...)."""
+    if "=" not in item:
+        raise ScenarioError(f"--set {item!r}: expected key.path=value, e.g. scheduler.max_num_seqs=128")
+    key, _, text = item.partition("=")
+    parts = [k for k in key.strip().split(".") if k]
+    if not parts:
+        raise ScenarioError(f"--set {item!r}: empty key")
+    value = yaml.safe_load(text) if text.strip() else None
+    node = raw
+    for k in parts[:-1]:
+        child = node.get(k)
+        if child is None:
+            child = node[k] = {}
+        if not isinstance(child, dict):
+            raise ScenarioError(f"--set {item!r}: '{k}' is not a section, so it has no field '{parts[-1]}'")
+        node = child
+    node[parts[-1]] = value
+
+
+def format_validation_error(err: ValidationError) -> str:
+    """The first error as ``field.path: what is wrong (allowed: ...)``, plus a count of the rest."""
+    errors = err.errors(include_url=False)
+    first = errors[0]
+    loc = [str(x) for x in first["loc"]]
+    path = ".".join(loc) or "(top level)"
+    kind = first["type"]
+    if kind == "extra_forbidden":
+        allowed = _fields_at(Scenario, first["loc"][:-1])
+        msg = f"unknown field '{loc[-1]}'"
+        if allowed:
+            close = difflib.get_close_matches(loc[-1], allowed, n=1)
+            if close:
+                msg += f" (did you mean '{close[0]}'?)"
+            msg += f"; allowed here: {', '.join(allowed)}"
+    elif kind == "missing":
+        msg = "required field is missing"
+    else:
+        msg = first["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        if kind not in ("value_error", "assertion_error") and "input" in first and not isinstance(
+            first["input"], dict | list
+        ):
+            msg += f" (got {first['input']!r})"
+    more = f" [and {len(errors) - 1} more problem(s)]" if len(errors) > 1 else ""
+    return f"{path}: {msg}{more}"
+
+
+def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """Field names of the model reached by following ``loc`` from ``model`` (best effort)."""
+    candidates: list[type[BaseModel]] = [model]
+    for part in loc:
+        nxt: list[type[BaseModel]] = []
+        for m in candidates:
+            field = m.model_fields.get(str(part))
+            if field is not None:
+                nxt.extend(_models_in(field.annotation))
+        if not nxt:
+            # a discriminated-union tag such as 'poisson' appears in the path; keep the candidates
+            nxt = [m for c in candidates for m in _models_in(c)] or candidates
+        candidates = nxt
+    names: list[str] = []
+    for m in candidates:
+        for n in m.model_fields:
+            if n not in names:
+                names.append(n)
+    return names
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType, typing.Annotated) or origin is not None:
+        out: list[type[BaseModel]] = []
+        for arg in typing.get_args(annotation):
+            out.extend(_models_in(arg))
+        return out
+    return []
+
+
+def scenario_to_yaml(sc: Scenario) -> str:
+    """The fully resolved scenario, as written next to a run's results."""
+    return yaml.safe_dump(sc.model_dump(mode="json", exclude_none=True), sort_keys=False)

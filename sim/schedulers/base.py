@@ -1,0 +1,361 @@
+"""The scheduler interface and the machinery every policy shares.
+
+A scheduler is pure policy: ``add(request)``, ``schedule(now) -> Batch``, ``update(batch, now)``.
+It owns the waiting, running and swapped queues and talks to the KV ``BlockManager`` only through
+allocate / free / can_allocate / swap. It never sleeps, never reads a clock (``now`` is handed in)
+and imports neither SimPy nor torch, which is what lets live mode reuse it unchanged.
+
+Running requests keep their hot counters in numpy arrays (``RunningTable``) so a step over a few
+hundred decoding sequences costs a handful of vector operations, not a Python loop per request.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..batch import Batch
+from ..kv_cache import BlockManager
+from ..request import Request, RequestState
+
+SchedulerType = Literal["static", "continuous", "chunked"]
+PreemptionMode = Literal["recompute", "soft_reset", "swap"]
+
+
+class SchedulerConfig(BaseModel):
+    """Scheduler knobs; names follow vLLM where vLLM has the knob."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: SchedulerType = "chunked"
+    max_num_seqs: int = Field(256, ge=1, description="most sequences running at once (static: batch size)")
+    max_num_batched_tokens: int = Field(8192, ge=1, description="token budget of one step")
+    long_prefill_token_threshold: int = Field(
+        0, ge=0, description="chunked: cap on one request's prefill tokens per step (0 = no cap)"
+    )
+    max_model_len: int | None = Field(None, ge=1, description="reject requests whose prompt+output exceed this")
+    policy: Literal["fcfs", "priority"] = "fcfs"
+    preemption_mode: PreemptionMode = "recompute"
+    # continuous only: vLLM v0 runs a prefill-only step whenever it can admit a prompt
+    # (prefill_first); decode_first runs every decode and fills the rest of the budget with whole prompts.
+    schedule_order: Literal["prefill_first", "decode_first"] = "prefill_first"
+    watermark: float = Field(0.01, ge=0.0, lt=1.0, description="fraction of blocks kept free on admission")
+
+    @model_validator(mode="after")
+    def _check(self) -> SchedulerConfig:
+        if self.type == "static" and self.preemption_mode != "recompute":
+            # static reserves KV up front and never preempts; a mode other than the default is a mistake
+            raise ValueError("preemption_mode has no effect on a static scheduler (it never preempts); remove it")
+        return self
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """What one step produced, for the engine's metrics."""
+
+    finished: list[Request]
+    itl: np.ndarray  # seconds between consecutive tokens of the same request, one per non-first token
+    num_first_tokens: int
+
+
+class RunningTable:
+    """Running requests as a structure of arrays, in admission order (oldest first)."""
+
+    __slots__ = ("reqs", "n", "computed", "tokens", "out", "out_len", "nblocks", "last_tok", "prio")
+
+    def __init__(self, capacity: int) -> None:
+        cap = max(capacity, 1)
+        self.reqs: list[Request] = []
+        self.n = 0
+        self.computed = np.zeros(cap, dtype=np.int64)  # tokens with KV in the cache
+        self.tokens = np.zeros(cap, dtype=np.int64)  # tokens that exist (prompt + outputs)
+        self.out = np.zeros(cap, dtype=np.int64)  # outputs generated so far
+        self.out_len = np.zeros(cap, dtype=np.int64)  # outputs wanted
+        self.nblocks = np.zeros(cap, dtype=np.int64)  # device blocks held
+        self.last_tok = np.zeros(cap, dtype=np.float64)  # time of the last output token
+        self.prio = np.zeros(cap, dtype=np.int64)
+
+    def append(self, req: Request, nblocks: int) -> int:
+        i = self.n
+        if i == len(self.computed):
+            for name in ("computed", "tokens", "out", "out_len", "nblocks", "last_tok", "prio"):
+                arr = getattr(self, name)
+                setattr(self, name, np.concatenate([arr, np.zeros_like(arr)]))
+        self.reqs.append(req)
+        self.computed[i] = req.num_computed_tokens
+        self.tokens[i] = req.num_tokens
+        self.out[i] = req.num_output_tokens
+        self.out_len[i] = req.output_len
+        self.nblocks[i] = nblocks
+        self.last_tok[i] = req.last_token_time
+        self.prio[i] = req.priority
+        self.n = i + 1
+        return i
+
+    def sync(self, i: int) -> Request:
+        """Write row i's counters back to its Request."""
+        req = self.reqs[i]
+        req.num_computed_tokens = int(self.computed[i])
+        req.num_output_tokens = int(self.out[i])
+        req.last_token_time = float(self.last_tok[i])
+        return req
+
+    def sync_all(self) -> None:
+        for i in range(self.n):
+            self.sync(i)
+
+    def remove(self, drop: np.ndarray) -> None:
+        """Remove the rows where ``drop`` (bool, length n) is true, keeping order."""
+        keep = ~drop
+        k = int(keep.sum())
+        for name in ("computed", "tokens", "out", "out_len", "nblocks", "last_tok", "prio"):
+            arr = getattr(self, name)
+            arr[:k] = arr[: self.n][keep]
+        self.reqs = [r for r, kp in zip(self.reqs, keep.tolist(), strict=True) if kp]
+        self.n = k
+
+
+class Scheduler:
+    """Shared state and mechanics; subclasses implement ``schedule``."""
+
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.kv = block_manager
+        self.block_size = block_manager.block_size
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.preemption_mode = config.preemption_mode
+        self.waiting: deque[Request] = deque()
+        self.swapped: deque[Request] = deque()
+        self.run = RunningTable(config.max_num_seqs)
+        self.num_preemptions = 0
+        self._order = 0  # admission counter
+        self._preempted_this_step: list[Request] = []
+        self._swap_out: list[tuple[int, int]] = []
+        self._swap_in: list[tuple[int, int]] = []
+
+    # ---- interface -------------------------------------------------------------------------
+    def add(self, request: Request) -> bool:
+        """Queue a new request. Returns False (and marks it rejected with a reason) if it can never run."""
+        reason = self.reject_reason(request)
+        if reason is not None:
+            request.state = RequestState.REJECTED
+            request.reject_reason = reason
+            return False
+        request.state = RequestState.WAITING
+        self.waiting.append(request)
+        return True
+
+    def schedule(self, now: float) -> Batch:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.swapped or self.run.n)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return self.run.n
+
+    @property
+    def num_swapped(self) -> int:
+        return len(self.swapped)
+
+    # ---- admission checks ------------------------------------------------------------------
+    def max_kv_tokens(self, request: Request) -> int:
+        """KV tokens the request needs at its longest: every token but the last sampled one."""
+        return request.prompt_len + request.output_len - 1
+
+    def reject_reason(self, request: Request) -> str | None:
+        """Why a request can never be served by this replica, or None."""
+        rid = request.request_id
+        if request.prompt_len < 1 or request.output_len < 1:
+            return f"request {rid}: prompt_len and output_len must be >= 1"
+        total = request.prompt_len + request.output_len
+        cfg = self.config
+        if cfg.max_model_len is not None and total > cfg.max_model_len:
+            return (
+                f"request {rid}: prompt {request.prompt_len} + output {request.output_len} tokens exceed "
+                f"max_model_len {cfg.max_model_len}"
+            )
+        need = self.kv.blocks_for(self.max_kv_tokens(request))
+        usable = self.kv.num_blocks - self.kv.watermark_blocks
+        if need > usable:
+            return (
+                f"request {rid}: prompt {request.prompt_len} + output {request.output_len} tokens need {need} "
+                f"KV blocks but the cache has {usable}; raise kv_cache.num_blocks (or gpu_memory_utilization) "
+                f"or shorten the request"
+            )
+        return None
+
+    # ---- running-table mechanics -------------------------------------------------------------
+    def _admit(self, req: Request, now: float) -> int:
+        """Move a request that already holds its blocks into the running table."""
+        req.state = RequestState.RUNNING
+        if req.first_scheduled_time != req.first_scheduled_time:  # nan: first time scheduled
+            req.first_scheduled_time = now
+        return self.run.append(req, self.kv.num_blocks_of(req))
+
+    def _pick_victim(self, candidates: np.ndarray) -> int:
+        """Row to preempt among ``candidates`` (bool mask): newest first, or lowest priority."""
+        rows = np.flatnonzero(candidates)
+        if self.config.policy == "priority":
+            # highest priority value = least important; ties go to the most recently admitted
+            prio = self.run.prio[rows]
+            worst = rows[prio == prio.max()]
+            return int(worst[-1])
+        return int(rows[-1])
+
+    def _preempt_row(self, i: int) -> None:
+        """Preempt running row i: recompute, soft reset or swap. Caller removes the row afterwards."""
+        req = self.run.sync(i)
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self._preempted_this_step.append(req)
+        if self.preemption_mode == "swap":
+            pairs = self.kv.swap_out(req)
+            if pairs is not None:
+                self._swap_out.extend(pairs)
+                req.state = RequestState.SWAPPED
+                self.swapped.append(req)
+                return
+            # host swap space is full: fall back to recompute, as the request cannot wait in host memory
+        self.kv.free(req)
+        if self.preemption_mode == "soft_reset":
+            # Transformers' soft reset: what was generated becomes part of the prompt.
+            req.num_prompt_tokens = req.num_tokens
+        req.num_computed_tokens = 0
+        req.state = RequestState.WAITING
+        self.waiting.appendleft(req)
+
+    def _grow_rows(self, rows: np.ndarray, new: np.ndarray, protect: int = 0) -> np.ndarray:
+        """Give running ``rows`` the blocks for ``new`` more tokens each, preempting if short.
+
+        ``rows``/``new`` are parallel arrays in table order. Victims are chosen among all running
+        rows (scheduled or not) except the first ``protect`` rows. Returns a bool mask over the
+        table of rows preempted (to be removed by the caller).
+        """
+        run = self.run
+        n = run.n
+        preempted = np.zeros(n, dtype=bool)
+        if len(rows) == 0:
+            return preempted
+        bs = self.block_size
+        need = (run.computed[rows] + new + bs - 1) // bs - run.nblocks[rows]
+        need = np.maximum(need, 0)
+        if int(need.sum()) > self.kv.num_free_blocks:
+            need_by_row = np.zeros(n, dtype=np.int64)
+            need_by_row[rows] = need
+            # Recount after each victim: a prefix-shared block freed by a victim stays in use.
+            while int(need_by_row[~preempted].sum()) > self.kv.num_free_blocks:
+                candidates = ~preempted
+                candidates[:protect] = False
+                if not candidates.any():
+                    break
+                v = self._pick_victim(candidates)
+                preempted[v] = True
+                self._preempt_row(v)
+        todo = np.flatnonzero(need > 0)
+        for j in todo.tolist():
+            i = int(rows[j])
+            if preempted[i]:
+                continue
+            req = run.reqs[i]
+            if not self.kv.allocate(req, int(run.computed[i] + new[j])):
+                raise AssertionError(f"request {req.request_id}: allocation failed after preemption freed space")
+            run.nblocks[i] = self.kv.num_blocks_of(req)
+        return preempted
+
+    def _take_step_extras(self) -> tuple[list[Request], list[tuple[int, int]], list[tuple[int, int]]]:
+        pre, so, si = self._preempted_this_step, self._swap_out, self._swap_in
+        self._preempted_this_step, self._swap_out, self._swap_in = [], [], []
+        return pre, so, si
+
+    def _make_batch(self, rows: np.ndarray, new: np.ndarray) -> Batch:
+        run = self.run
+        ctx = run.computed[rows]
+        samples = ctx + new >= run.tokens[rows]
+        pre, so, si = self._take_step_extras()
+        reqs = run.reqs
+        return Batch(
+            requests=[reqs[i] for i in rows.tolist()],
+            num_new_tokens=new.astype(np.int64, copy=False),
+            num_context_tokens=ctx,
+            samples=samples,
+            slots=rows,
+            preempted=pre,
+            swap_out=so,
+            swap_in=si,
+        )
+
+    def _try_swap_in_one(self, now: float) -> bool:
+        """Bring the oldest swapped request back into the running table if its blocks fit."""
+        req = self.swapped[0]
+        pairs = self.kv.swap_in(req)
+        if pairs is None:
+            return False
+        self.swapped.popleft()
+        self._swap_in.extend(pairs)
+        self._admit(req, now)
+        return True
+
+    # ---- update ----------------------------------------------------------------------------
+    def update(self, batch: Batch, now: float) -> StepOutput:
+        """Apply a finished step at time ``now`` (seconds): advance counters, emit tokens, retire."""
+        run = self.run
+        rows = batch.slots
+        if len(rows) == 0:
+            return StepOutput([], np.zeros(0), 0)
+        run.computed[rows] += batch.num_new_tokens
+        srows = rows[batch.samples]
+        had = run.out[srows] > 0
+        itl = now - run.last_tok[srows[had]]
+        first = srows[~had]
+        run.out[srows] += 1
+        run.tokens[srows] += 1
+        run.last_tok[srows] = now
+        for i in first.tolist():
+            req = run.reqs[i]
+            if req.first_token_time != req.first_token_time:
+                req.first_token_time = now
+        if self.kv.enable_prefix_caching:
+            for j in np.flatnonzero(batch.num_new_tokens > 1).tolist():
+                i = int(rows[j])
+                self.kv.cache_computed_blocks(run.reqs[i], int(run.computed[i]))
+        done = srows[run.out[srows] >= run.out_len[srows]]
+        finished: list[Request] = []
+        if len(done):
+            for i in done.tolist():
+                req = run.sync(i)
+                self._retire(req, now)
+                finished.append(req)
+            self._on_rows_finished(done)
+        return StepOutput(finished, itl, len(first))
+
+    def _retire(self, req: Request, now: float) -> None:
+        req.state = RequestState.FINISHED
+        req.finish_time = now
+        self.kv.free(req)
+
+    def _on_rows_finished(self, rows: np.ndarray) -> None:
+        drop = np.zeros(self.run.n, dtype=bool)
+        drop[rows] = True
+        self.run.remove(drop)
+
+    # ---- end-of-run check ------------------------------------------------------------------
+    def check_drained(self) -> None:
+        """Raise unless every queue is empty and every KV block is back."""
+        if self.has_unfinished:
+            raise AssertionError(
+                f"scheduler still holds work: {len(self.waiting)} waiting, {self.run.n} running, "
+                f"{len(self.swapped)} swapped"
+            )
+        self.kv.check_all_free()

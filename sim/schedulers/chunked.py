@@ -1,0 +1,102 @@
+"""Chunked-prefill scheduling (Sarathi-Serve, vLLM v1): one token budget per step, decodes first.
+
+Each step spends ``max_num_batched_tokens`` on, in order: one token for every running request
+that is decoding; prefill chunks of running requests whose prompt is only partly computed;
+swapped requests brought back; then chunks of waiting prompts, oldest first. A request's chunk
+is capped by ``long_prefill_token_threshold`` when set. If the KV cache cannot hold the step, the
+newest running request is preempted (or the lowest-priority one) and, as in vLLM v1, no new
+request is admitted in that step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..batch import Batch
+from .base import Scheduler
+
+
+class ChunkedScheduler(Scheduler):
+    def schedule(self, now: float) -> Batch:
+        run = self.run
+        budget = self.max_num_batched_tokens
+        threshold = self.config.long_prefill_token_threshold or budget
+        n = run.n
+        preempted_any = False
+        rows = np.zeros(0, dtype=np.int64)
+        new = np.zeros(0, dtype=np.int64)
+        if n:
+            need = run.tokens[:n] - run.computed[:n]
+            new_all = np.zeros(n, dtype=np.int64)
+            decoding = need == 1
+            dec_rows = np.flatnonzero(decoding)
+            if len(dec_rows) > budget:
+                dec_rows = dec_rows[:budget]
+            new_all[dec_rows] = 1
+            budget -= len(dec_rows)
+            for i in np.flatnonzero(~decoding).tolist():
+                if budget <= 0:
+                    break
+                chunk = min(int(need[i]), budget, threshold)
+                new_all[i] = chunk
+                budget -= chunk
+            sched = np.flatnonzero(new_all)
+            preempted = self._grow_rows(sched, new_all[sched])
+            if preempted.any():
+                preempted_any = True
+                # a preempted row's tokens go back to the budget, but vLLM v1 admits nothing new
+                budget += int(new_all[preempted].sum())
+                run.remove(preempted)
+                new_all = new_all[~preempted]
+            rows = np.flatnonzero(new_all)
+            new = new_all[rows]
+
+        if not preempted_any:
+            extra_rows: list[int] = []
+            extra_new: list[int] = []
+            budget = self._bring_back_swapped(now, budget, threshold, extra_rows, extra_new)
+            if not self.swapped:
+                budget = self._admit_waiting(now, budget, threshold, extra_rows, extra_new)
+            if extra_rows:
+                rows = np.concatenate([rows, np.asarray(extra_rows, dtype=np.int64)])
+                new = np.concatenate([new, np.asarray(extra_new, dtype=np.int64)])
+        return self._make_batch(rows, new)
+
+    def _bring_back_swapped(
+        self, now: float, budget: int, threshold: int, rows: list[int], new: list[int]
+    ) -> int:
+        while self.swapped and budget > 0 and self.run.n < self.max_num_seqs:
+            first = self.run.n
+            if not self._try_swap_in_one(now):
+                break
+            i = first
+            req = self.run.reqs[i]
+            chunk = min(int(self.run.tokens[i] - self.run.computed[i]), budget, threshold)
+            if not self.kv.allocate(req, int(self.run.computed[i]) + chunk):
+                continue  # back in the cache but no room to grow this step; it runs next step
+            self.run.nblocks[i] = self.kv.num_blocks_of(req)
+            rows.append(i)
+            new.append(chunk)
+            budget -= chunk
+        return budget
+
+    def _admit_waiting(self, now: float, budget: int, threshold: int, rows: list[int], new: list[int]) -> int:
+        kv = self.kv
+        while self.waiting and budget > 0 and self.run.n < self.max_num_seqs:
+            req = self.waiting[0]
+            fresh = not kv.holds(req)
+            cached = kv.lookup_prefix(req) if fresh else 0
+            computed = cached if fresh else req.num_computed_tokens
+            chunk = min(req.num_tokens - computed, budget, threshold)
+            if not kv.allocate(req, computed + chunk, watermark=True):
+                if cached:
+                    kv.free(req)
+                break
+            self.waiting.popleft()
+            if fresh and req.num_preemptions == 0:
+                req.num_cached_tokens = cached
+            req.num_computed_tokens = computed
+            rows.append(self._admit(req, now))
+            new.append(chunk)
+            budget -= chunk
+        return budget

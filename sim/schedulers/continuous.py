@@ -1,0 +1,111 @@
+"""Continuous batching without chunking (Orca, vLLM v0): membership changes every iteration.
+
+Finished requests leave at once. Whole prompts are admitted under ``max_num_batched_tokens`` and
+``max_num_seqs`` when the KV cache keeps its watermark free. With ``schedule_order:
+prefill_first`` (vLLM v0's default) a step either prefills newly admitted prompts or decodes
+every running request, never both; swapped requests come back before any new prompt. With
+``decode_first`` every running request decodes and whole prompts fill what is left of the budget
+in the same step. Under KV pressure the newest running request (or the lowest-priority one) is
+preempted by recompute, soft reset or swap.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..batch import Batch
+from .base import Scheduler
+
+
+class ContinuousScheduler(Scheduler):
+    def schedule(self, now: float) -> Batch:
+        prefill_first = self.config.schedule_order == "prefill_first"
+        if prefill_first:
+            # vLLM v0: requests coming back from swap decode first; otherwise admit prompts, and if
+            # any were admitted the step is prefill-only.
+            if self._bring_back_swapped(now) == 0 and not self.swapped:
+                rows, new = self._admit_prompts(now, self.max_num_batched_tokens)
+                if rows:
+                    return self._make_batch(np.asarray(rows, dtype=np.int64), np.asarray(new, dtype=np.int64))
+            return self._decode_step(now, admit=False)
+        return self._decode_step(now, admit=True)
+
+    def _bring_back_swapped(self, now: float) -> int:
+        brought = 0
+        while self.swapped and self.run.n < self.max_num_seqs and self._try_swap_in_one(now):
+            brought += 1
+        return brought
+
+    def _decode_step(self, now: float, admit: bool) -> Batch:
+        run = self.run
+        n = run.n
+        rows = np.zeros(0, dtype=np.int64)
+        new = np.zeros(0, dtype=np.int64)
+        budget = self.max_num_batched_tokens
+        preempted_any = False
+        if n:
+            new_all = run.tokens[:n] - run.computed[:n]
+            order = np.flatnonzero(new_all)
+            # decodes are one token each; a row still owing more (swapped back mid-prompt) is rare
+            keep = np.cumsum(new_all[order]) <= budget
+            if len(keep):
+                keep[0] = True  # the oldest row always runs, even if it alone exceeds the budget
+            sched = order[keep]
+            sel = np.zeros(n, dtype=np.int64)
+            sel[sched] = new_all[sched]
+            budget -= int(sel.sum())
+            preempted = self._grow_rows(sched, sel[sched])
+            if preempted.any():
+                preempted_any = True
+                run.remove(preempted)
+                sel = sel[~preempted]
+            rows = np.flatnonzero(sel)
+            new = sel[rows]
+        if admit and not preempted_any and not self.swapped and budget > 0:
+            self._bring_back_swapped(now)
+            extra_rows, extra_new = self._admit_prompts(now, budget)
+            if extra_rows:
+                rows = np.concatenate([rows, np.asarray(extra_rows, dtype=np.int64)])
+                new = np.concatenate([new, np.asarray(extra_new, dtype=np.int64)])
+        return self._make_batch(rows, new)
+
+    def _admit_prompts(self, now: float, budget: int) -> tuple[list[int], list[int]]:
+        """Admit whole prompts, oldest first, while seats, budget and blocks (watermark) allow."""
+        kv = self.kv
+        rows: list[int] = []
+        new: list[int] = []
+        while self.waiting and self.run.n < self.max_num_seqs:
+            req = self.waiting[0]
+            fresh = not kv.holds(req)
+            cached = kv.lookup_prefix(req) if fresh else 0
+            computed = cached if fresh else req.num_computed_tokens
+            tokens = req.num_tokens - computed
+            # A preempted request re-prefills prompt + outputs, which may exceed the budget; let it
+            # run alone rather than starve forever.
+            alone_ok = not rows and req.num_preemptions > 0
+            if tokens > budget and not alone_ok:
+                if cached:
+                    kv.free(req)
+                break
+            if not kv.allocate(req, computed + tokens, watermark=True):
+                if cached:
+                    kv.free(req)
+                break
+            self.waiting.popleft()
+            if fresh and req.num_preemptions == 0:
+                req.num_cached_tokens = cached
+            req.num_computed_tokens = computed
+            rows.append(self._admit(req, now))
+            new.append(tokens)
+            budget -= tokens
+        return rows, new
+
+    def reject_reason(self, request):  # type: ignore[no-untyped-def]
+        reason = super().reject_reason(request)
+        if reason is None and request.prompt_len > self.max_num_batched_tokens:
+            return (
+                f"request {request.request_id}: prompt of {request.prompt_len} tokens exceeds "
+                f"max_num_batched_tokens {self.max_num_batched_tokens} and continuous batching does not "
+                f"chunk prompts; raise max_num_batched_tokens or use scheduler.type: chunked"
+            )
+        return reason

@@ -1,0 +1,44 @@
+"""Static batching: a batch forms when the replica is idle and runs until every member is done.
+
+Up to ``max_num_seqs`` waiting requests, oldest first, join a batch if the KV cache can reserve
+their prompt plus their whole output up front (so nothing is ever preempted). The first step
+prefills every prompt; then each step decodes one token for every member still generating. A
+member that finishes returns its response at once but keeps its seat and its blocks idle until
+the whole batch ends; nobody joins mid-batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..batch import Batch
+from ..request import Request, RequestState
+from .base import Scheduler
+
+
+class StaticScheduler(Scheduler):
+    def schedule(self, now: float) -> Batch:
+        run = self.run
+        if run.n == 0:
+            while self.waiting and run.n < self.max_num_seqs:
+                req = self.waiting[0]
+                if not self.kv.allocate(req, self.max_kv_tokens(req)):
+                    break
+                self.waiting.popleft()
+                self._admit(req, now)
+        n = run.n
+        active = np.flatnonzero(run.out[:n] < run.out_len[:n])
+        new = run.tokens[active] - run.computed[active]
+        return self._make_batch(active, new)
+
+    def _retire(self, req: Request, now: float) -> None:
+        req.state = RequestState.FINISHED
+        req.finish_time = now  # the response goes out now; the seat and blocks stay until the batch ends
+
+    def _on_rows_finished(self, rows: np.ndarray) -> None:
+        run = self.run
+        n = run.n
+        if np.all(run.out[:n] >= run.out_len[:n]):
+            for req in run.reqs:
+                self.kv.free(req)
+            run.remove(np.ones(n, dtype=bool))

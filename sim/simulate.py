@@ -1,0 +1,182 @@
+"""Scenario -> replicas -> a simulated run, and the run folder it writes.
+
+``build_scheduler`` is the single place a scheduler and its KV block manager are constructed;
+live mode calls it too, so the two modes cannot drift apart in policy.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import simpy
+from tqdm import tqdm
+
+from .cluster import Cluster
+from .cost_model import build_cost_model
+from .engine import Replica, SimExecutor
+from .kv_cache import BlockManager
+from .metrics import LogHistogram, MetricsRecorder, summarize, write_run
+from .presets import get_hardware, get_model, kv_block_bytes, num_kv_blocks
+from .request import Request
+from .scenario import Scenario, ScenarioError, scenario_to_yaml
+from .schedulers import Scheduler, make_scheduler
+from .workload import generate_requests
+
+GIB = 1 << 30
+
+
+@dataclass(slots=True)
+class KVPlan:
+    """How big each replica's KV cache is."""
+
+    num_blocks: int
+    block_size: int
+    block_bytes: int  # one block, all layers, K and V, on one TP rank
+    num_host_blocks: int
+    source: str  # "num_blocks", "gpu_memory_utilization" or "kv_cache_memory_mb"
+
+
+def plan_kv(sc: Scenario, block_bytes: int | None = None) -> KVPlan:
+    """Blocks per replica: the explicit ``kv_cache.num_blocks``, else derived from memory."""
+    model = get_model(sc.model)
+    kvc = sc.kv_cache
+    bb = block_bytes if block_bytes is not None else kv_block_bytes(model, sc.tensor_parallel, kvc.block_size)
+    if kvc.num_blocks is not None:
+        n, source = kvc.num_blocks, "num_blocks"
+    elif sc.live.kv_cache_memory_mb is not None and sc.hardware.startswith("cpu"):
+        n, source = int(sc.live.kv_cache_memory_mb * 2**20 // bb), "kv_cache_memory_mb"
+    else:
+        try:
+            n = num_kv_blocks(model, get_hardware(sc.hardware), sc.tensor_parallel, kvc.gpu_memory_utilization,
+                              kvc.block_size)
+        except ValueError as e:
+            raise ScenarioError(f"kv_cache: {e}") from None
+        source = "gpu_memory_utilization"
+    if n < 1:
+        raise ScenarioError(f"kv_cache: the memory budget leaves {n} KV blocks; give kv_cache.num_blocks or more memory")
+    host = int(kvc.swap_space_gb * GIB // bb)
+    return KVPlan(n, kvc.block_size, bb, host, source)
+
+
+def build_scheduler(sc: Scenario, kv: KVPlan) -> Scheduler:
+    """The scheduler and block manager of one replica, for simulation and live mode alike."""
+    block_manager = BlockManager(
+        kv.num_blocks,
+        kv.block_size,
+        enable_prefix_caching=sc.kv_cache.enable_prefix_caching,
+        num_host_blocks=kv.num_host_blocks,
+        watermark=sc.scheduler.watermark,
+    )
+    return make_scheduler(sc.scheduler, block_manager)
+
+
+@dataclass
+class RunResult:
+    scenario: Scenario
+    mode: str  # "sim" or "live"
+    requests: list[Request]
+    requests_df: pd.DataFrame
+    iterations_df: pd.DataFrame
+    summary: dict[str, Any]
+    itl_hist: LogHistogram
+    kv: KVPlan
+    wall_s: float
+
+    def header(self) -> dict[str, Any]:
+        """Run metadata that goes first in summary.json (nothing here may vary between equal runs)."""
+        sc = self.scenario
+        return {
+            "mode": self.mode,
+            "scenario": sc.name,
+            "seed": sc.seed,
+            "model": sc.model,
+            "hardware": sc.hardware,
+            "tensor_parallel": sc.tensor_parallel,
+            "scheduler": sc.scheduler.type,
+            "preemption_mode": sc.scheduler.preemption_mode,
+            "cost_model": sc.cost_model.type,
+            "num_replicas": sc.cluster.num_replicas,
+            "router": sc.cluster.router,
+            "kv_num_blocks": self.kv.num_blocks,
+            "kv_block_size": self.kv.block_size,
+            "kv_blocks_from": self.kv.source,
+        }
+
+
+def run_replicas(
+    env: simpy.Environment,
+    sc: Scenario,
+    requests: list[Request],
+    make_replica_parts,  # callable(replica_index) -> (Scheduler, Executor)
+    progress: bool | None,
+) -> tuple[MetricsRecorder, list[Replica]]:
+    """Drive ``requests`` through ``sc.cluster`` replicas on ``env`` and return the metrics."""
+    recorder = MetricsRecorder(num_replicas=sc.cluster.num_replicas)
+    replicas = []
+    for r in range(sc.cluster.num_replicas):
+        scheduler, executor = make_replica_parts(r)
+        replicas.append(Replica(env, r, scheduler, executor, recorder))
+    cluster = Cluster(env, replicas, sc.cluster.router)
+    # The bar shows only on runs longer than ~2 s (tqdm's delay), and never when disabled.
+    bar = tqdm(total=len(requests), unit="req", delay=2.0, mininterval=0.5, disable=progress is False,
+               desc=f"{sc.name}", leave=False)
+    cluster.on_progress = bar.update
+    try:
+        cluster.run(requests)
+    finally:
+        bar.close()
+    return recorder, replicas
+
+
+def simulate(sc: Scenario, requests: list[Request] | None = None, progress: bool | None = None) -> RunResult:
+    """Simulate the scenario (its workload, or the given requests) and summarise the run."""
+    t0 = time.perf_counter()
+    model = get_model(sc.model)
+    hardware = get_hardware(sc.hardware)
+    kv = plan_kv(sc)
+    cost = build_cost_model(sc.cost_model, model, hardware, sc.tensor_parallel)
+    if requests is None:
+        requests = generate_requests(sc.workload, sc.seed)
+    else:
+        for req in requests:
+            req.reset_progress()
+    env = simpy.Environment()
+
+    def parts(_r: int):
+        return build_scheduler(sc, kv), SimExecutor(cost, kv.block_bytes)
+
+    recorder, _ = run_replicas(env, sc, requests, parts, progress)
+    return finish_run(sc, "sim", requests, recorder, kv, time.perf_counter() - t0)
+
+
+def finish_run(sc: Scenario, mode: str, requests: list[Request], recorder: MetricsRecorder, kv: KVPlan,
+               wall_s: float) -> RunResult:
+    requests_df = recorder.requests_frame().sort_values("request_id", kind="stable").reset_index(drop=True)
+    iterations_df = recorder.iterations_frame()
+    hist = recorder.itl_histogram
+    summary = summarize(requests_df, iterations_df, hist, slo=sc.slo or None)
+    return RunResult(sc, mode, requests, requests_df, iterations_df, summary, hist, kv, wall_s)
+
+
+def write_results(result: RunResult, out_dir: str | Path, plots: bool = True) -> Path:
+    """Write the run folder: parquet tables, summary.json, the resolved scenario, and plots."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_run(out, result.requests_df, result.iterations_df, result.summary, result.itl_hist, extra=result.header())
+    (out / "scenario.yaml").write_text(scenario_to_yaml(result.scenario))
+    if plots:
+        from .plots import plot_run  # matplotlib import is slow; only when plotting
+
+        plot_run(out, result.requests_df, result.iterations_df, result.itl_hist)
+    return out
+
+
+def default_out_dir(sc: Scenario, mode: str = "sim") -> Path:
+    if sc.output_dir:
+        return Path(sc.output_dir)
+    suffix = "" if mode == "sim" else f"-{mode}"
+    return Path("results") / f"{sc.name}{suffix}"

@@ -1,0 +1,618 @@
+"""Workloads: arrival processes, length distributions and trace readers -> ``list[Request]``.
+
+A scenario embeds a :class:`WorkloadConfig` under ``workload:``::
+
+    workload:
+      num_requests: 2000        # and/or duration_s: 600 (arrivals at t < duration_s); one is required
+      arrival: {process: poisson, rate: 8.0}   # poisson | gamma | constant | trace
+      prompt_len: {dist: lognormal, mean: 1000, std: 600, min: 16, max: 8192}
+      output_len: {dist: uniform, min: 16, max: 512}          # a bare number means fixed
+      prefix: {num_prefixes: 4, prefix_len: 512, fraction: 0.5}
+      token_ids: false          # true: deterministic prompt_token_ids (live mode needs them)
+
+or takes arrivals *and* lengths from a recorded trace (then ``arrival``, ``prompt_len`` and
+``output_len`` must be left out; ``num_requests`` / ``duration_s`` are optional caps)::
+
+    workload:
+      trace: {format: azure, path: AzureLLMInferenceTrace_conv.csv, time_scale: 1.0}
+
+Conventions (times in seconds, lengths in tokens):
+
+- poisson / gamma: the first request arrives after the first gap, not at t = 0, so every
+  request, the first included, sees the same inter-arrival law. constant: request i at i / rate.
+  Traces: timestamps relative to the earliest kept row, times ``time_scale``.
+- gamma follows vLLM ``benchmark_serving.py``: gaps ~ Gamma(shape=burstiness,
+  scale=1 / (rate * burstiness)), mean gap 1 / rate. The gaps' coefficient of variation is
+  cv = 1 / sqrt(burstiness): cv = 1 is Poisson, cv > 1 burstier, cv < 1 smoother. Give ``cv`` or
+  ``burstiness``.
+- normal / lognormal lengths are rounded and clipped (not redrawn) into [min, max]; lognormal
+  ``mean`` / ``std`` are those of the lengths themselves, not of their log.
+- zipf: numpy ``zipf(a)`` draws k = 1, 2, ... with P(k) ~ k^-a; the length is ``min + k - 1``,
+  draws above ``max`` are redrawn (up to 64 rounds, then clipped to ``max``).
+- Every random stream has its own child generator of ``SeedSequence(seed)`` (arrivals, prompt
+  lengths, output lengths, prefixes, token ids), so changing one distribution leaves the others'
+  draws unchanged.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from .request import Request
+
+log = logging.getLogger(__name__)
+
+# Child stream indices of SeedSequence(seed).spawn(); append new streams, never renumber.
+_ARRIVALS, _PROMPT, _OUTPUT, _PREFIX, _TOKENS = range(5)
+_ZIPF_ROUNDS = 64
+
+
+class WorkloadError(ValueError):
+    """A workload the user asked for cannot be built (missing file or column, empty trace).
+
+    The message is one line naming the config field and what to change; the CLI prints it
+    without a traceback.
+    """
+
+
+# --------------------------------------------------------------------------- config
+
+
+def _check(what: str, ok: Any, allowed: str) -> AfterValidator:
+    def check(v: Any) -> Any:
+        if v is not None and not ok(v):
+            raise PydanticCustomError("value_error", f"{what} must be {allowed}, got {v!r}")
+        return v
+
+    return AfterValidator(check)
+
+
+def _finite_pos(v: float) -> bool:
+    return math.isfinite(v) and v > 0
+
+
+Rate = Annotated[float, _check("rate", _finite_pos, "> 0 requests/s")]
+TimeScale = Annotated[float, _check("time_scale", _finite_pos, "> 0 (0.5 replays twice as fast)")]
+
+
+def _tokens(name: str) -> Any:
+    """An int field of tokens that must be >= 1; errors name the field."""
+    return Annotated[int, _check(name, lambda v: v >= 1, ">= 1 token")]
+
+
+class _Strict(BaseModel):
+    """Rejects unknown fields with a message that lists the allowed ones."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields_only(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = [str(k) for k in data if k not in cls.model_fields]
+            if unknown:
+                raise PydanticCustomError(
+                    "extra_forbidden",
+                    f"unknown field {', '.join(map(repr, unknown))}; allowed: {', '.join(cls.model_fields)}",
+                )
+        return data
+
+
+class PoissonArrival(_Strict):
+    """Exponential gaps, mean 1 / rate seconds."""
+
+    process: Literal["poisson"]
+    rate: Rate
+
+
+class GammaArrival(_Strict):
+    """Gamma gaps, mean 1 / rate seconds, coefficient of variation cv = 1 / sqrt(burstiness)."""
+
+    process: Literal["gamma"]
+    rate: Rate
+    cv: Annotated[float | None, _check("cv", _finite_pos, "> 0 (1 = Poisson)")] = None
+    burstiness: Annotated[float | None, _check("burstiness", _finite_pos, "> 0 (1 = Poisson)")] = None
+
+    @model_validator(mode="after")
+    def _one_of_cv_or_burstiness(self) -> GammaArrival:
+        if (self.cv is None) == (self.burstiness is None):
+            raise PydanticCustomError(
+                "value_error", "gamma arrivals need exactly one of cv or burstiness (cv = 1/sqrt(burstiness))"
+            )
+        return self
+
+    @property
+    def shape(self) -> float:
+        """Gamma shape parameter = vLLM's burstiness = 1 / cv^2."""
+        return self.burstiness if self.burstiness is not None else 1.0 / self.cv**2
+
+
+class ConstantArrival(_Strict):
+    """One request every 1 / rate seconds, the first at t = 0."""
+
+    process: Literal["constant"]
+    rate: Rate
+
+
+class TraceArrival(_Strict):
+    """Arrival timestamps (seconds) from a CSV column; lengths still come from the distributions."""
+
+    process: Literal["trace"]
+    path: Path
+    column: str
+    time_scale: TimeScale = 1.0
+
+
+Arrival = Annotated[
+    PoissonArrival | GammaArrival | ConstantArrival | TraceArrival, Field(discriminator="process")
+]
+
+
+class FixedLength(_Strict):
+    dist: Literal["fixed"]
+    value: _tokens("value")
+
+
+class _Bounded(_Strict):
+    min: _tokens("min") = 1
+    max: _tokens("max") | None = None
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> _Bounded:
+        if self.max is not None and self.max < self.min:
+            raise PydanticCustomError("value_error", f"max ({self.max}) must be >= min ({self.min})")
+        return self
+
+
+class UniformLength(_Bounded):
+    """Integers uniform on [min, max], both included."""
+
+    dist: Literal["uniform"]
+    max: _tokens("max")
+
+
+class NormalLength(_Bounded):
+    dist: Literal["normal"]
+    mean: Annotated[float, _check("mean", _finite_pos, "> 0 tokens")]
+    std: Annotated[float, _check("std", lambda v: math.isfinite(v) and v >= 0, ">= 0 tokens")]
+
+
+class LognormalLength(NormalLength):
+    """mean / std are of the lengths themselves (not of their log)."""
+
+    dist: Literal["lognormal"]  # type: ignore[assignment]
+
+
+class ZipfLength(_Bounded):
+    """length = min + k - 1 with P(k) ~ k^-a, redrawn above max."""
+
+    dist: Literal["zipf"]
+    a: Annotated[float, _check("a", lambda v: math.isfinite(v) and v > 1, "> 1 (numpy zipf)")]
+    max: _tokens("max")
+
+
+class EmpiricalLength(_Strict):
+    """Lengths drawn with replacement from a CSV column."""
+
+    dist: Literal["empirical"]
+    path: Path
+    column: str
+
+
+LengthDist = Annotated[
+    FixedLength | UniformLength | NormalLength | LognormalLength | ZipfLength | EmpiricalLength,
+    Field(discriminator="dist"),
+]
+
+
+class PrefixConfig(_Strict):
+    """Shared prompt prefixes (system prompts): a ``fraction`` of requests get a prefix_id in
+    [0, num_prefixes), uniformly, and share its first ``prefix_len`` tokens (clipped to the prompt).
+    """
+
+    num_prefixes: Annotated[int, _check("num_prefixes", lambda v: v >= 1, ">= 1")]
+    prefix_len: _tokens("prefix_len")
+    fraction: Annotated[float, _check("fraction", lambda v: 0 <= v <= 1, "in [0, 1]")] = 1.0
+
+
+_TRACE_COLUMNS = {
+    "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
+    "burstgpt": ("Timestamp", "Request tokens", "Response tokens"),
+    "csv": ("arrival_time", "prompt_len", "output_len"),
+}
+
+
+class TraceConfig(_Strict):
+    """A request trace: arrivals and lengths from one CSV.
+
+    Formats: ``azure`` (Azure LLM inference trace: TIMESTAMP datetimes, ContextTokens,
+    GeneratedTokens), ``burstgpt`` (Timestamp seconds, Request tokens, Response tokens; rows with
+    0 response tokens are failed requests and are dropped and counted), ``csv`` (any columns;
+    defaults arrival_time, prompt_len, output_len; times in seconds or datetimes).
+    ``start`` skips that many data rows of the file; ``limit`` caps the requests kept.
+    """
+
+    format: Literal["azure", "burstgpt", "csv"]
+    path: Path
+    time_column: str | None = None
+    prompt_column: str | None = None
+    output_column: str | None = None
+    time_scale: TimeScale = 1.0
+    start: Annotated[int, _check("start", lambda v: v >= 0, ">= 0 rows")] = 0
+    limit: Annotated[int | None, _check("limit", lambda v: v >= 1, ">= 1 requests")] = None
+
+    def columns(self) -> tuple[str, str, str]:
+        """(time, prompt, output) column names, the format's defaults where not given."""
+        t, p, o = _TRACE_COLUMNS[self.format]
+        return (self.time_column or t, self.prompt_column or p, self.output_column or o)
+
+
+class WorkloadConfig(_Strict):
+    """What traffic to generate. See the module docstring for the YAML shape."""
+
+    num_requests: Annotated[int | None, _check("num_requests", lambda v: v >= 1, ">= 1")] = None
+    duration_s: Annotated[float | None, _check("duration_s", _finite_pos, "> 0 seconds")] = None
+    arrival: Arrival | None = None
+    prompt_len: LengthDist | None = None
+    output_len: LengthDist | None = None
+    prefix: PrefixConfig | None = None
+    trace: TraceConfig | None = None
+    token_ids: bool = False
+    vocab_size: Annotated[int, _check("vocab_size", lambda v: v >= 2, ">= 2")] = 32000
+
+    @field_validator("prompt_len", "output_len", mode="before")
+    @classmethod
+    def _bare_number_is_fixed(cls, v: Any) -> Any:
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            return {"dist": "fixed", "value": v}
+        return v
+
+    @model_validator(mode="after")
+    def _complete(self) -> WorkloadConfig:
+        parts = ("arrival", "prompt_len", "output_len")
+        if self.trace is not None:
+            given = [p for p in parts if getattr(self, p) is not None]
+            if given:
+                raise PydanticCustomError(
+                    "value_error",
+                    f"trace supplies arrivals and lengths; remove {', '.join(given)} (or remove trace)",
+                )
+            return self
+        missing = [p for p in parts if getattr(self, p) is None]
+        if missing:
+            raise PydanticCustomError(
+                "value_error", f"missing {', '.join(missing)} (required unless a trace is given)"
+            )
+        bounded_by_file = isinstance(self.arrival, TraceArrival)
+        if self.num_requests is None and self.duration_s is None and not bounded_by_file:
+            raise PydanticCustomError("value_error", "set num_requests or duration_s (at least one)")
+        return self
+
+    def resolve_paths(self, base_dir: str | Path) -> WorkloadConfig:
+        """A copy whose relative file paths are taken relative to ``base_dir`` (the scenario's folder)."""
+        base = Path(base_dir)
+
+        def fix(part: Any) -> Any:
+            path = getattr(part, "path", None)
+            if path is None:
+                return part
+            path = path.expanduser()
+            return part.model_copy(update={"path": path if path.is_absolute() else base / path})
+
+        return self.model_copy(
+            update={k: fix(getattr(self, k)) for k in ("arrival", "prompt_len", "output_len", "trace")}
+        )
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _read_columns(path: Path, columns: dict[str, str], where: str) -> Any:
+    """Read the named CSV columns; ``columns`` maps config field -> column name. Returns a DataFrame."""
+    import pandas as pd  # pandas only when a file is read: keeps `import workload` light
+
+    if not path.is_file():
+        raise WorkloadError(f"{where}.path: file not found: {path}")
+    try:
+        header = list(pd.read_csv(path, nrows=0).columns)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise WorkloadError(f"{where}.path: cannot read {path} as CSV: {str(e).splitlines()[0]}") from e
+    for fld, col in columns.items():
+        if col not in header:
+            raise WorkloadError(
+                f"{where}.{fld}: column {col!r} not in {path}; columns are: {', '.join(map(repr, header))}"
+            )
+    return pd.read_csv(path, usecols=list(dict.fromkeys(columns.values())))
+
+
+def _numeric(series: Any, src: str) -> np.ndarray:
+    """Column values as float64; ``src`` ("<field>: column 'x' of <path>") prefixes errors."""
+    import pandas as pd
+
+    values = pd.to_numeric(series, errors="coerce").to_numpy(dtype=np.float64)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        line = int(series.index[np.flatnonzero(bad)[0]]) + 2  # + header, 1-based
+        raise WorkloadError(f"{src} has {int(bad.sum())} empty or non-numeric values (first at line {line})")
+    return values
+
+
+def _seconds(series: Any, src: str, datetimes: bool) -> np.ndarray:
+    """Timestamps as float seconds; datetime strings become seconds since the earliest."""
+    import pandas as pd
+
+    if not datetimes and pd.api.types.is_numeric_dtype(series):
+        return _numeric(series, src)
+    try:
+        ts = pd.to_datetime(series)
+    except (ValueError, TypeError) as e:
+        raise WorkloadError(f"{src}: neither seconds nor datetimes ({e})") from e
+    if ts.isna().any():
+        raise WorkloadError(f"{src} has {int(ts.isna().sum())} empty timestamps")
+    return (ts - ts.min()).dt.total_seconds().to_numpy(dtype=np.float64)
+
+
+def _clip_lengths(values: np.ndarray) -> tuple[np.ndarray, int]:
+    """Round to whole tokens and raise lengths < 1 to 1; returns (lengths, how many were raised)."""
+    lengths = np.rint(values).astype(np.int64)
+    low = lengths < 1
+    lengths[low] = 1
+    return lengths, int(low.sum())
+
+
+@dataclass(slots=True)
+class Trace:
+    """A loaded trace, sorted by arrival. Times in seconds from the first kept request."""
+
+    arrival_time: np.ndarray  # float64
+    prompt_len: np.ndarray  # int64, >= 1
+    output_len: np.ndarray  # int64, >= 1
+    num_failed_dropped: int = 0  # BurstGPT rows with 0 response tokens
+    num_prompt_clipped: int = 0  # prompt lengths < 1 raised to 1
+    num_output_clipped: int = 0
+
+
+def load_trace(cfg: TraceConfig, where: str = "workload.trace") -> Trace:
+    """Read an Azure, BurstGPT or plain CSV trace into arrival times (s) and lengths (tokens)."""
+    tcol, pcol, ocol = cfg.columns()
+    df = _read_columns(cfg.path, {"time_column": tcol, "prompt_column": pcol, "output_column": ocol}, where)
+    df = df.iloc[cfg.start :]
+    times = _seconds(df[tcol], f"{where}.time_column: column {tcol!r} of {cfg.path}", cfg.format == "azure")
+    prompt = _numeric(df[pcol], f"{where}.prompt_column: column {pcol!r} of {cfg.path}")
+    output = _numeric(df[ocol], f"{where}.output_column: column {ocol!r} of {cfg.path}")
+    failed = 0
+    if cfg.format == "burstgpt":
+        ok = output > 0
+        failed = int((~ok).sum())
+        times, prompt, output = times[ok], prompt[ok], output[ok]
+    order = np.argsort(times, kind="stable")[: cfg.limit]
+    if order.size == 0:
+        raise WorkloadError(
+            f"{where}: no requests left in {cfg.path} (start={cfg.start}, {failed} failed rows)"
+        )
+    times, prompt, output = times[order], prompt[order], output[order]
+    prompt_len, p_clipped = _clip_lengths(prompt)
+    output_len, o_clipped = _clip_lengths(output)
+    return Trace((times - times[0]) * cfg.time_scale, prompt_len, output_len, failed, p_clipped, o_clipped)
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+def _arrival_times(
+    arrival: Any, n_max: int | None, duration: float | None, rng: np.random.Generator
+) -> np.ndarray:
+    """Arrival times (s), sorted, at most n_max of them and all < duration where given."""
+    if isinstance(arrival, TraceArrival):
+        df = _read_columns(arrival.path, {"column": arrival.column}, "workload.arrival")
+        t = np.sort(
+            _seconds(
+                df[arrival.column], f"workload.arrival.column: {arrival.column!r} of {arrival.path}", False
+            )
+        )
+        if t.size == 0:
+            raise WorkloadError(f"workload.arrival.path: no rows in {arrival.path}")
+        t = (t - t[0]) * arrival.time_scale
+    elif isinstance(arrival, ConstantArrival):
+        n = n_max if duration is None else math.ceil(duration * arrival.rate)
+        t = np.arange(n if n_max is None else min(n, n_max), dtype=np.float64) / arrival.rate
+    else:
+        if isinstance(arrival, GammaArrival):
+            k = arrival.shape
+
+            def gaps(m: int) -> np.ndarray:
+                return rng.gamma(k, 1.0 / (arrival.rate * k), m)
+        else:
+
+            def gaps(m: int) -> np.ndarray:
+                return rng.exponential(1.0 / arrival.rate, m)
+
+        if duration is None:
+            t = np.cumsum(gaps(n_max))
+        else:
+            # Draw in chunks until past the horizon; successive draws continue one stream, so the
+            # times do not depend on the chunk size.
+            chunk = int(1.2 * duration * arrival.rate) + 64
+            parts, end, count = [], 0.0, 0
+            while end < duration and (n_max is None or count < n_max):
+                m = chunk if n_max is None else min(chunk, n_max - count)
+                part = end + np.cumsum(gaps(m))
+                parts.append(part)
+                end, count = float(part[-1]), count + m
+            t = np.concatenate(parts)
+    if duration is not None:
+        t = t[t < duration]
+    return t[:n_max]
+
+
+def _lengths(dist: Any, n: int, rng: np.random.Generator, where: str) -> tuple[np.ndarray, list[str]]:
+    """n lengths (int64 tokens, >= 1) and any notes about clipped input values."""
+    if isinstance(dist, FixedLength):
+        return np.full(n, dist.value, dtype=np.int64), []
+    if isinstance(dist, UniformLength):
+        return rng.integers(dist.min, dist.max, n, endpoint=True, dtype=np.int64), []
+    if isinstance(dist, EmpiricalLength):
+        df = _read_columns(dist.path, {"column": dist.column}, where)
+        pool, clipped = _clip_lengths(
+            _numeric(df[dist.column], f"{where}.column: {dist.column!r} of {dist.path}")
+        )
+        if pool.size == 0:
+            raise WorkloadError(f"{where}.path: column {dist.column!r} of {dist.path} is empty")
+        notes = []
+        if clipped:
+            notes.append(f"{where}: {clipped} of {pool.size} lengths in {dist.path} were < 1, raised to 1")
+        return rng.choice(pool, n, replace=True), notes
+    hi = dist.max if dist.max is not None else np.iinfo(np.int64).max // 2
+    if isinstance(dist, ZipfLength):
+        out = rng.zipf(dist.a, n)
+        for _ in range(_ZIPF_ROUNDS):
+            redo = out > dist.max - dist.min + 1
+            if not redo.any():
+                break
+            out[redo] = rng.zipf(dist.a, int(redo.sum()))
+        return np.minimum(out + (dist.min - 1), dist.max).astype(np.int64), []
+    if isinstance(dist, LognormalLength):
+        # Moment matching: lengths with mean m and std s have log-mean mu and log-std sigma.
+        sigma2 = math.log1p((dist.std / dist.mean) ** 2)
+        raw = rng.lognormal(math.log(dist.mean) - sigma2 / 2, math.sqrt(sigma2), n)
+    else:
+        raw = rng.normal(dist.mean, dist.std, n)
+    return np.clip(np.rint(raw), dist.min, hi).astype(np.int64), []
+
+
+def _token_ids(
+    prompt: np.ndarray,
+    prefix_id: np.ndarray,
+    prefix_len: np.ndarray,
+    num_prefixes: int,
+    vocab: int,
+    rng: np.random.Generator,
+) -> list[list[int]]:
+    """Random prompt token ids; requests with the same prefix_id share their first prefix_len ids."""
+    if prompt.size == 0:
+        return []
+    longest = int(prefix_len.max(initial=0))
+    shared = rng.integers(0, vocab, (max(num_prefixes, 1), longest), dtype=np.int32)
+    own = rng.integers(0, vocab, int((prompt - prefix_len).sum()), dtype=np.int32)
+    bounds = np.cumsum(prompt - prefix_len)[:-1]
+    return [
+        (shared[pid, :plen].tolist() if plen else []) + body.tolist()
+        for pid, plen, body in zip(
+            prefix_id.tolist(), prefix_len.tolist(), np.split(own, bounds), strict=True
+        )
+    ]
+
+
+@dataclass(slots=True)
+class Workload:
+    """Generated requests plus what the user should know about how they were made."""
+
+    requests: list[Request]
+    counts: dict[str, int] = field(default_factory=dict)  # failed rows dropped, lengths clipped
+    notes: list[str] = field(default_factory=list)  # one line each, for the CLI to print
+
+    def stats(self) -> dict[str, float]:
+        """:func:`workload_stats` plus the drop/clip counts."""
+        return {**workload_stats(self.requests), **self.counts}
+
+
+def generate_workload(cfg: WorkloadConfig, seed: int) -> Workload:
+    """Build the requests of ``cfg`` with the given seed, with counts of dropped/clipped trace rows.
+
+    Requests are sorted by arrival_time (seconds) with request_id 0..N-1 in that order.
+    Raises :class:`WorkloadError` for missing files or columns and empty traces.
+    """
+    streams = np.random.SeedSequence(seed).spawn(5)
+    rng = [np.random.default_rng(s) for s in streams]
+    counts: dict[str, int] = {}
+    notes: list[str] = []
+    if cfg.trace is not None:
+        tr = load_trace(cfg.trace)
+        keep = tr.arrival_time < cfg.duration_s if cfg.duration_s is not None else slice(None)
+        times, prompt, output = (
+            a[keep][: cfg.num_requests] for a in (tr.arrival_time, tr.prompt_len, tr.output_len)
+        )
+        counts = {
+            "num_failed_dropped": tr.num_failed_dropped,
+            "num_prompt_clipped": tr.num_prompt_clipped,
+            "num_output_clipped": tr.num_output_clipped,
+        }
+        src = f"workload.trace ({cfg.trace.path})"
+        if tr.num_failed_dropped:
+            notes.append(f"{src}: dropped {tr.num_failed_dropped} failed requests (0 response tokens)")
+        for what, k in (("prompt", tr.num_prompt_clipped), ("output", tr.num_output_clipped)):
+            if k:
+                notes.append(f"{src}: {k} {what} lengths < 1 raised to 1")
+    else:
+        times = _arrival_times(cfg.arrival, cfg.num_requests, cfg.duration_s, rng[_ARRIVALS])
+        prompt, p_notes = _lengths(cfg.prompt_len, times.size, rng[_PROMPT], "workload.prompt_len")
+        output, o_notes = _lengths(cfg.output_len, times.size, rng[_OUTPUT], "workload.output_len")
+        notes += p_notes + o_notes
+    n = times.size
+    if cfg.prefix is not None:
+        has = rng[_PREFIX].random(n) < cfg.prefix.fraction
+        ids = rng[_PREFIX].integers(0, cfg.prefix.num_prefixes, n)
+        prefix_id = np.where(has, ids, -1)
+        prefix_len = np.where(has, np.minimum(cfg.prefix.prefix_len, prompt), 0)
+    else:
+        prefix_id, prefix_len = np.full(n, -1), np.zeros(n, dtype=np.int64)
+    for note in notes:
+        log.warning(note)
+    priority = [0] * n
+    # Positional, in Request's field order (request_id comes from enumerate).
+    cols = [
+        times.tolist(),
+        prompt.tolist(),
+        output.tolist(),
+        prefix_id.tolist(),
+        prefix_len.tolist(),
+        priority,
+    ]
+    if cfg.token_ids:
+        num_prefixes = cfg.prefix.num_prefixes if cfg.prefix is not None else 0
+        cols.append(_token_ids(prompt, prefix_id, prefix_len, num_prefixes, cfg.vocab_size, rng[_TOKENS]))
+    else:
+        cols.append([None] * n)
+    # Each Request holds a list, so building 100k of them triggers cyclic-GC passes over the whole
+    # heap (3x the build time, growing with what else is alive); nothing here forms a cycle.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        reqs = [Request(i, *row) for i, row in enumerate(zip(*cols, strict=True))]
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return Workload(reqs, counts, notes)
+
+
+def generate_requests(cfg: WorkloadConfig, seed: int) -> list[Request]:
+    """The requests of ``cfg`` (see :func:`generate_workload`; drop/clip notes go to the log)."""
+    return generate_workload(cfg, seed).requests
+
+
+def workload_stats(requests: list[Request]) -> dict[str, float]:
+    """Summary for the CLI: count, duration (s, last arrival since t = 0), rate (requests/s),
+    mean / p50 / p99 prompt and output lengths (tokens), share of requests with a prefix."""
+    n = len(requests)
+    if n == 0:
+        return {"num_requests": 0, "duration_s": 0.0, "request_rate": 0.0}
+    t = np.fromiter((r.arrival_time for r in requests), np.float64, n)
+    out: dict[str, float] = {"num_requests": n, "duration_s": float(t.max())}
+    out["request_rate"] = n / out["duration_s"] if out["duration_s"] > 0 else math.inf
+    for name in ("prompt_len", "output_len"):
+        v = np.fromiter((getattr(r, name) for r in requests), np.int64, n)
+        out[f"mean_{name}"] = float(v.mean())
+        out[f"p50_{name}"] = float(np.percentile(v, 50))
+        out[f"p99_{name}"] = float(np.percentile(v, 99))
+        out[f"total_{name}"] = int(v.sum())
+    out["prefix_fraction"] = sum(r.prefix_id >= 0 for r in requests) / n
+    return out

@@ -1,0 +1,292 @@
+import json
+import timeit
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+from servesim.sim.cost_model import (
+    FEATURE_NAMES,
+    ConstantCostModel,
+    CostModelConfig,
+    FittedCostModel,
+    ProfileError,
+    RooflineCostModel,
+    build_cost_model,
+    classify_step,
+    save_profile,
+    step_features,
+    to_profile_dict,
+)
+from servesim.sim.presets import get_hardware, get_model
+
+I64 = np.int64
+
+
+def arr(*xs):
+    return np.array(xs, dtype=I64)
+
+
+@pytest.fixture
+def llama8b_h100():
+    return get_model("llama-3.1-8b"), get_hardware("h100-sxm")
+
+
+def naive_features(q, ctx, tile):
+    """Row-by-row reference for step_features."""
+    f = dict.fromkeys(FEATURE_NAMES, 0.0)
+    for qi, ci in zip(q.tolist(), ctx.tolist(), strict=True):
+        f["tokens"] += qi
+        f["seqs"] += 1
+        if qi == 1:
+            f["decode_kv_tokens"] += ci + 1
+        else:
+            f["prefill_seqs"] += 1
+            f["prefill_attn_pairs"] += qi * (ci + (qi + 1) / 2)
+    f["tokens_tiled"] = -(-f["tokens"] // tile) * tile
+    f["const"] = 1.0 if len(q) else 0.0
+    return np.array([f[k] for k in FEATURE_NAMES])
+
+
+# ---- features ----
+
+
+def test_features_of_a_mixed_step_by_hand():
+    # one decode (ctx 10), one fresh 5-token prompt, one 3-token chunk after 4 cached tokens
+    f = dict(zip(FEATURE_NAMES, step_features(arr(1, 5, 3), arr(10, 0, 4), tile=4), strict=True))
+    assert f == {
+        "tokens": 9, "tokens_tiled": 12,
+        "prefill_attn_pairs": 5 * (0 + 3) + 3 * (4 + 2),  # causal: q * (ctx + (q + 1) / 2)
+        "decode_kv_tokens": 11, "seqs": 3, "prefill_seqs": 2, "const": 1,
+    }
+
+
+@pytest.mark.parametrize("kind", ["decode", "prefill", "mixed"])
+def test_features_match_a_row_by_row_reference(kind):
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        n = int(rng.integers(1, 300))
+        q = np.ones(n, dtype=I64) if kind == "decode" else rng.integers(2, 600, n)
+        if kind == "mixed":
+            q[rng.random(n) < 0.5] = 1
+            q[0], q[-1] = 1, 17
+        ctx = rng.integers(0, 5000, n)
+        np.testing.assert_allclose(step_features(q, ctx, 64), naive_features(q, ctx, 64))
+        assert classify_step(q) == kind
+
+
+def test_empty_step_has_zero_features():
+    assert not step_features(arr(), arr()).any()
+    assert classify_step(arr()) == "empty"
+
+
+# ---- roofline physics ----
+
+
+def test_empty_step_costs_nothing_but_its_swap(llama8b_h100):
+    cm = RooflineCostModel(*llama8b_h100)
+    assert cm.iteration_time(arr(), arr()) == 0.0
+    assert cm.iteration_time(arr(), arr(), swap_bytes=1e9) == pytest.approx(1e9 / llama8b_h100[1].pcie_bandwidth)
+
+
+def test_swap_bytes_add_pcie_transfer_time(llama8b_h100):
+    cm = RooflineCostModel(*llama8b_h100)
+    q, ctx = np.ones(8, dtype=I64), np.full(8, 300, dtype=I64)
+    extra = cm.iteration_time(q, ctx, swap_bytes=2e9) - cm.iteration_time(q, ctx)
+    assert extra == pytest.approx(2e9 / llama8b_h100[1].pcie_bandwidth)
+
+
+def test_decode_time_grows_with_kv_read(llama8b_h100):
+    model, hw = llama8b_h100
+    cm = RooflineCostModel(model, hw)
+    q = np.ones(32, dtype=I64)
+    times = [cm.iteration_time(q, np.full(32, c, dtype=I64)) for c in (0, 512, 2048, 8192)]
+    assert times == sorted(times) and times[-1] > times[0]
+    slope = (times[2] - times[1]) / (32 * (2048 - 512))
+    assert slope == pytest.approx(model.kv_bytes_per_token / (hw.hbm_bandwidth * 0.8))
+
+
+def test_small_batch_decode_is_weight_read_bound(llama8b_h100):
+    model, hw = llama8b_h100
+    t = RooflineCostModel(model, hw).iteration_time(arr(1), arr(100))
+    assert t == pytest.approx(model.weight_bytes / (hw.hbm_bandwidth * 0.8), rel=0.2)
+    # Bandwidth, not FLOPs, sets it.
+    assert RooflineCostModel(model, hw, flops_efficiency=0.3).iteration_time(arr(1), arr(100)) == pytest.approx(t)
+    assert RooflineCostModel(model, hw, bandwidth_efficiency=0.4).iteration_time(arr(1), arr(100)) > 1.8 * t
+
+
+def test_weights_are_read_once_per_step_not_per_sequence(llama8b_h100):
+    cm = RooflineCostModel(*llama8b_h100)
+    t1 = cm.iteration_time(arr(1), arr(100))
+    t16 = cm.iteration_time(np.ones(16, dtype=I64), np.full(16, 100, dtype=I64))
+    assert t16 < 1.2 * t1
+
+
+def test_long_prefill_is_compute_bound(llama8b_h100):
+    model, hw = llama8b_h100
+    t = RooflineCostModel(model, hw).iteration_time(arr(4096), arr(0))
+    assert t == pytest.approx(2 * model.num_params * 4096 / (hw.peak_flops * 0.6), rel=0.2)
+    assert RooflineCostModel(model, hw, bandwidth_efficiency=0.4).iteration_time(arr(4096), arr(0)) \
+        == pytest.approx(t)
+
+
+def test_doubling_tensor_parallel_roughly_halves_a_large_prefill():
+    model, hw = get_model("llama-3.1-70b"), get_hardware("h100-sxm")
+    q, ctx = np.full(4, 2048, dtype=I64), np.zeros(4, dtype=I64)
+    t2, t4 = (RooflineCostModel(model, hw, tp).iteration_time(q, ctx) for tp in (2, 4))
+    assert 0.5 <= t4 / t2 <= 0.6  # the rest is all-reduce traffic that does not shrink
+
+
+def test_tensor_parallel_decode_pays_all_reduce_latency(llama8b_h100):
+    cm1, cm2 = (RooflineCostModel(*llama8b_h100, tensor_parallel=tp) for tp in (1, 2))
+    t1, t2 = cm1.iteration_time(arr(1), arr(100)), cm2.iteration_time(arr(1), arr(100))
+    assert t2 > t1 / 2 + 2 * 32 * cm2.tp_comm_latency_s * 0.99
+
+
+def test_describe_reports_the_constants(llama8b_h100):
+    d = RooflineCostModel(*llama8b_h100, step_overhead_s=1e-3).describe()
+    assert d["step_overhead_s"] == 1e-3 and d["effective_flops"] == pytest.approx(989e12 * 0.6)
+
+
+# ---- fitted profile ----
+
+
+def example_profile(**kw):
+    coefs = {"prefill": [1e-6, 2e-7, 3e-11, 0.0, 1e-5, 2e-5, 4e-3],
+             "decode": [5e-6, 0.0, 0.0, 2e-9, 3e-6, 0.0, 6e-3],
+             "mixed": [2e-6, 1e-7, 4e-11, 3e-9, 2e-6, 1e-5, 7e-3]}
+    return to_profile_dict(coefs, tile_tokens=16, overhead={"step_s": 1e-4, "per_seq_s": 2e-6},
+                           provenance={"device": "cpu", "model": "tiny"},
+                           held_out_error={"mape": 0.05}, **kw)
+
+
+def random_step(rng, kind):
+    n = int(rng.integers(2, 64))
+    q = np.ones(n, dtype=I64) if kind == "decode" else rng.integers(2, 512, n)
+    if kind == "mixed":
+        q[: n // 2 + 1] = 1
+        q[-1] = 33
+    return q, rng.integers(0, 3000, n)
+
+
+def test_fitted_model_round_trips_and_reproduces_coef_dot_features(tmp_path):
+    profile = example_profile()
+    path = save_profile(tmp_path / "p.json", profile)
+    cm = FittedCostModel.from_profile(path)
+    assert cm.to_profile_dict() == json.loads(path.read_text())
+    rng = np.random.default_rng(3)
+    for kind in ("decode", "prefill", "mixed"):
+        for _ in range(20):
+            q, ctx = random_step(rng, kind)
+            assert classify_step(q) == kind
+            expected = np.dot(profile["regimes"][kind]["coef"], step_features(q, ctx, tile=16))
+            expected += 1e-4 + 2e-6 * len(q)
+            assert cm.iteration_time(q, ctx) == pytest.approx(expected, rel=1e-12)
+
+
+def test_single_all_regime_serves_every_step():
+    cm = FittedCostModel({"all": [0, 0, 0, 0, 0, 0, 1e-3]}, swap_bandwidth=1e9)
+    assert cm.iteration_time(arr(1, 1), arr(5, 5)) == cm.iteration_time(arr(9), arr(0)) == pytest.approx(1e-3)
+    assert cm.iteration_time(arr(), arr()) == 0.0
+    assert cm.iteration_time(arr(), arr(), swap_bytes=1e6) == pytest.approx(1e-3)
+
+
+def test_missing_profile_file_names_the_path(tmp_path):
+    with pytest.raises(ProfileError, match="nope.json"):
+        FittedCostModel.from_profile(tmp_path / "nope.json")
+
+
+@pytest.mark.parametrize("breakage, message", [
+    (lambda p: p.update(format="other/9"), "not a servesim profile"),
+    (lambda p: p.update(features=p["features"][:-1]), "do not match"),
+    (lambda p: p["regimes"]["decode"].update(coef=[-1.0] * 7), ">= 0"),
+    (lambda p: p["regimes"]["decode"].update(coef=[1.0] * 3), "list of 7"),
+    (lambda p: p["regimes"].pop("mixed"), "no 'all' regime"),
+    (lambda p: p["regimes"].update(warmup={"coef": [0.0] * 7}), "unknown regime"),
+])
+def test_bad_profiles_say_what_is_wrong(tmp_path, breakage, message):
+    profile = example_profile()
+    breakage(profile)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(profile))
+    with pytest.raises(ProfileError, match=message):
+        FittedCostModel.from_profile(path)
+
+
+def test_unparseable_profile_is_a_profile_error(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text("{not json")
+    with pytest.raises(ProfileError, match="cannot read"):
+        FittedCostModel.from_profile(path)
+
+
+# ---- constant ----
+
+
+def test_constant_model_is_step_plus_per_token():
+    cm = ConstantCostModel(0.01, 0.001, swap_bandwidth=1e9)
+    assert cm.iteration_time(arr(3, 1), arr(0, 7)) == pytest.approx(0.014)
+    assert cm.iteration_time(arr(), arr()) == 0.0
+    assert cm.iteration_time(arr(), arr(), swap_bytes=1e9) == pytest.approx(1.0)
+
+
+# ---- config and building ----
+
+
+@pytest.mark.parametrize("fields, field_name", [
+    ({"type": "profile"}, "path"),
+    ({"step_overhead_ms": -1}, "step_overhead_ms"),
+    ({"flops_efficiency": 1.5}, "flops_efficiency"),
+    ({"type": "constant"}, "step_ms"),
+    ({"path": "x.json"}, "path"),  # a path with type roofline would be silently ignored
+    ({"typo": 1}, "typo"),
+])
+def test_bad_cost_model_config_names_the_field(fields, field_name):
+    with pytest.raises(ValidationError, match=field_name):
+        CostModelConfig(**fields)
+
+
+def test_build_uses_config_overrides(llama8b_h100):
+    cm = build_cost_model(CostModelConfig(step_overhead_ms=2, flops_efficiency=0.5), *llama8b_h100, 2)
+    d = cm.describe()
+    assert isinstance(cm, RooflineCostModel)
+    assert (d["step_overhead_s"], d["flops_efficiency"], d["tensor_parallel"]) == (2e-3, 0.5, 2)
+    const = build_cost_model(CostModelConfig(type="constant", step_ms=5, per_token_ms=1), *llama8b_h100)
+    assert const.iteration_time(arr(2), arr(0)) == pytest.approx(0.007)
+
+
+def test_relative_profile_path_resolves_from_current_dir(tmp_path, monkeypatch):
+    save_profile(tmp_path / "profiles" / "mine.json", example_profile())
+    monkeypatch.chdir(tmp_path)
+    cm = build_cost_model(CostModelConfig(type="profile", path="profiles/mine.json"),
+                          get_model("tiny"), get_hardware("cpu-2core"), 1)
+    assert isinstance(cm, FittedCostModel)
+
+
+def test_missing_profile_lists_the_paths_tried(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ProfileError) as err:
+        build_cost_model(CostModelConfig(type="profile", path="profiles/absent.json"),
+                         get_model("tiny"), get_hardware("cpu-2core"), 1)
+    msg = str(err.value)
+    assert str(tmp_path) in msg and "calibration" in msg
+
+
+def test_profile_fitted_on_another_model_warns(tmp_path, monkeypatch):
+    save_profile(tmp_path / "p.json", example_profile())
+    with pytest.warns(UserWarning, match="tiny"):
+        build_cost_model(CostModelConfig(type="profile", path=str(tmp_path / "p.json")),
+                         get_model("llama-3.1-8b"), get_hardware("h100-sxm"), 1)
+
+
+# ---- speed ----
+
+
+def test_iteration_time_is_cheap_enough_for_100k_steps(llama8b_h100):
+    rng = np.random.default_rng(0)
+    q = np.ones(512, dtype=I64)
+    q[:4] = 256
+    ctx = rng.integers(0, 4000, 512)
+    for cm in (RooflineCostModel(*llama8b_h100), FittedCostModel.from_profile_dict(example_profile())):
+        per_call = min(timeit.repeat(lambda cm=cm: cm.iteration_time(q, ctx), number=2000, repeat=5)) / 2000
+        print(f"{type(cm).__name__}: {per_call * 1e6:.1f} us per 512-row mixed step")
+        assert per_call < 150e-6  # target ~15 us; the bound only catches a per-row Python loop
