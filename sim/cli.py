@@ -49,7 +49,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     print(format_summary_table(result.summary))
     print(f"simulated in {result.wall_s:.2f} s wall; results in {out}/")
+    _warn_rejected(result.requests)
     return 0
+
+
+def _warn_rejected(requests) -> None:  # noqa: ANN001 - list[Request]
+    """Rejected requests are part of the result, not an error; say so on one line."""
+    rejected = [r for r in requests if r.reject_reason]
+    if rejected:
+        print(f"warning: {len(rejected)} requests rejected: {rejected[0].reject_reason}", file=sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 
 from .presets import HardwareConfig, ModelConfig, kv_heads_per_rank
 
@@ -84,6 +84,7 @@ class ProfileError(ValueError):
 def _step_sums(q: np.ndarray, ctx: np.ndarray) -> tuple[int, int, int, int, int, int]:
     """(rows, decode rows, tokens, prefill attention pairs, decode KV tokens, prefill KV tokens).
 
+    ``q`` and ``ctx`` are int64 arrays (``Batch`` rows); int32 could overflow the sum of q*q.
     Few numpy calls on purpose: this runs once per simulated step (~5 us for 512 rows).
     """
     n = q.shape[0]
@@ -381,14 +382,14 @@ class CostModelConfig(BaseModel):
 
     @field_validator("flops_efficiency", "bandwidth_efficiency")
     @classmethod
-    def _efficiency(cls, v: float | None, info) -> float | None:
+    def _efficiency(cls, v: float | None, info: ValidationInfo) -> float | None:
         if v is not None and not 0.0 < v <= 1.0:
             raise ValueError(f"{info.field_name} must be in (0, 1], got {v}")
         return v
 
     @field_validator("step_overhead_ms", "per_seq_overhead_ms", "step_ms", "per_token_ms")
     @classmethod
-    def _non_negative(cls, v: float | None, info) -> float | None:
+    def _non_negative(cls, v: float | None, info: ValidationInfo) -> float | None:
         if v is not None and not (math.isfinite(v) and v >= 0.0):
             raise ValueError(f"{info.field_name} must be a finite number >= 0, got {v}")
         return v
@@ -403,7 +404,7 @@ class CostModelConfig(BaseModel):
                "profile": {"path"}, "constant": {"step_ms", "per_token_ms"}}
         stray = sorted(f for t, fs in own.items() if t != self.type for f in fs if getattr(self, f) is not None)
         if stray:
-            raise ValueError(f"{', '.join(stray)} do(es) not apply to type '{self.type}'; remove or change type")
+            raise ValueError(f"{', '.join(stray)} set but type is '{self.type}': remove it or change type")
         return self
 
 

@@ -118,16 +118,30 @@ class BlockManager:
     def allocate(self, request: Request, num_tokens: int, *, watermark: bool = False) -> bool:
         """Grow the request's table to hold ``num_tokens`` tokens; ``False`` (and no change) if short."""
         table = self._tables.get(request.request_id)
-        have = len(table) if table is not None else 0
-        need = -(-num_tokens // self.block_size) - have
+        need = -(-num_tokens // self.block_size) - (len(table) if table is not None else 0)
         if need <= 0:
             return True
-        if not self.can_allocate(need, watermark=watermark):
+        free = self._free
+        if self.enable_prefix_caching or len(free) < need:
+            if not self.can_allocate(need, watermark=watermark):
+                return False
+            if table is None:
+                table = self._tables[request.request_id] = []
+            for _ in range(need):
+                table.append(self._take_block())
+            return True
+        if watermark and len(free) - need < self.watermark_blocks:
             return False
         if table is None:
             table = self._tables[request.request_id] = []
-        for _ in range(need):
-            table.append(self._take_block())
+        # fast path: whole blocks off the free list at once (ref counts matter only with caching)
+        if need == 1:
+            table.append(free.pop())
+        else:
+            taken = free[-need:]
+            del free[-need:]
+            taken.reverse()
+            table.extend(taken)
         return True
 
     def _take_block(self) -> int:
@@ -147,6 +161,11 @@ class BlockManager:
         self._registered.pop(request.request_id, None)
         if not table:
             return 0
+        if not self.enable_prefix_caching:
+            # no sharing without prefix caching: every block goes straight back, tail first
+            table.reverse()
+            self._free.extend(table)
+            return len(table)
         # Free in reverse so the tail of a sequence is evicted before its head (vLLM does the same).
         for block in reversed(table):
             self._release(block)
@@ -265,7 +284,8 @@ class BlockManager:
         if self._tables or self._host_tables:
             held = sorted(set(self._tables) | set(self._host_tables))[:10]
             raise AssertionError(f"KV blocks leaked: requests {held} still hold blocks")
-        if self.num_free_blocks != self.num_blocks or any(self._ref):
+        refs_clear = not self.enable_prefix_caching or not any(self._ref)
+        if self.num_free_blocks != self.num_blocks or not refs_clear:
             raise AssertionError(
                 f"KV accounting broken: {self.num_free_blocks} free of {self.num_blocks} with no holder"
             )

@@ -229,7 +229,7 @@ class MetricsRecorder:
         # Same definition as Batch.num_decode_tokens, computed once instead of via two properties.
         num_decode = int(np.count_nonzero((new == 1) & batch.samples & (batch.num_context_tokens > 0)))
         self._iters[i] = (
-            replica, start, duration, len(batch.requests), num_tokens - num_decode, num_decode,
+            replica, start, duration, len(new), num_tokens - num_decode, num_decode,
             num_tokens, kv_blocks_used, kv_blocks_total, num_waiting, num_running, num_swapped,
             num_preempted, len(batch.swap_out) + len(batch.swap_in), sched_overhead_s,
         )  # fmt: skip

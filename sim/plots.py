@@ -21,6 +21,7 @@ from .metrics import LogHistogram
 # Above this many replicas the timeline shows the cluster sum instead of one line per replica.
 MAX_REPLICA_LINES = 4
 TIMELINE_BINS = 1500
+DPI = 100  # pixels per inch of the saved PNGs
 _LABELS = {
     "ttft": "TTFT",
     "tpot": "TPOT",
@@ -71,7 +72,7 @@ def _plot_latency_cdfs(path: Path, requests_df: pd.DataFrame, itl_hist: LogHisto
     _finish_cdf_axes(ax, "ITL", drew)
     rejected = int((requests_df["state"] == "rejected").sum())
     fig.suptitle(f"{len(fin)} finished requests, {rejected} rejected")
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=DPI)
     return path
 
 
@@ -96,7 +97,7 @@ def _plot_timeline(path: Path, it: pd.DataFrame) -> Path:
     if len(it) == 0:
         for ax in axes:
             ax.text(0.5, 0.5, "no iterations", ha="center", va="center", transform=ax.transAxes)
-        fig.savefig(path, dpi=100)
+        fig.savefig(path, dpi=DPI)
         return path
 
     t0, t1 = float(it["start"].min()), float((it["start"] + it["duration"]).max())
@@ -137,7 +138,7 @@ def _plot_timeline(path: Path, it: pd.DataFrame) -> Path:
     ax.grid(True, alpha=0.3)
     scope = "per replica" if per_replica else f"sum of {len(replicas)} replicas"
     fig.suptitle(f"{len(it)} iterations, {scope}, binned into {n_bins} time bins")
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=DPI)
     return path
 
 
@@ -181,7 +182,7 @@ def plot_cdf_overlay(
         _finish_cdf_axes(ax, _LABELS.get(col, col), drew)
         if drew:
             ax.legend(fontsize="small")
-    fig.savefig(out, dpi=100)
+    fig.savefig(out, dpi=DPI)
     return out
 
 
@@ -250,5 +251,5 @@ def plot_latency_vs_rate(
         ax.grid(True, which="both", alpha=0.3)
         if ax.has_data():
             ax.legend(fontsize="small")
-    fig.savefig(out, dpi=100)
+    fig.savefig(out, dpi=DPI)
     return out

@@ -27,10 +27,10 @@ def tiny_model() -> LlamaModel:
 
 
 def _batch(rows: list[tuple[Request, int, int, bool]], swap_out=(), swap_in=()) -> Batch:
-    reqs = [r[0] for r in rows]
-    return Batch(reqs, np.array([r[1] for r in rows], dtype=np.int64),
-                 np.array([r[2] for r in rows], dtype=np.int64), np.array([r[3] for r in rows], dtype=bool),
-                 swap_out=list(swap_out), swap_in=list(swap_in))
+    """A Batch from (request, new tokens, context tokens, samples) rows."""
+    batch = Batch.of([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows])
+    batch.swap_out, batch.swap_in = list(swap_out), list(swap_in)
+    return batch
 
 
 class _Seq:
@@ -78,7 +78,8 @@ def _drive(runner: ModelRunner, seqs: list[_Seq], free_blocks: list[int]) -> Non
         step += 1
 
 
-def _assert_matches_dense(model: LlamaModel, seqs: list[_Seq], rel_tol: float = 1e-4) -> None:
+def _assert_matches_dense(model: LlamaModel, seqs: list[_Seq], rel_tol: float = 1e-4,
+                          same_tokens: bool = True) -> None:
     for s in seqs:
         toks = s.tokens()
         dense = model.dense_forward(toks[:-1])  # the last sampled token was never fed back
@@ -87,7 +88,8 @@ def _assert_matches_dense(model: LlamaModel, seqs: list[_Seq], rel_tol: float = 
         ref = dense[positions]
         err = (paged - ref).abs().max().item() / ref.abs().max().item()
         assert err < rel_tol, f"request {s.req.request_id}: relative logit error {err:.2e}"
-        assert s.req.output_token_ids == ref.argmax(-1).tolist(), f"request {s.req.request_id}: tokens differ"
+        if same_tokens:
+            assert s.req.output_token_ids == ref.argmax(-1).tolist(), f"request {s.req.request_id}: tokens differ"
 
 
 def _shuffled_blocks(num_blocks: int, seed: int) -> list[int]:
@@ -123,6 +125,13 @@ def test_qkv_bias_and_tied_head_match_dense_forward():
     assert model.lm_head is model.embed
     seqs = _run_mixed(model, lens=[21, 9], chunks=[[5, 16], [9]], starts=[0, 1], num_decodes=4)
     _assert_matches_dense(model, seqs)
+
+
+def test_bf16_paged_path_stays_close_to_dense_forward():
+    # bf16 weights, activations and cache (the GPU dtype): rounding differs, structure must not.
+    model = LlamaModel(dataclasses.replace(TINY, num_layers=2), dtype=torch.bfloat16, seed=2)
+    seqs = _run_mixed(model, lens=[30, 9], chunks=[[13, 17], [9]], starts=[0, 1], num_decodes=4)
+    _assert_matches_dense(model, seqs, rel_tol=3e-2, same_tokens=False)
 
 
 def test_triton_backend_matches_dense_forward_small():

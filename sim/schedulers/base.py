@@ -115,7 +115,11 @@ class RunningTable:
         for name in ("computed", "tokens", "out", "out_len", "nblocks", "last_tok", "prio"):
             arr = getattr(self, name)
             arr[:k] = arr[: self.n][keep]
-        self.reqs = [r for r, kp in zip(self.reqs, keep.tolist(), strict=True) if kp]
+        # A new list, never an in-place edit: a Batch handed out earlier still indexes the old one.
+        reqs = list(self.reqs)
+        for i in reversed(drop.nonzero()[0].tolist()):
+            del reqs[i]
+        self.reqs = reqs
         self.n = k
 
 
@@ -206,7 +210,7 @@ class Scheduler:
 
     def _pick_victim(self, candidates: np.ndarray) -> int:
         """Row to preempt among ``candidates`` (bool mask): newest first, or lowest priority."""
-        rows = np.flatnonzero(candidates)
+        rows = candidates.nonzero()[0]
         if self.config.policy == "priority":
             # highest priority value = least important; ties go to the most recently admitted
             prio = self.run.prio[rows]
@@ -263,15 +267,20 @@ class Scheduler:
                 v = self._pick_victim(candidates)
                 preempted[v] = True
                 self._preempt_row(v)
-        todo = np.flatnonzero(need > 0)
-        for j in todo.tolist():
-            i = int(rows[j])
+        todo = (need > 0).nonzero()[0]
+        if len(todo) == 0:
+            return preempted
+        want = run.computed[rows[todo]] + new[todo]
+        alloc = self.kv.allocate
+        reqs = run.reqs
+        for i, tokens in zip(rows[todo].tolist(), want.tolist(), strict=True):
             if preempted[i]:
                 continue
-            req = run.reqs[i]
-            if not self.kv.allocate(req, int(run.computed[i] + new[j])):
-                raise AssertionError(f"request {req.request_id}: allocation failed after preemption freed space")
-            run.nblocks[i] = self.kv.num_blocks_of(req)
+            if not alloc(reqs[i], tokens):
+                raise AssertionError(f"request {reqs[i].request_id}: allocation failed after preemption freed space")
+        kept = ~preempted[rows[todo]]
+        grown = rows[todo][kept]
+        run.nblocks[grown] = (want[kept] + bs - 1) // bs
         return preempted
 
     def _take_step_extras(self) -> tuple[list[Request], list[tuple[int, int]], list[tuple[int, int]]]:
@@ -284,9 +293,7 @@ class Scheduler:
         ctx = run.computed[rows]
         samples = ctx + new >= run.tokens[rows]
         pre, so, si = self._take_step_extras()
-        reqs = run.reqs
         return Batch(
-            requests=[reqs[i] for i in rows.tolist()],
             num_new_tokens=new.astype(np.int64, copy=False),
             num_context_tokens=ctx,
             samples=samples,
@@ -294,6 +301,7 @@ class Scheduler:
             preempted=pre,
             swap_out=so,
             swap_in=si,
+            _source=run.reqs,
         )
 
     def _try_swap_in_one(self, now: float) -> bool:
@@ -327,7 +335,7 @@ class Scheduler:
             if req.first_token_time != req.first_token_time:
                 req.first_token_time = now
         if self.kv.enable_prefix_caching:
-            for j in np.flatnonzero(batch.num_new_tokens > 1).tolist():
+            for j in (batch.num_new_tokens > 1).nonzero()[0].tolist():
                 i = int(rows[j])
                 self.kv.cache_computed_blocks(run.reqs[i], int(run.computed[i]))
         done = srows[run.out[srows] >= run.out_len[srows]]

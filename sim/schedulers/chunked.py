@@ -29,18 +29,18 @@ class ChunkedScheduler(Scheduler):
             need = run.tokens[:n] - run.computed[:n]
             new_all = np.zeros(n, dtype=np.int64)
             decoding = need == 1
-            dec_rows = np.flatnonzero(decoding)
+            dec_rows = decoding.nonzero()[0]
             if len(dec_rows) > budget:
                 dec_rows = dec_rows[:budget]
             new_all[dec_rows] = 1
             budget -= len(dec_rows)
-            for i in np.flatnonzero(~decoding).tolist():
+            for i in (~decoding).nonzero()[0].tolist():
                 if budget <= 0:
                     break
                 chunk = min(int(need[i]), budget, threshold)
                 new_all[i] = chunk
                 budget -= chunk
-            sched = np.flatnonzero(new_all)
+            sched = new_all.nonzero()[0]
             preempted = self._grow_rows(sched, new_all[sched])
             if preempted.any():
                 preempted_any = True
@@ -48,7 +48,7 @@ class ChunkedScheduler(Scheduler):
                 budget += int(new_all[preempted].sum())
                 run.remove(preempted)
                 new_all = new_all[~preempted]
-            rows = np.flatnonzero(new_all)
+            rows = new_all.nonzero()[0]
             new = new_all[rows]
 
         if not preempted_any:

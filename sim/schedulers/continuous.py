@@ -45,7 +45,7 @@ class ContinuousScheduler(Scheduler):
         preempted_any = False
         if n:
             new_all = run.tokens[:n] - run.computed[:n]
-            order = np.flatnonzero(new_all)
+            order = new_all.nonzero()[0]
             # decodes are one token each; a row still owing more (swapped back mid-prompt) is rare
             keep = np.cumsum(new_all[order]) <= budget
             if len(keep):
@@ -59,7 +59,7 @@ class ContinuousScheduler(Scheduler):
                 preempted_any = True
                 run.remove(preempted)
                 sel = sel[~preempted]
-            rows = np.flatnonzero(sel)
+            rows = sel.nonzero()[0]
             new = sel[rows]
         if admit and not preempted_any and not self.swapped and budget > 0:
             self._bring_back_swapped(now)

@@ -27,7 +27,7 @@ class StaticScheduler(Scheduler):
                 self.waiting.popleft()
                 self._admit(req, now)
         n = run.n
-        active = np.flatnonzero(run.out[:n] < run.out_len[:n])
+        active = (run.out[:n] < run.out_len[:n]).nonzero()[0]
         new = run.tokens[active] - run.computed[active]
         return self._make_batch(active, new)
 

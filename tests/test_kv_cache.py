@@ -1,0 +1,126 @@
+"""The paged KV block manager: allocation, freeing, prefix caching, swap space."""
+
+from __future__ import annotations
+
+from servesim.sim.kv_cache import BlockManager
+from servesim.sim.request import Request
+
+
+def req(i: int, prompt: int = 40, **kw) -> Request:
+    return Request(i, 0.0, prompt, 10, **kw)
+
+
+def test_allocate_grows_by_whole_blocks_and_free_returns_them():
+    kv = BlockManager(10, 4)
+    r = req(0)
+    assert kv.allocate(r, 5)
+    assert kv.num_blocks_of(r) == 2
+    assert kv.allocate(r, 8)  # still fits in two blocks
+    assert kv.num_blocks_of(r) == 2
+    assert kv.allocate(r, 9)
+    assert kv.num_blocks_of(r) == 3
+    assert kv.free(r) == 3
+    kv.check_all_free()
+
+
+def test_allocation_that_does_not_fit_changes_nothing():
+    kv = BlockManager(4, 4)
+    a, b = req(0), req(1)
+    assert kv.allocate(a, 12)
+    assert not kv.allocate(b, 8)
+    assert kv.num_blocks_of(b) == 0 and kv.num_free_blocks == 1
+
+
+def test_watermark_keeps_blocks_free_on_admission_only():
+    kv = BlockManager(100, 4, watermark=0.1)
+    r = req(0)
+    assert not kv.can_allocate(95, watermark=True)
+    assert kv.can_allocate(90, watermark=True)
+    assert kv.can_allocate(95)
+    assert kv.allocate(r, 95 * 4)
+
+
+def test_block_tables_of_live_requests_never_share_a_block():
+    kv = BlockManager(50, 4)
+    reqs = [req(i) for i in range(5)]
+    for r in reqs:
+        assert kv.allocate(r, 37)
+    blocks = [b for r in reqs for b in kv.block_table(r)]
+    assert len(blocks) == len(set(blocks))
+
+
+def test_prefix_cache_hits_shared_prefix_blocks_and_refcounts_them():
+    kv = BlockManager(20, 4, enable_prefix_caching=True)
+    a = req(0, prompt=20, prefix_id=7, prefix_len=12)
+    assert kv.lookup_prefix(a) == 0
+    assert kv.allocate(a, 20)
+    kv.cache_computed_blocks(a, 20)
+    b = req(1, prompt=30, prefix_id=7, prefix_len=12)
+    assert kv.lookup_prefix(b) == 12  # three full shared blocks
+    assert kv.block_table(b)[:3] == kv.block_table(a)[:3]
+    kv.free(a)
+    # the shared blocks are still held by b; nothing is evictable yet from them
+    assert kv.stats().num_cached_evictable == 0
+    kv.free(b)
+    assert kv.stats().num_cached_evictable == 3
+    kv.check_all_free()
+
+
+def test_prefix_cache_by_token_ids_uses_a_hash_chain():
+    kv = BlockManager(20, 4, enable_prefix_caching=True)
+    ids = list(range(100, 112))
+    a = req(0, prompt=12, prompt_token_ids=ids)
+    kv.allocate(a, 12)
+    kv.cache_computed_blocks(a, 12)
+    same_start = req(1, prompt=12, prompt_token_ids=ids[:8] + [1, 2, 3, 4])
+    assert kv.lookup_prefix(same_start) == 8
+    other_first_block = req(2, prompt=12, prompt_token_ids=[9, 9, 9, 9] + ids[4:])
+    # same second block content, different parent: the chain makes it a miss
+    assert kv.lookup_prefix(other_first_block) == 0
+
+
+def test_a_fully_cached_prompt_still_leaves_one_token_to_compute():
+    kv = BlockManager(20, 4, enable_prefix_caching=True)
+    ids = list(range(8))
+    a = req(0, prompt=8, prompt_token_ids=ids)
+    kv.allocate(a, 8)
+    kv.cache_computed_blocks(a, 8)
+    b = req(1, prompt=8, prompt_token_ids=ids)
+    assert kv.lookup_prefix(b) == 4
+
+
+def test_evictable_cached_blocks_are_reused_least_recently_used_first():
+    kv = BlockManager(4, 4, enable_prefix_caching=True)
+    a = req(0, prompt=9, prefix_id=1, prefix_len=8)
+    kv.allocate(a, 9)
+    kv.cache_computed_blocks(a, 9)
+    kv.free(a)  # 2 cached evictable blocks + 2 free
+    assert kv.num_free_blocks == 4
+    big = req(1)
+    assert kv.allocate(big, 16)  # takes the free ones, then evicts the cached blocks
+    c = req(2, prompt=9, prefix_id=1, prefix_len=8)
+    kv.free(big)
+    assert kv.lookup_prefix(c) == 0
+
+
+def test_swap_out_and_in_round_trip_moves_blocks_through_host_memory():
+    kv = BlockManager(8, 4, num_host_blocks=4)
+    r = req(0)
+    kv.allocate(r, 12)
+    dev = list(kv.block_table(r))
+    out = kv.swap_out(r)
+    assert [d for d, _ in out] == dev
+    assert kv.num_free_blocks == 8 and kv.num_host_free_blocks == 1
+    back = kv.swap_in(r)
+    assert [h for h, _ in back] == [h for _, h in out]
+    assert kv.num_blocks_of(r) == 3 and kv.num_host_free_blocks == 4
+    kv.free(r)
+    kv.check_all_free()
+
+
+def test_swap_out_refuses_when_host_space_is_short():
+    kv = BlockManager(8, 4, num_host_blocks=1)
+    r = req(0)
+    kv.allocate(r, 12)
+    assert kv.swap_out(r) is None
+    assert kv.num_blocks_of(r) == 3

@@ -1,0 +1,216 @@
+"""Scheduler semantics, driven step by step without SimPy (schedulers are pure policy)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from servesim.sim.kv_cache import BlockManager
+from servesim.sim.request import Request, RequestState
+from servesim.sim.schedulers import SchedulerConfig, make_scheduler
+
+
+def make(kind: str, num_blocks: int = 1000, block_size: int = 16, host: int = 0, **cfg):
+    kv = BlockManager(num_blocks, block_size, num_host_blocks=host, watermark=cfg.pop("watermark", 0.0))
+    return make_scheduler(SchedulerConfig(type=kind, watermark=0.0, **cfg), kv)
+
+
+def drive(sched, requests: list[Request], step_s: float = 1.0, max_steps: int = 100_000):
+    """Run the schedule/update loop; requests arrive at their arrival_time. Returns per-step batches."""
+    pending = sorted(requests, key=lambda r: r.arrival_time)
+    now = 0.0
+    steps = []
+    while pending or sched.has_unfinished:
+        while pending and pending[0].arrival_time <= now:
+            sched.add(pending.pop(0))
+        batch = sched.schedule(now)
+        if batch.is_empty:
+            assert pending, "scheduler stalled with work left"
+            now = pending[0].arrival_time
+            continue
+        now += step_s
+        out = sched.update(batch, now)
+        steps.append((now, batch, out))
+        assert len(steps) < max_steps
+    sched.check_drained()
+    return steps
+
+
+def req(i: int, prompt: int, output: int, t: float = 0.0, **kw) -> Request:
+    return Request(i, t, prompt, output, **kw)
+
+
+# ---- static ---------------------------------------------------------------------------------
+def test_static_keeps_a_finished_members_seat_idle_until_the_batch_ends():
+    sched = make("static", max_num_seqs=2)
+    a, b, c = req(0, 8, 2), req(1, 8, 10), req(2, 8, 3)
+    steps = drive(sched, [a, b, c])
+    assert a.finish_time < b.finish_time
+    # c waits for the whole first batch although a's seat was free long before
+    assert c.first_scheduled_time == b.finish_time
+    # while b keeps generating alone, the batch has one active row and nobody joins
+    sizes = [batch.size for t, batch, _ in steps if a.finish_time < t <= b.finish_time]
+    assert sizes and all(s == 1 for s in sizes)
+
+
+def test_static_reserves_prompt_plus_output_up_front():
+    sched = make("static", num_blocks=10, block_size=4, max_num_seqs=8)
+    # each needs (8 + 9 - 1) / 4 = 4 blocks: only two fit in one batch
+    reqs = [req(i, 8, 9) for i in range(3)]
+    for r in reqs:
+        sched.add(r)
+    batch = sched.schedule(0.0)
+    assert batch.size == 2
+    assert sched.kv.num_used_blocks == 8
+
+
+# ---- continuous -------------------------------------------------------------------------------
+def test_continuous_admits_a_waiting_request_at_the_next_iteration_after_a_finish():
+    sched = make("continuous", max_num_seqs=2)
+    a, b, c = req(0, 8, 3), req(1, 8, 20), req(2, 8, 5)
+    drive(sched, [a, b, c])
+    # a's last token comes out at the end of a step; c is scheduled in the very next one
+    assert c.first_scheduled_time == a.finish_time
+
+
+def test_continuous_prefill_first_runs_prefill_only_steps():
+    sched = make("continuous", max_num_seqs=8, schedule_order="prefill_first")
+    reqs = [req(0, 32, 20)] + [req(i, 32, 5, t=3.0 + i) for i in range(1, 4)]
+    steps = drive(sched, reqs)
+    for _, batch, _ in steps:
+        prefill = batch.num_new_tokens > 1
+        assert prefill.all() or not prefill.any(), "a prefill_first step mixed prefill and decode"
+
+
+def test_continuous_decode_first_mixes_decodes_and_whole_prompts():
+    sched = make("continuous", max_num_seqs=8, schedule_order="decode_first")
+    reqs = [req(0, 32, 20), req(1, 32, 5, t=3.0)]
+    steps = drive(sched, reqs)
+    assert any((b.num_new_tokens > 1).any() and (b.num_new_tokens == 1).any() for _, b, _ in steps)
+    # prompts are never chunked
+    for _, batch, _ in steps:
+        for r, n, ctx in zip(batch.requests, batch.num_new_tokens, batch.num_context_tokens, strict=True):
+            if n > 1:
+                assert ctx == 0 and n == r.prompt_len
+
+
+@pytest.mark.parametrize("kind", ["static", "continuous", "chunked"])
+def test_admission_never_exceeds_max_num_seqs(kind):
+    rng = np.random.default_rng(0)
+    sched = make(kind, num_blocks=4000, max_num_seqs=5, max_num_batched_tokens=512)
+    reqs = [req(i, int(rng.integers(4, 200)), int(rng.integers(1, 60)), t=float(i) * 0.3) for i in range(60)]
+    steps = drive(sched, reqs)
+    assert max(b.size for _, b, _ in steps) == 5
+    assert all(b.size <= 5 for _, b, _ in steps)
+
+
+# ---- chunked ----------------------------------------------------------------------------------
+def test_chunked_never_exceeds_the_token_budget_and_decodes_go_first():
+    budget = 64
+    sched = make("chunked", max_num_seqs=16, max_num_batched_tokens=budget)
+    decoders = [req(i, 10, 40) for i in range(4)]
+    long_prompts = [req(10 + i, 300, 3, t=5.0 + i) for i in range(3)]
+    steps = drive(sched, decoders + long_prompts)
+    saw_chunk_beside_decodes = False
+    for _, batch, _ in steps:
+        assert batch.num_tokens <= budget
+        decoding = (batch.num_new_tokens == 1) & batch.samples & (batch.num_context_tokens > 0)
+        chunk = batch.num_new_tokens > 1
+        if chunk.any() and decoding.any():
+            saw_chunk_beside_decodes = True
+            # decode rows come before chunk rows in the step
+            assert np.flatnonzero(decoding).max() < np.flatnonzero(chunk).min()
+    assert saw_chunk_beside_decodes
+    # every decoder got a token in every step while it was decoding: its outputs came one per step
+    for r in decoders:
+        assert r.finish_time - r.first_token_time == pytest.approx(r.output_len - 1)
+
+
+def test_chunked_splits_a_long_prompt_and_caps_with_long_prefill_token_threshold():
+    sched = make("chunked", max_num_seqs=4, max_num_batched_tokens=100, long_prefill_token_threshold=30)
+    r = req(0, 95, 2)
+    steps = drive(sched, [r])
+    chunks = [int(b.num_new_tokens[0]) for _, b, _ in steps]
+    assert chunks[:4] == [30, 30, 30, 5]
+    assert r.first_token_time == 4.0
+
+
+# ---- preemption -------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["continuous", "chunked"])
+@pytest.mark.parametrize("mode", ["recompute", "soft_reset", "swap"])
+def test_kv_pressure_preempts_and_every_request_still_finishes(kind, mode):
+    rng = np.random.default_rng(1)
+    sched = make(kind, num_blocks=40, block_size=8, host=400, max_num_seqs=16, max_num_batched_tokens=256,
+                 preemption_mode=mode)
+    reqs = [req(i, int(rng.integers(8, 64)), int(rng.integers(20, 120)), t=i * 0.5) for i in range(40)]
+    steps = drive(sched, reqs)
+    assert sched.num_preemptions > 0
+    assert sum(len(b.preempted) for _, b, _ in steps) == sched.num_preemptions
+    for r in reqs:
+        assert r.state == RequestState.FINISHED and r.num_output_tokens == r.output_len
+    if mode == "swap":
+        assert any(b.swap_out for _, b, _ in steps) and any(b.swap_in for _, b, _ in steps)
+    else:
+        assert not any(b.swap_out or b.swap_in for _, b, _ in steps)
+
+
+def test_recompute_preempts_the_newest_request_first():
+    sched = make("chunked", num_blocks=6, block_size=4, max_num_seqs=4, max_num_batched_tokens=64)
+    old, new = req(0, 8, 12), req(1, 8, 12, t=0.5)
+    steps = drive(sched, [old, new])
+    assert new.num_preemptions > 0 and old.num_preemptions == 0
+    first = next(b for _, b, _ in steps if b.preempted)
+    assert first.preempted == [new]
+
+
+def test_priority_policy_preempts_the_least_important_request():
+    sched = make("chunked", num_blocks=6, block_size=4, max_num_seqs=4, max_num_batched_tokens=64,
+                 policy="priority")
+    vip, low = req(0, 8, 12, t=0.5, priority=0), req(1, 8, 12, priority=5)
+    drive(sched, [vip, low])
+    assert low.num_preemptions > 0 and vip.num_preemptions == 0
+
+
+def test_soft_reset_folds_generated_tokens_into_the_prompt():
+    sched = make("chunked", num_blocks=6, block_size=4, max_num_seqs=4, max_num_batched_tokens=64,
+                 preemption_mode="soft_reset")
+    old, new = req(0, 8, 12), req(1, 8, 12, t=0.5)
+    steps = drive(sched, [old, new])
+    first = next(b for _, b, _ in steps if b.preempted)
+    (victim,) = first.preempted
+    assert victim.num_prompt_tokens > victim.prompt_len  # what it had generated became prompt
+    assert victim.num_output_tokens == victim.output_len  # and it still produced exactly its outputs
+
+
+def test_a_request_that_can_never_fit_is_rejected_with_a_reason_not_dropped():
+    sched = make("chunked", num_blocks=4, block_size=4)
+    big = req(0, 100, 5)
+    assert sched.add(big) is False
+    assert big.state == RequestState.REJECTED
+    assert "KV blocks" in big.reject_reason and "request 0" in big.reject_reason
+    assert not sched.has_unfinished
+
+
+def test_continuous_rejects_a_prompt_longer_than_the_budget():
+    sched = make("continuous", max_num_batched_tokens=64)
+    r = req(0, 100, 5)
+    assert sched.add(r) is False
+    assert "max_num_batched_tokens" in r.reject_reason
+
+
+def test_finished_requests_leave_the_running_table_and_free_their_blocks():
+    sched = make("chunked", num_blocks=100, block_size=4)
+    r = req(0, 10, 3)
+    drive(sched, [r])
+    assert sched.num_running == 0
+    assert sched.kv.num_free_blocks == 100
+
+
+def test_token_catch_up_samples_exactly_when_the_prompt_is_done():
+    sched = make("chunked", max_num_batched_tokens=8)
+    r = req(0, 20, 2)
+    steps = drive(sched, [r])
+    samples = [bool(b.samples[0]) for _, b, _ in steps]
+    # 20 prompt tokens in chunks of 8 -> 3 steps, the third samples; then one decode step
+    assert samples == [False, False, True, True]
+    assert r.first_token_time == 3.0 and r.finish_time == 4.0
