@@ -132,9 +132,8 @@ class LlamaModel:
 
         The bound comes from the host so a GPU step needs no device sync to size the table.
         """
-        need = num_positions
-        if need > self._rope_cos.shape[0]:
-            size = max(need, 2 * self._rope_cos.shape[0], 4096)
+        if num_positions > self._rope_cos.shape[0]:
+            size = max(num_positions, 2 * self._rope_cos.shape[0], 4096)
             d = self.config.head_dim
             inv_freq = self.config.rope_theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
             angles = torch.outer(torch.arange(size, dtype=torch.float64), inv_freq)

@@ -85,7 +85,7 @@ def _token_slice(request: Request, start: int, stop: int) -> list[int]:
         return prompt[start:stop]
     if start >= p:
         return request.output_token_ids[start - p:stop - p]
-    return prompt[start:] + request.output_token_ids[:stop - p]
+    return list(prompt[start:]) + request.output_token_ids[:stop - p]
 
 
 class ModelRunner:
@@ -115,6 +115,11 @@ class ModelRunner:
         ids = np.fromiter(chain.from_iterable(_token_slice(r, int(c), int(c + k))
                                               for r, c, k in zip(batch.requests, ctx, n, strict=True)),
                           dtype=np.int64, count=total)
+        vocab = self.model.config.vocab_size
+        if total and not 0 <= ids.min() <= ids.max() < vocab:
+            # Caught here: on a GPU an out-of-range embedding index is an unrecoverable device assert.
+            raise ValueError(f"token ids must be in [0, {vocab}) for model {self.model.config.name}, got "
+                             f"[{ids.min()}, {ids.max()}]; generate the workload with vocab_size <= {vocab}")
         row = np.repeat(np.arange(b), n)
         positions = np.arange(total) - qsl[:-1][row] + ctx[row]
 

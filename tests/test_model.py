@@ -208,6 +208,13 @@ def test_runner_names_the_request_whose_block_table_is_too_short(tiny_model):
         runner.execute(_batch([(r, 20, 0, True)]), [[0]])
 
 
+def test_runner_rejects_token_ids_outside_the_vocabulary(tiny_model):
+    r = Request(3, 0.0, 4, 1, prompt_token_ids=[1, 2, TINY.vocab_size, 3])
+    runner = ModelRunner(tiny_model, KVCache(TINY, 4, BLOCK), BLOCK)
+    with pytest.raises(ValueError, match="vocab_size"):
+        runner.execute(_batch([(r, 4, 0, True)]), [[0]])
+
+
 def test_blocks_for_budget_counts_whole_blocks_of_k_and_v_in_every_layer():
     per_block = KVCache.block_bytes(TINY, BLOCK, torch.float32)
     assert per_block == TINY.kv_bytes_per_token * BLOCK  # tiny's dtype_bytes is 4 (fp32)
