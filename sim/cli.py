@@ -60,6 +60,30 @@ def _warn_rejected(requests) -> None:  # noqa: ANN001 - list[Request]
         print(f"warning: {len(rejected)} requests rejected: {rejected[0].reject_reason}", file=sys.stderr)
 
 
+def cmd_live(args: argparse.Namespace) -> int:
+    from .metrics import format_summary_table
+    from .simulate import default_out_dir, write_results
+
+    sc = _load(args)
+    try:
+        from servesim.kernels.live import run_live
+    except ImportError as e:  # torch is an optional extra
+        raise UserError(f"live mode needs the kernels extra (pip install -e '.[kernels]'): {e}") from None
+    result = run_live(sc, progress=None if not args.quiet else False)
+    out = write_results(result, args.out or default_out_dir(sc, "live"), plots=not args.no_plots)
+    print(
+        f"servesim live: {sc.name} | {sc.model} ({sc.live.dtype}, {sc.live.backend} on {sc.live.device}) | "
+        f"{sc.scheduler.type} scheduler | {result.kv.num_blocks} KV blocks of {result.kv.block_size} tokens "
+        f"({result.kv.source}) | {len(result.requests)} requests, seed {sc.seed}"
+    )
+    print(format_summary_table(result.summary))
+    overhead = result.iterations_df["sched_overhead_s"]
+    print(f"ran in {result.wall_s:.2f} s wall; scheduler + bookkeeping {overhead.mean() * 1e3:.3f} ms per step "
+          f"(mean); results in {out}/")
+    _warn_rejected(result.requests)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="servesim", description="Simulate and measure LLM serving schedulers.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -76,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = scenario_cmd("run", "simulate a scenario and write its run folder", cmd_run)
     run.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    live = scenario_cmd("live", "run a scenario on the real model (random weights) in real time", cmd_live)
+    live.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     return p
 
 

@@ -67,6 +67,9 @@ class BlockManager:
         self.num_host_blocks = num_host_blocks
         self._host_free: list[int] = list(range(num_host_blocks - 1, -1, -1))
         self._host_tables: dict[int, list[int]] = {}
+        # Host blocks freed by a swap-in are reusable only from the next step: this step's copy
+        # out of them has not run yet.
+        self._host_deferred: list[int] = []
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -269,8 +272,14 @@ class BlockManager:
         device = [self._take_block() for _ in host]
         self._tables[request.request_id] = device
         del self._host_tables[request.request_id]
-        self._host_free.extend(reversed(host))
+        self._host_deferred.extend(reversed(host))
         return list(zip(host, device, strict=True))
+
+    def end_step(self) -> None:
+        """The step's block copies are decided: host blocks freed by swap-ins become reusable."""
+        if self._host_deferred:
+            self._host_free.extend(self._host_deferred)
+            self._host_deferred.clear()
 
     def drop_swapped(self, request: Request) -> None:
         """Forget a swapped request's host blocks (it will be recomputed instead)."""
@@ -281,6 +290,7 @@ class BlockManager:
     # ---- end-of-run check ------------------------------------------------------------------
     def check_all_free(self) -> None:
         """Raise if any block is still held: every request must have returned its blocks."""
+        self.end_step()
         if self._tables or self._host_tables:
             held = sorted(set(self._tables) | set(self._host_tables))[:10]
             raise AssertionError(f"KV blocks leaked: requests {held} still hold blocks")

@@ -47,7 +47,7 @@ def plan_kv(sc: Scenario, block_bytes: int | None = None) -> KVPlan:
     bb = block_bytes if block_bytes is not None else kv_block_bytes(model, sc.tensor_parallel, kvc.block_size)
     if kvc.num_blocks is not None:
         n, source = kvc.num_blocks, "num_blocks"
-    elif sc.live.kv_cache_memory_mb is not None and sc.hardware.startswith("cpu"):
+    elif sc.live.kv_cache_memory_mb is not None:
         n, source = int(sc.live.kv_cache_memory_mb * 2**20 // bb), "kv_cache_memory_mb"
     else:
         try:

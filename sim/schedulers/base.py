@@ -141,6 +141,7 @@ class Scheduler:
         self._preempted_this_step: list[Request] = []
         self._swap_out: list[tuple[int, int]] = []
         self._swap_in: list[tuple[int, int]] = []
+        self._swapped_in_now: set[int] = set()
 
     # ---- interface -------------------------------------------------------------------------
     def add(self, request: Request) -> bool:
@@ -224,7 +225,8 @@ class Scheduler:
         req.num_preemptions += 1
         self.num_preemptions += 1
         self._preempted_this_step.append(req)
-        if self.preemption_mode == "swap":
+        # A request swapped in during this very step has no data on the device yet: recompute it.
+        if self.preemption_mode == "swap" and req.request_id not in self._swapped_in_now:
             pairs = self.kv.swap_out(req)
             if pairs is not None:
                 self._swap_out.extend(pairs)
@@ -286,6 +288,8 @@ class Scheduler:
     def _take_step_extras(self) -> tuple[list[Request], list[tuple[int, int]], list[tuple[int, int]]]:
         pre, so, si = self._preempted_this_step, self._swap_out, self._swap_in
         self._preempted_this_step, self._swap_out, self._swap_in = [], [], []
+        self._swapped_in_now.clear()
+        self.kv.end_step()
         return pre, so, si
 
     def _make_batch(self, rows: np.ndarray, new: np.ndarray) -> Batch:
@@ -312,6 +316,7 @@ class Scheduler:
             return False
         self.swapped.popleft()
         self._swap_in.extend(pairs)
+        self._swapped_in_now.add(req.request_id)
         self._admit(req, now)
         return True
 

@@ -1,0 +1,128 @@
+"""Live mode: the simulator's own schedulers drive the real model on real kernels.
+
+``run_live`` builds each replica with ``servesim.sim.simulate.build_scheduler`` — the very
+function simulation uses — and swaps only the executor: ``LiveExecutor`` runs the Batch through
+``ModelRunner`` on a paged KV cache tensor whose rows are the block manager's block ids, appends
+each sampled token to its request, and returns the seconds the step took. The engine loop runs
+unchanged on ``simpy.rt.RealtimeEnvironment(strict=False)``: requests arrive at their wall-clock
+times and every step advances the clock by what it really took.
+"""
+
+from __future__ import annotations
+
+import time
+
+import simpy.rt
+import torch
+
+from servesim.sim.batch import Batch
+from servesim.sim.kv_cache import BlockManager
+from servesim.sim.presets import get_model
+from servesim.sim.request import Request
+from servesim.sim.scenario import Scenario, ScenarioError
+from servesim.sim.simulate import KVPlan, RunResult, build_scheduler, finish_run, plan_kv, run_replicas
+from servesim.sim.workload import generate_requests
+
+from .model import LlamaModel
+from .runner import KVCache, ModelRunner
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class LiveExecutor:
+    """Executes a scheduler Batch on the model; returns measured seconds."""
+
+    def __init__(self, runner: ModelRunner, block_manager: BlockManager) -> None:
+        self.runner = runner
+        self.kv = block_manager
+        self.cuda = runner.model.device.type == "cuda"
+        self.last_forward_s = 0.0
+        self.num_steps = 0
+
+    def run(self, batch: Batch) -> float:
+        t0 = time.perf_counter()
+        requests = batch.requests
+        tables = [self.kv.block_table(r) for r in requests]
+        tokens = self.runner.execute(batch, tables)
+        if self.cuda:
+            torch.cuda.synchronize()
+        # EOS is ignored (as in serving benchmarks): every request generates exactly output_len tokens.
+        sampling = [r for r, s in zip(requests, batch.samples.tolist(), strict=True) if s]
+        for req, tok in zip(sampling, tokens, strict=True):
+            req.output_token_ids.append(tok)
+        self.last_forward_s = time.perf_counter() - t0
+        self.num_steps += 1
+        return self.last_forward_s
+
+
+def _prepare_requests(sc: Scenario, requests: list[Request] | None) -> list[Request]:
+    if requests is None:
+        wl = sc.workload
+        if not wl.token_ids:
+            # live mode needs real token ids; they come from their own seeded stream, so arrivals
+            # and lengths stay identical to the simulated run of the same scenario
+            wl = wl.model_copy(update={"token_ids": True, "vocab_size": get_model(sc.model).vocab_size})
+        requests = generate_requests(wl, sc.seed)
+    else:
+        for r in requests:
+            r.reset_progress()
+    vocab = get_model(sc.model).vocab_size
+    for r in requests:
+        if r.prompt_token_ids is None or len(r.prompt_token_ids) != r.prompt_len:
+            raise ScenarioError(f"request {r.request_id}: live mode needs prompt_token_ids of length prompt_len")
+        if max(r.prompt_token_ids, default=0) >= vocab:
+            raise ScenarioError(
+                f"request {r.request_id}: token id >= the model's vocab_size {vocab}; set workload.vocab_size"
+            )
+    return requests
+
+
+def build_live_replica(sc: Scenario, kv: KVPlan, seed: int = 0):  # noqa: ANN201
+    """(scheduler, LiveExecutor) of one replica: the simulator's scheduler over a real cache."""
+    live = sc.live
+    if live.device == "cuda" and not torch.cuda.is_available():
+        raise ScenarioError("live.device: cuda requested but torch sees no GPU; use live.device: cpu")
+    if live.backend == "triton" and live.device == "cpu":
+        import os
+
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            raise ScenarioError("live.backend: triton on a CPU needs TRITON_INTERPRET=1 set before starting")
+    model_cfg = get_model(sc.model)
+    dtype = DTYPES[live.dtype]
+    scheduler = build_scheduler(sc, kv)
+    model = LlamaModel(model_cfg, dtype=dtype, device=live.device, seed=seed, backend=live.backend)
+    cache = KVCache(model_cfg, kv.num_blocks, kv.block_size, dtype=dtype, device=live.device,
+                    num_host_blocks=kv.num_host_blocks)
+    runner = ModelRunner(model, cache, kv.block_size)
+    return scheduler, LiveExecutor(runner, scheduler.kv)
+
+
+def _warm_up(executor: LiveExecutor, steps: int, block_size: int) -> None:
+    """Untimed forwards so the first measured step does not pay one-off allocation costs."""
+    if steps <= 0:
+        return
+    kv = executor.kv
+    probe = Request(-1, 0.0, 2 * block_size, 1, prompt_token_ids=list(range(2 * block_size)))
+    if not kv.allocate(probe, probe.prompt_len):
+        return
+    batch = Batch.of([probe], [probe.prompt_len], [0])
+    for _ in range(steps):
+        executor.runner.execute(batch, [kv.block_table(probe)])
+    kv.free(probe)
+
+
+def run_live(sc: Scenario, requests: list[Request] | None = None, progress: bool | None = None) -> RunResult:
+    """Replay the scenario's workload on the real model in real time; same RunResult as ``simulate``."""
+    if sc.live.threads:
+        torch.set_num_threads(sc.live.threads)
+    model_cfg = get_model(sc.model)
+    kv = plan_kv(sc, KVCache.block_bytes(model_cfg, sc.kv_cache.block_size, DTYPES[sc.live.dtype]))
+    requests = _prepare_requests(sc, requests)
+    parts = [build_live_replica(sc, kv, seed=sc.seed) for _ in range(sc.cluster.num_replicas)]
+    for _, executor in parts:
+        _warm_up(executor, sc.live.warmup_steps, kv.block_size)
+    env = simpy.rt.RealtimeEnvironment(factor=1.0, strict=False)
+    t0 = time.perf_counter()
+    env.sync()  # time zero is now, after model construction and warm-up
+    recorder, _ = run_replicas(env, sc, requests, lambda r: parts[r], progress)
+    return finish_run(sc, "live", requests, recorder, kv, time.perf_counter() - t0)
