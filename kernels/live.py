@@ -14,7 +14,6 @@ import time
 
 import simpy.rt
 import torch
-
 from servesim.sim.batch import Batch
 from servesim.sim.kv_cache import BlockManager
 from servesim.sim.presets import get_model

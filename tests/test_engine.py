@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pytest
 import simpy
-
 from servesim.sim.cluster import Cluster
 from servesim.sim.cost_model import ConstantCostModel
 from servesim.sim.engine import Replica, SimExecutor

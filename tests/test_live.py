@@ -6,7 +6,6 @@ import time
 
 import pytest
 import simpy.rt
-
 from servesim.sim.cluster import Cluster
 from servesim.sim.engine import Replica
 from servesim.sim.kv_cache import BlockManager

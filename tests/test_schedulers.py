@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from servesim.sim.kv_cache import BlockManager
 from servesim.sim.request import Request, RequestState
 from servesim.sim.schedulers import SchedulerConfig, make_scheduler
