@@ -68,7 +68,7 @@ class Scenario(BaseModel):
     kv_cache: KVCacheConfig = Field(default_factory=KVCacheConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     workload: WorkloadConfig
-    slo: dict[Literal["ttft_ms", "tpot_ms", "e2el_ms", "itl_ms"], float] = Field(default_factory=dict)
+    slo: dict[Literal["ttft_ms", "tpot_ms", "e2el_ms"], float] = Field(default_factory=dict)
     live: LiveConfig = Field(default_factory=LiveConfig)
     output_dir: str | None = None
 

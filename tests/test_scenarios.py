@@ -28,8 +28,9 @@ def _ids(paths: list[Path]) -> list[str]:
     return [str(p.relative_to(SCENARIOS_DIR)) for p in paths]
 
 
-VALIDATABLE = [p for p in ALL_YAML if not _is_live(p) or HAS_TORCH]
-RUNNABLE = [p for p in ALL_YAML if not _is_live(p)]
+# live-* scenarios are for `servesim live` (torch); `servesim run` simulates them too, so where torch
+# is installed they are validated and run like the rest.
+SCENARIOS = [p for p in ALL_YAML if not _is_live(p) or HAS_TORCH]
 
 
 def _run(name: str, *overrides: str) -> RunResult:
@@ -61,7 +62,7 @@ def test_scenarios_folder_holds_the_shipped_examples():
     assert {"quickstart.yaml", *EXAMPLES} <= names
 
 
-@pytest.mark.parametrize("path", VALIDATABLE, ids=_ids(VALIDATABLE))
+@pytest.mark.parametrize("path", SCENARIOS, ids=_ids(SCENARIOS))
 def test_scenario_validates(path: Path):
     sc = load_scenario(path)
     assert isinstance(sc, Scenario)
@@ -75,7 +76,7 @@ def test_example_starts_with_a_comment_saying_how_to_run_it(name: str):
     assert f"servesim run scenarios/{name}" in comment, f"{name}: the header should show the command that runs it"
 
 
-@pytest.mark.parametrize("path", RUNNABLE, ids=_ids(RUNNABLE))
+@pytest.mark.parametrize("path", SCENARIOS, ids=_ids(SCENARIOS))
 def test_scenario_runs_small_and_conserves_requests(path: Path):
     sc = load_scenario(path, SMALL)
     result = simulate(sc, progress=False)
