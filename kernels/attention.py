@@ -35,7 +35,7 @@ if triton is not None:
 
     @triton.jit
     def _attn_fwd_kernel(
-        q_ptr, k_ptr, v_ptr, o_ptr,
+        q_ptr, k_ptr, v_ptr, o_ptr, ws_acc_ptr, ws_ml_ptr,
         q_start_ptr, seq_lens_ptr, block_table_ptr,
         scale_log2,
         stride_qt, stride_qh, stride_qd,
@@ -45,8 +45,10 @@ if triton is not None:
         stride_bt, block_size,
         G: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         HEAD_DIM: tl.constexpr, PAGED: tl.constexpr, DOT_FP32: tl.constexpr, PREC: tl.constexpr,
+        NUM_SPLITS: tl.constexpr,
     ):
-        tile = tl.program_id(0)
+        tile = tl.program_id(0) // NUM_SPLITS
+        split = tl.program_id(0) % NUM_SPLITS
         seq = tl.program_id(1)
         kv_head = tl.program_id(2)
         q_start = tl.load(q_start_ptr + seq)
@@ -79,7 +81,13 @@ if triton is not None:
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
         # Causal: nothing past the tile's last query position is ever needed.
         kv_end = tl.minimum(seq_len, ctx_len + (tile + 1) * BLOCK_Q)
-        for start in range(0, kv_end, BLOCK_N):
+        kv_lo = 0
+        if NUM_SPLITS > 1:
+            # Split-KV (decode only): this program covers one BLOCK_N-aligned slice of the context.
+            per_split = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
+            kv_lo = split * per_split
+            kv_end = tl.minimum(kv_end, kv_lo + per_split)
+        for start in range(kv_lo, kv_end, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             n_ok = offs_n < kv_end
             if PAGED:
@@ -121,11 +129,41 @@ if triton is not None:
             else:
                 acc += tl.dot(p_lo, v, input_precision=PREC)
             m_i = m_new
-        acc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(
-            o_ptr + q_row[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od,
-            acc.to(o_ptr.dtype.element_ty), mask=row_ok[:, None],
-        )
+        if NUM_SPLITS > 1:
+            # Unnormalised partials per (sequence, head, split); an empty split leaves m=-inf, l=0.
+            part = (seq * (tl.num_programs(2) * G) + head) * NUM_SPLITS + split
+            tl.store(ws_acc_ptr + part[:, None].to(tl.int64) * HEAD_DIM + offs_d[None, :], acc,
+                     mask=row_ok[:, None])
+            tl.store(ws_ml_ptr + part * 2, m_i, mask=row_ok)
+            tl.store(ws_ml_ptr + part * 2 + 1, l_i, mask=row_ok)
+        else:
+            acc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+            tl.store(
+                o_ptr + q_row[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od,
+                acc.to(o_ptr.dtype.element_ty), mask=row_ok[:, None],
+            )
+
+    @triton.jit
+    def _merge_splits_kernel(
+        o_ptr, ws_acc_ptr, ws_ml_ptr, q_start_ptr,
+        stride_ot, stride_oh, stride_od,
+        NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    ):
+        seq = tl.program_id(0)
+        head = tl.program_id(1)
+        q_start = tl.load(q_start_ptr + seq)
+        if tl.load(q_start_ptr + seq + 1) == q_start:
+            return
+        part = (seq * tl.num_programs(1) + head) * NUM_SPLITS + tl.arange(0, NUM_SPLITS)
+        m = tl.load(ws_ml_ptr + part * 2)
+        l_s = tl.load(ws_ml_ptr + part * 2 + 1)
+        offs_d = tl.arange(0, HEAD_DIM)
+        acc = tl.load(ws_acc_ptr + part[:, None].to(tl.int64) * HEAD_DIM + offs_d[None, :])
+        m_max = tl.max(m, 0)  # split 0 always holds position 0, so m_max is finite
+        w = tl.exp2(m - m_max)
+        o = tl.sum(acc * w[:, None], 0) / tl.sum(l_s * w, 0)
+        tl.store(o_ptr + q_start.to(tl.int64) * stride_ot + head * stride_oh + offs_d * stride_od,
+                 o.to(o_ptr.dtype.element_ty))
 
     @triton.jit
     def _write_kv_kernel(
@@ -164,8 +202,10 @@ def _check_backend(backend: str) -> None:
         raise ValueError("backend='triton' needs the triton package; install servesim[kernels]")
 
 
-def _check_heads(q: torch.Tensor, num_kv_heads: int, backend: str) -> int:
-    num_q_heads, head_dim = q.shape[1], q.shape[2]
+def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str) -> int:
+    num_q_heads, head_dim, num_kv_heads = q.shape[1], q.shape[2], k.shape[-2]
+    if backend == "triton" and not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f"triton attention needs one dtype for q, k, v; got {q.dtype}, {k.dtype}, {v.dtype}")
     if num_q_heads % num_kv_heads:
         raise ValueError(f"query heads ({num_q_heads}) must be a multiple of KV heads ({num_kv_heads})")
     if backend == "triton" and (head_dim < 16 or head_dim & (head_dim - 1)):
@@ -190,10 +230,33 @@ def _tile_shape(group: int, max_query_len: int) -> tuple[int, int]:
     return block_m, block_m // group
 
 
+# Split-KV kicks in when a decode batch would launch fewer programs than this (about 2 per SM).
+_SPLIT_TARGET_PROGRAMS = 256
+_MIN_TOKENS_PER_SPLIT = 256
+_MAX_SPLITS = 16
+
+
+def _decode_splits(num_seqs: int, num_kv_heads: int, max_context: int) -> int:
+    """KV splits per decode program: enough programs to fill the GPU, >= 256 tokens per split."""
+    want = triton.cdiv(_SPLIT_TARGET_PROGRAMS, num_seqs * num_kv_heads)
+    most = triton.cdiv(max_context, _MIN_TOKENS_PER_SPLIT)
+    splits = max(1, min(want, most, _MAX_SPLITS))
+    return 1 << (splits.bit_length() - 1)  # a power of two: the merge kernel aranges over splits
+
+
 def _launch_attn(q, k, v, out, q_start, seq_lens, block_tables, max_query_len, scale, paged):
     group = q.shape[1] // k.shape[-2]
     block_m, block_q = _tile_shape(group, max_query_len)
     head_dim = q.shape[2]
+    num_seqs, num_kv_heads = q_start.numel() - 1, k.shape[-2]
+    splits = 1
+    if paged and max_query_len == 1:
+        # The block table's width bounds the context without a device sync.
+        splits = _decode_splits(num_seqs, num_kv_heads, block_tables.shape[1] * k.shape[1])
+    ws_acc = ws_ml = out  # placeholders, never touched when splits == 1
+    if splits > 1:
+        ws_acc = torch.empty(num_seqs, q.shape[1], splits, head_dim, device=q.device, dtype=torch.float32)
+        ws_ml = torch.empty(num_seqs, q.shape[1], splits, 2, device=q.device, dtype=torch.float32)
     if paged:
         stride_kb, stride_ks, stride_kh, stride_kd = k.stride()
         stride_vb, stride_vs, stride_vh, stride_vd = v.stride()
@@ -202,9 +265,9 @@ def _launch_attn(q, k, v, out, q_start, seq_lens, block_tables, max_query_len, s
         stride_kb, (stride_ks, stride_kh, stride_kd) = 0, k.stride()
         stride_vb, (stride_vs, stride_vh, stride_vd) = 0, v.stride()
         block_size, stride_bt = 1, 0
-    grid = (triton.cdiv(max_query_len, block_q), q_start.numel() - 1, k.shape[-2])
+    grid = (triton.cdiv(max_query_len, block_q) * splits, num_seqs, num_kv_heads)
     _attn_fwd_kernel[grid](
-        q, k, v, out, q_start, seq_lens, block_tables,
+        q, k, v, out, ws_acc, ws_ml, q_start, seq_lens, block_tables,
         scale * math.log2(math.e),
         *q.stride(), *out.stride(),
         stride_kb, stride_ks, stride_kh, stride_kd,
@@ -212,9 +275,13 @@ def _launch_attn(q, k, v, out, q_start, seq_lens, block_tables, max_query_len, s
         stride_bt, block_size,
         G=group, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=64,
         HEAD_DIM=head_dim, PAGED=paged, DOT_FP32=_INTERPRETED,
-        PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", NUM_SPLITS=splits,
         num_warps=4,
     )
+    if splits > 1:
+        _merge_splits_kernel[(num_seqs, q.shape[1])](
+            out, ws_acc, ws_ml, q_start, *out.stride(), NUM_SPLITS=splits, HEAD_DIM=head_dim,
+        )
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -245,7 +312,7 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
     h // (Hq // Hkv). scale defaults to 1/sqrt(D). Writes into ``out`` when given. Returns [T, Hq, D].
     """
     _check_backend(backend)
-    _check_heads(q, k.shape[1], backend)
+    _check_heads(q, k, v, backend)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     out = _out_buffer(q, out)
     if q.shape[0] == 0 or cu_seqlens.numel() < 2:
@@ -276,7 +343,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     1/sqrt(D). Writes into ``out`` when given. Returns [T, Hq, D].
     """
     _check_backend(backend)
-    _check_heads(q, k_cache.shape[2], backend)
+    _check_heads(q, k_cache, v_cache, backend)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     out = _out_buffer(q, out)
     if q.shape[0] == 0 or seq_lens.numel() == 0:
@@ -301,8 +368,8 @@ def _paged_attention_torch(q, k_cache, v_cache, block_tables, seq_lens, query_st
         if n <= 1:
             continue
         blocks = block_tables[b, : -(-lens[b] // block_size)].long()
-        k = k_cache[blocks].flatten(0, 1)[: lens[b]]
-        v = v_cache[blocks].flatten(0, 1)[: lens[b]]
+        k = k_cache.index_select(0, blocks).flatten(0, 1)[: lens[b]]
+        v = v_cache.index_select(0, blocks).flatten(0, 1)[: lens[b]]
         out[starts[b] : starts[b] + n] = _sdpa(q[starts[b] : starts[b] + n], k, v, scale)
 
 
@@ -316,14 +383,18 @@ def _decode_torch(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, 
     # Entries past a sequence's last block are arbitrary (maybe out of range): point them at block 0.
     used = torch.arange(num_blocks, device=q.device)[None, :] < (-(-lens // block_size))[:, None]
     table = torch.where(used, table, 0)
-    k = k_cache[table].flatten(1, 2).transpose(1, 2).float()  # [B, Hkv, L, D]
-    v = v_cache[table].flatten(1, 2).transpose(1, 2).float()
+    # index_select of whole blocks is ~10x faster on a CPU than advanced indexing with a 2-D table.
+    gathered = (len(rows), num_blocks * block_size, *k_cache.shape[2:])
+    k = k_cache.index_select(0, table.flatten()).view(gathered).transpose(1, 2).float()  # [B, Hkv, L, D]
+    v = v_cache.index_select(0, table.flatten()).view(gathered).transpose(1, 2).float()
     mask = torch.arange(k.shape[2], device=q.device)[None, :] < lens[:, None]
     q_rows = query_start_loc.to(q.device)[idx].long()
-    qd = q[q_rows].float().unsqueeze(2)  # [B, Hq, 1, D]
-    o = F.scaled_dot_product_attention(qd, k, v, attn_mask=mask[:, None, None, :], scale=scale,
-                                       enable_gqa=q.shape[1] != k.shape[1])
-    out[q_rows] = o.squeeze(2).to(out.dtype)
+    # One query attends to the whole context, so the G heads sharing a KV head are just G "rows":
+    # folding them beats enable_gqa (no K/V repeat), about 2x on a CPU.
+    num_kv_heads, head_dim = k.shape[1], k.shape[3]
+    qd = q[q_rows].float().view(len(rows), num_kv_heads, -1, head_dim)  # [B, Hkv, G, D]
+    o = F.scaled_dot_product_attention(qd, k, v, attn_mask=mask[:, None, None, :], scale=scale)
+    out[q_rows] = o.reshape(len(rows), -1, head_dim).to(out.dtype)
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

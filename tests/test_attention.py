@@ -11,7 +11,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-
+from servesim.kernels import attention  # noqa: E402
 from servesim.kernels.attention import paged_attention, prefill_attention, write_kv  # noqa: E402
 
 BACKENDS = ["torch", "triton"]
@@ -125,7 +125,7 @@ def test_prefill_honours_explicit_scale_and_strided_inputs(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_over_context_not_a_multiple_of_block_size(backend, dtype):
-    _check_paged([(36, 1), (0, 1), (15, 1), (70, 1)], backend, dtype)
+    _check_paged([(36, 1), (0, 1), (15, 1), (150, 1)], backend, dtype)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -147,6 +147,14 @@ def test_mixed_batch_of_decodes_and_prefill_chunks(backend, dtype):
     # decode, fresh prefill (no context), chunk mid-block, decode at a block boundary, chunk > tile.
     shapes = [(30, 1), (0, 23), (40, 9), (32, 1), (5, 70)]
     _check_paged(shapes, backend, dtype, heads=(8, 2), block_size=8)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_kv_decode_merges_partials_exactly(monkeypatch, dtype):
+    # Small splits so a tiny batch is split; the 3-token sequence leaves most of its splits empty.
+    monkeypatch.setattr(attention, "_MIN_TOKENS_PER_SPLIT", 16)
+    assert attention._decode_splits(num_seqs=3, num_kv_heads=2, max_context=130) == 8
+    _check_paged([(129, 1), (2, 1), (64, 1)], "triton", dtype, heads=(8, 2), block_size=16)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
