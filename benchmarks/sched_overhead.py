@@ -14,7 +14,6 @@ import argparse
 import time
 
 import numpy as np
-
 from servesim.sim.kv_cache import BlockManager
 from servesim.sim.request import Request
 from servesim.sim.schedulers import SchedulerConfig, make_scheduler
