@@ -104,10 +104,6 @@ class RunningTable:
         req.last_token_time = float(self.last_tok[i])
         return req
 
-    def sync_all(self) -> None:
-        for i in range(self.n):
-            self.sync(i)
-
     def remove(self, drop: np.ndarray) -> None:
         """Remove the rows where ``drop`` (bool, length n) is true, keeping order."""
         keep = ~drop

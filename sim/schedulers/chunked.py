@@ -66,10 +66,9 @@ class ChunkedScheduler(Scheduler):
         self, now: float, budget: int, threshold: int, rows: list[int], new: list[int]
     ) -> int:
         while self.swapped and budget > 0 and self.run.n < self.max_num_seqs:
-            first = self.run.n
             if not self._try_swap_in_one(now):
                 break
-            i = first
+            i = self.run.n - 1  # the row it was just admitted to
             req = self.run.reqs[i]
             chunk = min(int(self.run.tokens[i] - self.run.computed[i]), budget, threshold)
             if not self.kv.allocate(req, int(self.run.computed[i]) + chunk):
