@@ -117,6 +117,13 @@ class Replica:
             t_sched = time.perf_counter()
             batch = sched.schedule(env.now)
             if batch.is_empty:
+                wake = sched.next_wakeup(env.now)
+                if wake is not None and wake > env.now:
+                    # a batching delay: the policy is waiting for more requests, up to a deadline
+                    yield self._wakeup | env.timeout(wake - env.now)
+                    if self._wakeup.triggered:
+                        self._wakeup = env.event()
+                    continue
                 if sched.num_running == 0 and sched.num_swapped == 0 and self.arrivals_open:
                     # only an arrival can change anything (e.g. a batching delay); wait for one
                     yield self._wakeup
