@@ -108,6 +108,16 @@ class Scenario(BaseModel):
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
     """Read, override and validate a scenario file. Raises ScenarioError with a one-line message."""
     p = Path(path)
+    raw = read_scenario_file(p, overrides)
+    sc = scenario_from_dict(raw, source=str(p))
+    # trace and empirical paths are relative to the scenario file unless absolute or present here
+    sc.workload = sc.workload.resolve_paths(p.parent)
+    return sc
+
+
+def read_scenario_file(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The scenario file as a raw mapping with ``--set`` overrides applied, not yet validated."""
+    p = Path(path)
     if not p.is_file():
         raise ScenarioError(f"scenario file not found: {p}")
     try:
@@ -120,10 +130,7 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
         raise ScenarioError(f"{p}: a scenario is a mapping of fields (name, model, scheduler, workload, ...)")
     for item in overrides or []:
         apply_override(raw, item)
-    sc = scenario_from_dict(raw, source=str(p))
-    # trace and empirical paths are relative to the scenario file unless absolute or present here
-    sc.workload = sc.workload.resolve_paths(p.parent)
-    return sc
+    return raw
 
 
 def scenario_from_dict(raw: dict[str, Any], source: str = "scenario") -> Scenario:
