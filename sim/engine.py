@@ -3,7 +3,9 @@
 The same loop runs in simulation (``simpy.Environment``: a step takes the seconds the cost model
 predicts) and live (``simpy.rt.RealtimeEnvironment(strict=False)``: the executor runs the real
 model, and the clock advances by what the step really took, scheduling and bookkeeping
-included). An idle replica waits on an arrival event instead of polling.
+included). An idle replica waits on an arrival event instead of polling; a policy that holds
+queued work back (a batching delay, ``Scheduler.next_wakeup``) has the replica wait for the next
+arrival or its deadline, whichever comes first.
 """
 
 from __future__ import annotations

@@ -108,6 +108,8 @@ class EnginePreset(BaseModel):
                 hint = cls.NOT_MODELLED[key]
             elif key in _KV_KNOBS:
                 hint = f"KV-cache knobs go in the kv_cache section: set {_KV_KNOBS[key]}"
+            elif key == "type":
+                hint = "a preset picks its own scheduler; drop 'type'"
             else:
                 hint = "not a knob of this preset"
             raise ValueError(f"unknown knob '{key}' for preset {name} ({hint}); its knobs: {', '.join(allowed)}")
