@@ -83,6 +83,18 @@ def cmd_live(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_engines(args: argparse.Namespace) -> int:
+    from .engine_compare import compare_engines, format_table
+
+    table, out = compare_engines(args.scenario, args.set, args.presets, args.out,
+                                 progress=False if args.quiet else None, plots=not args.no_plots)
+    print(f"servesim engines: {args.scenario} | the same {int(table['completed'].iloc[0] + table['rejected'].iloc[0])} "
+          f"requests through {len(table)} engine presets (latencies in ms)")
+    print(format_table(table))
+    print(f"comparison in {out}/engines.csv, latency CDFs in {out}/latency_cdf.png, one run folder per preset")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="servesim", description="Simulate and measure LLM serving schedulers.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -101,6 +113,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     live = scenario_cmd("live", "run a scenario on the real model (random weights) in real time", cmd_live)
     live.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    engines = scenario_cmd("engines", "run the scenario's traffic through several engine presets and compare them",
+                           cmd_engines)
+    engines.add_argument("--presets", metavar="A,B,...",
+                         help="engine presets to compare, NAME or NAME:VARIANT, e.g. vllm-v1,tensorrt-llm:MAX_UTILIZATION "
+                              "(default: every preset and variant)")
+    engines.add_argument("--no-plots", action="store_true", help="skip the latency-CDF overlay")
+    for action in engines._actions:
+        if "--out" in action.option_strings:
+            action.help = "output folder (default: results/NAME-engines)"
     return p
 
 

@@ -3,7 +3,9 @@
 The same loop runs in simulation (``simpy.Environment``: a step takes the seconds the cost model
 predicts) and live (``simpy.rt.RealtimeEnvironment(strict=False)``: the executor runs the real
 model, and the clock advances by what the step really took, scheduling and bookkeeping
-included). An idle replica waits on an arrival event instead of polling.
+included). An idle replica waits on an arrival event instead of polling; a policy that holds
+queued work back (a batching delay, ``Scheduler.next_wakeup``) has the replica wait for the next
+arrival or its deadline, whichever comes first.
 """
 
 from __future__ import annotations
@@ -117,6 +119,13 @@ class Replica:
             t_sched = time.perf_counter()
             batch = sched.schedule(env.now)
             if batch.is_empty:
+                wake = sched.next_wakeup(env.now)
+                if wake is not None and wake > env.now:
+                    # a batching delay: the policy is waiting for more requests, up to a deadline
+                    yield self._wakeup | env.timeout(wake - env.now)
+                    if self._wakeup.triggered:
+                        self._wakeup = env.event()
+                    continue
                 if sched.num_running == 0 and sched.num_swapped == 0 and self.arrivals_open:
                     # only an arrival can change anything (e.g. a batching delay); wait for one
                     yield self._wakeup

@@ -230,6 +230,27 @@ class BlockManager:
         self.prefix_hits += len(blocks)
         return len(blocks) * self.block_size
 
+    def peek_prefix(self, request: Request) -> int:
+        """Prompt tokens a ``lookup_prefix`` would serve from the cache now, without attaching them.
+
+        For policies that rank the queue by cache hits (SGLang's longest-prefix-match); the
+        hit/query counters are left alone.
+        """
+        if not self.enable_prefix_caching or request.request_id in self._tables:
+            return 0
+        keys = self._prompt_keys(request)
+        limit = min(len(keys), (request.num_prompt_tokens - 1) // self.block_size)
+        hits = 0
+        for key in keys[:limit]:
+            if key not in self._key_block:
+                break
+            hits += 1
+        return hits * self.block_size
+
+    def prefix_keys(self, request: Request) -> list[int]:
+        """The hash-chain keys of the request's full prompt blocks (empty without prefix caching)."""
+        return self._prompt_keys(request) if self.enable_prefix_caching else []
+
     def cache_computed_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Publish the request's prompt blocks that are now fully computed to the prefix cache."""
         if not self.enable_prefix_caching:

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, Tag, ValidationError, field_validator, model_validator
 
 from .cluster import ClusterConfig
 from .cost_model import CostModelConfig
-from .presets import HARDWARE, MODELS
+from .presets import HARDWARE, MODELS, get_hardware
 from .schedulers import SchedulerConfig
+from .schedulers.engine_presets import BUILTIN_TAG, SchedulerSection, apply_preset_defaults
 from .workload import WorkloadConfig
 
 
@@ -64,7 +65,8 @@ class Scenario(BaseModel):
     hardware: str = "h100-sxm"
     tensor_parallel: int = Field(1, ge=1, le=64)
     cost_model: CostModelConfig = Field(default_factory=CostModelConfig)
-    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    # a built-in scheduler, or an engine preset (``preset: vllm-v1`` ...; schedulers/engine_presets.py)
+    scheduler: SchedulerSection = Field(default_factory=SchedulerConfig)
     kv_cache: KVCacheConfig = Field(default_factory=KVCacheConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     workload: WorkloadConfig
@@ -86,6 +88,13 @@ class Scenario(BaseModel):
             raise ValueError(f"unknown hardware preset '{v}'; allowed: {', '.join(HARDWARE)}")
         return v
 
+    @model_validator(mode="after")
+    def _resolve_engine_preset(self) -> Scenario:
+        # A preset fills the knobs it derives from the hardware and sets its KV defaults (block
+        # size, prefix caching) where the kv_cache section leaves them unset.
+        self.scheduler = apply_preset_defaults(self.scheduler, get_hardware(self.hardware), self.model, self.kv_cache)
+        return self
+
     @field_validator("slo")
     @classmethod
     def _positive_slo(cls, v: dict[str, float]) -> dict[str, float]:
@@ -99,6 +108,16 @@ class Scenario(BaseModel):
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
     """Read, override and validate a scenario file. Raises ScenarioError with a one-line message."""
     p = Path(path)
+    raw = read_scenario_file(p, overrides)
+    sc = scenario_from_dict(raw, source=str(p))
+    # trace and empirical paths are relative to the scenario file unless absolute or present here
+    sc.workload = sc.workload.resolve_paths(p.parent)
+    return sc
+
+
+def read_scenario_file(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The scenario file as a raw mapping with ``--set`` overrides applied, not yet validated."""
+    p = Path(path)
     if not p.is_file():
         raise ScenarioError(f"scenario file not found: {p}")
     try:
@@ -111,10 +130,7 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
         raise ScenarioError(f"{p}: a scenario is a mapping of fields (name, model, scheduler, workload, ...)")
     for item in overrides or []:
         apply_override(raw, item)
-    sc = scenario_from_dict(raw, source=str(p))
-    # trace and empirical paths are relative to the scenario file unless absolute or present here
-    sc.workload = sc.workload.resolve_paths(p.parent)
-    return sc
+    return raw
 
 
 def scenario_from_dict(raw: dict[str, Any], source: str = "scenario") -> Scenario:
@@ -148,7 +164,8 @@ def format_validation_error(err: ValidationError) -> str:
     """The first error as ``field.path: what is wrong (allowed: ...)``, plus a count of the rest."""
     errors = err.errors(include_url=False)
     first = errors[0]
-    loc = [str(x) for x in first["loc"]]
+    # the tag of the built-in scheduler section is not something a user wrote: leave it out
+    loc = [str(x) for x in first["loc"] if x != BUILTIN_TAG]
     path = ".".join(loc) or "(top level)"
     kind = first["type"]
     if kind == "extra_forbidden":
@@ -175,31 +192,37 @@ def format_validation_error(err: ValidationError) -> str:
 
 def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """Field names of the model reached by following ``loc`` from ``model`` (best effort)."""
-    candidates: list[type[BaseModel]] = [model]
+    candidates: list[tuple[type[BaseModel], str | None]] = [(model, None)]
     for part in loc:
-        nxt: list[type[BaseModel]] = []
-        for m in candidates:
+        nxt: list[tuple[type[BaseModel], str | None]] = []
+        for m, _ in candidates:
             field = m.model_fields.get(str(part))
             if field is not None:
                 nxt.extend(_models_in(field.annotation))
         if not nxt:
-            # a discriminated-union tag such as 'poisson' appears in the path; keep the candidates
-            nxt = [m for c in candidates for m in _models_in(c)] or candidates
+            # a discriminated-union tag ('poisson', 'builtin') appears in the path: keep the union
+            # members it names (a Tag), or all of them
+            nxt = [c for c in candidates if c[1] == part] or candidates
         candidates = nxt
     names: list[str] = []
-    for m in candidates:
+    for m, _ in candidates:
         for n in m.model_fields:
             if n not in names:
                 names.append(n)
     return names
 
 
-def _models_in(annotation: Any) -> list[type[BaseModel]]:
+def _models_in(annotation: Any, tag: str | None = None) -> list[tuple[type[BaseModel], str | None]]:
+    """The models a field annotation can hold, each with the union Tag it sits under (or None)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
+        return [(annotation, tag)]
     origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType, typing.Annotated) or origin is not None:
-        out: list[type[BaseModel]] = []
+    if origin is typing.Annotated:
+        args = typing.get_args(annotation)
+        tags = [m.tag for m in args[1:] if isinstance(m, Tag)]
+        return _models_in(args[0], tags[0] if tags else tag)
+    if origin in (typing.Union, types.UnionType) or origin is not None:
+        out: list[tuple[type[BaseModel], str | None]] = []
         for arg in typing.get_args(annotation):
             out.extend(_models_in(arg))
         return out

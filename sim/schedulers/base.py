@@ -154,6 +154,15 @@ class Scheduler:
     def schedule(self, now: float) -> Batch:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def next_wakeup(self, now: float) -> float | None:
+        """When a policy that returned an empty batch wants to be asked again (seconds), or None.
+
+        Only batching delays use it (Triton's dynamic batcher waits for a batch to fill): the engine
+        then waits for the next arrival or this time, whichever comes first. Policies that never
+        hold work back return None, and an idle replica simply waits for an arrival.
+        """
+        return None
+
     @property
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.swapped or self.run.n)

@@ -18,14 +18,23 @@ from .base import Scheduler
 
 class StaticScheduler(Scheduler):
     def schedule(self, now: float) -> Batch:
+        if self.run.n == 0:
+            self._form_batch(now, self.max_num_seqs)
+        return self._step_batch()
+
+    def _form_batch(self, now: float, size: int) -> None:
+        """Admit up to ``size`` waiting requests, oldest first, while their whole KV can be reserved."""
         run = self.run
-        if run.n == 0:
-            while self.waiting and run.n < self.max_num_seqs:
-                req = self.waiting[0]
-                if not self.kv.allocate(req, self.max_kv_tokens(req)):
-                    break
-                self.waiting.popleft()
-                self._admit(req, now)
+        while self.waiting and run.n < size:
+            req = self.waiting[0]
+            if not self.kv.allocate(req, self.max_kv_tokens(req)):
+                break
+            self.waiting.popleft()
+            self._admit(req, now)
+
+    def _step_batch(self) -> Batch:
+        """One step of the running batch: every member still generating computes what it owes."""
+        run = self.run
         n = run.n
         active = (run.out[:n] < run.out_len[:n]).nonzero()[0]
         new = run.tokens[active] - run.computed[active]

@@ -1,0 +1,221 @@
+"""Prefill-priority steps with one chunked request, estimated-token admission and retraction (SGLang).
+
+A step is a prefill step or a decode step, never both:
+
+- **prefill** whenever there is something to prefill: the one partly prefilled request continues
+  with its next chunk, then queued requests (``fcfs`` or ``lpm`` order) join while the step has
+  tokens left (``max_num_batched_tokens`` = SGLang's ``chunked_prefill_size``, and at most
+  ``max_prefill_tokens`` once a request is in) and the KV pool can hold them. The pool test is
+  SGLang's estimate: free tokens, minus ``min(outputs left, 4096) * new_token_ratio`` for every
+  running request, must exceed the newcomer's prompt plus ``min(its max output, 4096)``. A prompt
+  longer than what is left of the chunk budget is cut there and becomes the partial request. When
+  the estimate says no, the batch is marked full and no prefill is tried until a request finishes
+  or is retracted.
+- **decode** otherwise: every running request generates one token. If the pool cannot hold one
+  more token each, running requests are retracted (fewest outputs first, the longest prompt among
+  equals) until 20 tokens per remaining request are free; they go to the back of the queue and
+  are recomputed later.
+
+``new_token_ratio`` starts at ``0.7 * schedule_conservativeness``, drops by ``(init - 0.14 * init)
+/ 600`` per decode step, jumps to ``(outputs so far + 20 * running) / max outputs`` after a
+retraction, and resets when the replica runs dry.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Literal
+
+import numpy as np
+
+from ..batch import Batch
+from ..kv_cache import BlockManager
+from .base import Scheduler, SchedulerConfig
+from .blocks import (
+    admit_queued,
+    attach_cached_prefix,
+    drop_cached_prefix,
+    estimated_future_tokens,
+    fewest_outputs_longest_prompt,
+    longest_prefix_first,
+    move_to_tail,
+)
+
+CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+RETRACT_DECODE_STEPS = 20  # global_config.retract_decode_steps
+INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
+NEW_TOKEN_RATIO_DECAY_STEPS = 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
+LPM_FALLBACK_QUEUE_LEN = 128  # lpm turns into fcfs above this many waiting requests
+IN_BATCH_PREFIX_TOKENS = 32  # IN_BATCH_PREFIX_CACHING_CHECK/DEPRIORITIZE_THRESHOLD
+
+
+class RetractingScheduler(Scheduler):
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        block_manager: BlockManager,
+        *,
+        waiting_order: Literal["fcfs", "lpm"] = "fcfs",
+        max_prefill_tokens: int = 16384,
+        chunked: bool = True,
+        conservativeness: float = 1.0,
+    ) -> None:
+        if config.preemption_mode != "recompute":
+            raise ValueError("SGLang retracts by recompute only")
+        super().__init__(config, block_manager)
+        self.waiting_order = waiting_order
+        self.max_prefill_tokens = max_prefill_tokens
+        self.chunked = chunked
+        self.init_ratio = min(INIT_NEW_TOKEN_RATIO * conservativeness, 1.0)
+        self.min_ratio = min(self.init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
+        self.ratio_decay = (self.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
+        self.new_token_ratio = self.init_ratio
+        self.batch_is_full = False
+        self.num_retractions = 0
+
+    # ---- interface ---------------------------------------------------------------------------
+    def schedule(self, now: float) -> Batch:
+        if self.run.n == 0:
+            self.new_token_ratio = self.init_ratio  # SGLang resets the estimate whenever it idles
+        rows, new = self._prefill_step(now)
+        if not rows:
+            rows, new = self._decode_step()
+        return self._make_batch(np.asarray(rows, dtype=np.int64), np.asarray(new, dtype=np.int64))
+
+    # ---- prefill -----------------------------------------------------------------------------
+    def _prefill_step(self, now: float) -> tuple[list[int], list[int]]:
+        run, kv = self.run, self.kv
+        n = run.n
+        need = run.tokens[:n] - run.computed[:n]
+        partial = (need > 1).nonzero()[0]
+        if (self.batch_is_full or not self.waiting) and len(partial) == 0:
+            return [], []
+        if n >= self.max_num_seqs and len(partial) == 0:
+            self.batch_is_full = True
+            return [], []
+        bs = self.block_size
+        others = np.ones(n, dtype=bool)
+        others[partial] = False
+        rem_total = kv.num_free_blocks * bs - self._future_tokens(others)
+        rem_input = self.max_prefill_tokens
+        rem_chunk = self.max_num_batched_tokens if self.chunked else None
+        rows: list[int] = []
+        new: list[int] = []
+        for i in partial.tolist():
+            remaining = int(need[i])
+            chunk = min(remaining, int(rem_total)) if rem_chunk is None else min(remaining, rem_chunk, int(rem_total))
+            req = run.reqs[i]
+            if chunk <= 0 or not kv.allocate(req, int(run.computed[i]) + chunk):
+                return [], []
+            run.nblocks[i] = kv.num_blocks_of(req)
+            rows.append(i)
+            new.append(chunk)
+            rem_total -= chunk + (0 if chunk < remaining else min(int(run.out_len[i]), CLIP_MAX_NEW_TOKENS))
+            rem_input -= chunk
+            if rem_chunk is not None:
+                rem_chunk -= chunk
+            if chunk < remaining:
+                return rows, new  # still partial: it takes the whole chunk budget
+        if not self.waiting or rem_total <= 0 or rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0):
+            return rows, new
+        if self.waiting_order == "lpm":
+            self.waiting = longest_prefix_first(self.waiting, kv, LPM_FALLBACK_QUEUE_LEN, IN_BATCH_PREFIX_TOKENS)
+        admitted: set[int] = set()
+        for req in self.waiting:
+            if self.run.n >= self.max_num_seqs:
+                self.batch_is_full = True
+                break
+            fresh, cached, computed = attach_cached_prefix(kv, req)
+            extend = req.num_tokens - computed
+            max_new = min(req.output_len, CLIP_MAX_NEW_TOKENS)
+            last = rem_chunk is None or extend <= rem_chunk
+            tokens = extend if last else rem_chunk
+            stop = extend + max_new >= rem_total or (extend > rem_input and rows) or tokens <= 0
+            if stop or not kv.allocate(req, computed + tokens):
+                if extend + max_new >= rem_total:
+                    self.batch_is_full = True  # SGLang's NO_TOKEN
+                drop_cached_prefix(kv, req, cached)
+                break
+            admitted.add(req.request_id)
+            rows.append(admit_queued(self, req, fresh, cached, computed, now))
+            new.append(tokens)
+            rem_total -= tokens + (max_new if last else 0)
+            rem_input -= tokens
+            if rem_chunk is not None:
+                rem_chunk -= tokens
+            if not last:
+                break  # the new partial request
+            if rem_total <= 0:
+                self.batch_is_full = True
+                break
+            if rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0):
+                break
+        if admitted:
+            self.waiting = deque(r for r in self.waiting if r.request_id not in admitted)
+        return rows, new
+
+    def _future_tokens(self, rows_mask: np.ndarray) -> float:
+        run = self.run
+        n = run.n
+        if n == 0 or not rows_mask.any():
+            return 0.0
+        if rows_mask.all():
+            return estimated_future_tokens(run, self.new_token_ratio, CLIP_MAX_NEW_TOKENS)
+        left = np.minimum(run.out_len[:n][rows_mask] - run.out[:n][rows_mask], CLIP_MAX_NEW_TOKENS)
+        return float(left.sum()) * self.new_token_ratio
+
+    # ---- decode ------------------------------------------------------------------------------
+    def _decode_step(self) -> tuple[list[int], list[int]]:
+        run, kv = self.run, self.kv
+        n = run.n
+        if n == 0:
+            return [], []
+        bs = self.block_size
+        decoding = (run.tokens[:n] - run.computed[:n]) == 1
+        dec = decoding.nonzero()[0]
+        grows = int(np.count_nonzero(run.computed[dec] + 1 > run.nblocks[dec] * bs))
+        if grows > kv.num_free_blocks:
+            self._retract(decoding)
+            n = run.n
+            dec = ((run.tokens[:n] - run.computed[:n]) == 1).nonzero()[0]
+            outputs, total_max_new = int(run.out[:n].sum()), int(run.out_len[:n].sum())
+            self.new_token_ratio = min(1.0, (outputs + RETRACT_DECODE_STEPS * n) / max(total_max_new, 1))
+            self.batch_is_full = False
+        else:
+            self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.min_ratio)
+        ones = np.ones(len(dec), dtype=np.int64)
+        self._grow_rows(dec, ones, protect=run.n)  # enough room after the retraction: never preempts
+        return dec.tolist(), ones.tolist()
+
+    def _retract(self, decoding: np.ndarray) -> None:
+        run, kv = self.run, self.kv
+        candidates = decoding.copy()
+        retracted = np.zeros(run.n, dtype=bool)
+        first = True
+        while first or kv.num_free_blocks * self.block_size < RETRACT_DECODE_STEPS * int(candidates.sum()):
+            if int(candidates.sum()) <= 1:
+                break
+            first = False
+            v = fewest_outputs_longest_prompt(run, candidates)
+            candidates[v] = False
+            self._retract_row(v, retracted)
+        # Corner case SGLang fails on: the partly prefilled request holds the blocks the last decoder
+        # needs. Retract it too rather than stop.
+        dec = candidates.nonzero()[0]
+        grows = int(np.count_nonzero(run.computed[dec] + 1 > run.nblocks[dec] * self.block_size))
+        if grows > kv.num_free_blocks:
+            for i in (~decoding & ~retracted).nonzero()[0].tolist():
+                self._retract_row(i, retracted)
+        run.remove(retracted)
+
+    def _retract_row(self, i: int, retracted: np.ndarray) -> None:
+        req = self.run.reqs[i]
+        retracted[i] = True
+        self._preempt_row(i)
+        move_to_tail(self.waiting, req)
+        self.num_retractions += 1
+
+    def _on_rows_finished(self, rows: np.ndarray) -> None:
+        super()._on_rows_finished(rows)
+        self.batch_is_full = False
