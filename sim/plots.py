@@ -253,3 +253,44 @@ def plot_latency_vs_rate(
             ax.legend(fontsize="small")
     fig.savefig(out, dpi=DPI)
     return out
+
+
+def plot_sweep(
+    out_path: str | Path,
+    table: pd.DataFrame,
+    grid_keys: Sequence[str],
+    metrics: Sequence[tuple[str, str]] = (
+        ("p99_ttft_ms", "p99 TTFT (ms)"),
+        ("p99_tpot_ms", "p99 TPOT (ms)"),
+        ("p99_itl_ms", "p99 ITL (ms)"),
+        ("request_goodput", "goodput (requests/s)"),
+    ),
+) -> Path:
+    """One bar per sweep point for each metric; bars are labelled with the point's grid values.
+
+    Points are coloured by the first grid key, so one axis of the grid reads as groups of bars.
+    Failed points have no bar and an "x" at the axis.
+    """
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    n = len(table)
+    fig = Figure(figsize=(max(8.0, 0.45 * n * 2 + 2), 7), layout="constrained")
+    axes = fig.subplots(2, 2).ravel()
+    short = [k.rsplit(".", 1)[-1] for k in grid_keys]
+    labels = ["\n".join(f"{s}={r[k]}" for s, k in zip(short, grid_keys, strict=True)) for _, r in table.iterrows()]
+    groups = list(dict.fromkeys(table[grid_keys[0]].tolist())) if grid_keys else []
+    colors = [f"C{groups.index(v) % 10}" for v in table[grid_keys[0]]] if grid_keys else ["C0"] * n
+    ok = (table["status"] == "ok").to_numpy() if "status" in table else np.ones(n, dtype=bool)
+    x = np.arange(n)
+    for ax, (col, title) in zip(axes, metrics, strict=False):
+        y = table[col].to_numpy(dtype=np.float64) if col in table else np.full(n, np.nan)
+        ax.bar(x[ok], np.nan_to_num(y[ok]), color=[c for c, k in zip(colors, ok, strict=True) if k])
+        if (~ok).any():
+            ax.plot(x[~ok], np.zeros((~ok).sum()), "x", color="red", label="failed")
+            ax.legend(fontsize="small")
+        ax.set_title(title)
+        ax.set_xticks(x, labels, fontsize="x-small", rotation=90 if n > 8 else 0)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(f"sweep over {', '.join(grid_keys)} ({n} points)")
+    fig.savefig(out, dpi=DPI)
+    return out
