@@ -158,3 +158,18 @@ def test_plan_usage_errors_are_one_line(capsys, tmp_path: Path, argv: list[str],
     code = main(["plan", str(path), "--quiet", "--out", str(tmp_path / "o"), *argv])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and mentions in err, err
+
+
+@pytest.mark.slow
+def test_sarathi_scenario_capacity_orders_chunked_over_continuous_over_static():
+    # The shipped scenario with its strict p99 TBT SLO (see its header), at a coarse tolerance
+    # and one seed; `servesim plan` at the defaults gives the README's table.
+    from servesim.sim.scenario import load_scenario
+
+    path = Path(__file__).resolve().parent.parent / "scenarios" / "sarathi-long-prompts.yaml"
+    st = dict(seeds=1, tolerance=0.2)
+    cap = {}
+    for kind, budget in (("static", 8192), ("continuous", 8192), ("chunked", 512)):
+        sc = load_scenario(path, [f"scheduler.type={kind}", f"scheduler.max_num_batched_tokens={budget}"])
+        cap[kind] = plan(sc, PlanSettings(parse_slo("p99_itl_ms=100"), **st), workers=1, progress=False).capacity
+    assert cap["chunked"] > 1.5 * cap["continuous"] > 1.5 * 1.5 * cap["static"] > 0, cap

@@ -112,3 +112,11 @@ def test_a_local_ray_cluster_gives_identical_rows_to_local_processes():
         ray.shutdown()
     assert len(on_ray) == 12 and (on_ray["status"] == "ok").all()
     pd.testing.assert_frame_equal(comparable(on_ray), comparable(local))
+
+
+def test_ci_runs_the_readme_install_command_which_installs_the_ray_extra():
+    repo = Path(__file__).resolve().parent.parent
+    readme = (repo / "README.md").read_text()
+    install = next(line for line in readme.splitlines() if line.startswith("python3 -m venv .venv"))
+    assert "ray" in install.split("pip install", 1)[1]
+    assert install in (repo / ".ci" / "run").read_text().splitlines()
