@@ -365,7 +365,9 @@ def format_plan(result: PlanResult) -> str:
         lines.append(f"capacity: {result.capacity:.4g} req/s per replica "
                      f"(passes at {lo:.4g}, fails at {hi:.4g} req/s)")
     if result.target_rate is not None:
-        if result.replicas is None:
+        if result.capacity == 0.0:
+            lines.append(f"replicas for {result.target_rate:g} req/s: none, a replica meets the SLO at no rate")
+        elif result.replicas is None:
             lines.append(f"replicas for {result.target_rate:g} req/s: not found within {MAX_REPLICA_STEPS} steps")
         else:
             lines.append(f"replicas for {result.target_rate:g} req/s: {result.replicas} "

@@ -144,7 +144,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                    progress=not args.quiet)
     out = write_sweep(df, axes, args.out or Path("results") / f"{sc.name}-sweep", plots=not args.no_plots)
     print(f"servesim sweep: {sc.name} | {len(df)} points over {', '.join(a.key for a in axes)} | "
-          f"{'ray' if args.ray is not None else 'local processes'}")
+          f"{'on ray' if args.ray is not None else 'on local processes'}")
     print(format_sweep(df, axes))
     failed = df[df["status"] != "ok"]
     for _, r in failed.iterrows():

@@ -162,7 +162,8 @@ class TaskRunner:
         out: list[Outcome | None] = [None] * len(tasks)
         pending = list(refs)
         while pending:
-            done, pending = ray.wait(pending, num_returns=1)
+            # everything that is ready within half a second: cheap on long lists, live progress
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=0.5)
             for r in done:
                 try:
                     out[index[r]] = ray.get(r)

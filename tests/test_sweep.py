@@ -101,17 +101,26 @@ def test_sweep_cli_writes_parquet_csv_and_plot_and_exit_status_says_a_point_fail
 
 
 @pytest.mark.skipif(not HAS_RAY, reason="ray is an optional extra (pip install -e '.[ray]')")
-def test_a_local_ray_cluster_gives_identical_rows_to_local_processes():
+def test_a_local_ray_cluster_gives_identical_rows_to_local_processes(capsys, tmp_path: Path):
     import ray
 
-    local = sweep(workers=1)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(RAW))
+    grid = [a for g in GRID for a in ("--grid", g)]
+    assert main(["sweep", str(path), *grid, "--workers", "2", "--quiet", "--no-plots",
+                 "--out", str(tmp_path / "local")]) == 0
+    # a 2-CPU local cluster started here; `--ray` joins it instead of starting its own
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        on_ray = sweep(backend="ray")
+        assert main(["sweep", str(path), *grid, "--ray", "--quiet", "--no-plots", "--out", str(tmp_path / "ray")]) == 0
+        assert ray.is_initialized()  # the sweep left the cluster it did not start running
     finally:
         ray.shutdown()
+    assert "on ray" in capsys.readouterr().out
+    local, on_ray = (pd.read_parquet(tmp_path / d / "sweep.parquet") for d in ("local", "ray"))
     assert len(on_ray) == 12 and (on_ray["status"] == "ok").all()
     pd.testing.assert_frame_equal(comparable(on_ray), comparable(local))
+    pd.testing.assert_frame_equal(comparable(local), comparable(sweep(workers=1)), check_dtype=False)
 
 
 def test_ci_runs_the_readme_install_command_which_installs_the_ray_extra():
