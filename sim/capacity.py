@@ -44,7 +44,7 @@ import pandas as pd
 from .metrics import ITERATION_COLUMNS, LogHistogram, summarize, to_json
 from .parallel import TaskRunner, default_workers
 from .scenario import Scenario, ScenarioError
-from .slo import SloTerm, TermResult, describe, evaluate, parse_term, request_thresholds
+from .slo import SloTerm, TermResult, describe, evaluate, parse_term, request_thresholds, tightest_targets
 
 STABILITY_TERM = parse_term("median_queueing_delay_ms", 2000.0)
 MAX_BRACKET_STEPS = 20  # doublings / halvings from the start rate before giving up
@@ -387,5 +387,5 @@ def write_plan(result: PlanResult, out_dir: str | Path, plots: bool = True) -> P
 
         rows = pd.DataFrame([p.row() for p in result.points if p.summary])
         plot_latency_vs_rate(out / "latency_vs_rate.png", rows, chosen_rate=result.capacity or None,
-                             slo=request_thresholds(result.settings.terms))
+                             slo=tightest_targets(result.settings.terms, ("ttft", "tpot", "itl", "e2el")), latencies=("ttft", "tpot", "itl", "e2el"))
     return out

@@ -193,20 +193,28 @@ def plot_latency_vs_rate(
     rate_col: str = "request_rate",
     slo: Mapping[str, float] | None = None,
     hue: str | None = None,
+    latencies: Sequence[str] = ("ttft", "tpot", "e2el"),
 ) -> Path:
     """p50/p99 TTFT, TPOT, E2E (ms) and goodput (req/s) against arrival rate (req/s).
 
     ``rows`` holds one summary per rate (``summarize`` keys plus ``rate_col``). ``chosen_rate``
-    is marked with a vertical line; ``slo`` (ms; ttft_ms, tpot_ms, e2el_ms) draws the targets;
-    ``hue`` names a column whose values get separate lines (e.g. the scheduler).
+    is marked with a vertical line; ``slo`` (ms; ttft_ms, tpot_ms, e2el_ms, itl_ms) draws the
+    targets; ``hue`` names a column whose values get separate lines (e.g. the scheduler);
+    ``latencies`` picks the latency panels (add "itl" for inter-token latency), goodput comes last.
     """
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig = Figure(figsize=(10, 7), layout="constrained")
-    axes = fig.subplots(2, 2).ravel()
+    titles = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL (time between tokens)", "e2el": "E2E latency"}
+    panels = [(titles.get(k, k), k, f"{k}_ms") for k in latencies]
+    ncols = 2 if len(panels) + 1 <= 4 else 3
+    nrows = -(-(len(panels) + 1) // ncols)
+    fig = Figure(figsize=(5 * ncols, 3.5 * nrows), layout="constrained")
+    all_axes = fig.subplots(nrows, ncols).ravel()
+    for ax in all_axes[len(panels) + 1 :]:
+        ax.set_visible(False)
+    axes = all_axes[: len(panels) + 1]
     groups = [(None, rows)] if hue is None else list(rows.groupby(hue, sort=True))
-    panels = (("TTFT", "ttft", "ttft_ms"), ("TPOT", "tpot", "tpot_ms"), ("E2E latency", "e2el", "e2el_ms"))
-    for ax, (title, key, slo_key) in zip(axes[:3], panels, strict=True):
+    for ax, (title, key, slo_key) in zip(axes[:-1], panels, strict=True):
         for gi, (g, df) in enumerate(groups):
             df = df.sort_values(rate_col)
             prefix = "" if g is None else f"{g} "
@@ -227,7 +235,7 @@ def plot_latency_vs_rate(
         ax.set_yscale("log")
         ax.set_title(title)
         ax.set_ylabel("ms")
-    ax = axes[3]
+    ax = axes[-1]
     for gi, (g, df) in enumerate(groups):
         df = df.sort_values(rate_col)
         prefix = "" if g is None else f"{g} "

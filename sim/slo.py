@@ -114,17 +114,21 @@ def terms_from_scenario_slo(slo: dict[str, float]) -> list[SloTerm]:
     return [parse_term(k, v) for k, v in slo.items()]
 
 
+def tightest_targets(terms: Sequence[SloTerm], metrics: Sequence[str] = ("ttft", "tpot", "e2el")) -> dict[str, float]:
+    """The tightest target (ms) each of ``metrics`` has in ``terms``, keyed ``METRIC_ms``."""
+    out: dict[str, float] = {}
+    for t in terms:
+        if t.metric in metrics:
+            k = f"{t.metric}_ms"
+            out[k] = min(out.get(k, math.inf), t.target_ms)
+    return out
+
+
 def request_thresholds(terms: Sequence[SloTerm]) -> dict[str, float]:
     """Per-request targets (ms) used to count goodput: the per-request terms if any, else the
     tightest target each request-level metric has in a percentile or mean term. Keys are the
     summary's SLO keys (ttft_ms, tpot_ms, e2el_ms)."""
-    out: dict[str, float] = {}
-    chosen = [t for t in terms if t.stat == "request"] or list(terms)
-    for t in chosen:
-        if t.metric in ("ttft", "tpot", "e2el"):
-            k = f"{t.metric}_ms"
-            out[k] = min(out.get(k, math.inf), t.target_ms)
-    return out
+    return tightest_targets([t for t in terms if t.stat == "request"] or list(terms))
 
 
 @dataclass(slots=True)

@@ -75,7 +75,8 @@ def test_a_candidate_identical_to_the_baseline_is_not_flagged_and_exits_0(capsys
 def test_an_improvement_is_not_a_regression(capsys, tmp_path: Path):
     # the far-too-small budget as the baseline: the sensible budget is better, so nothing is flagged
     worse, base = write(tmp_path, "worse", max_num_batched_tokens=48), write(tmp_path, "base")
-    code, stdout, _ = run_compare(capsys, str(worse), str(base), "--fail-on", "p99_ttft_ms=+10%")
+    code, stdout, _ = run_compare(capsys, str(worse), str(base), "--fail-on", "p99_ttft_ms=+10%",
+                                  "--out", str(tmp_path / "cmp"))
     assert code == 0 and "no significant regression" in stdout
 
 
