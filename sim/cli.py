@@ -122,7 +122,128 @@ def build_parser() -> argparse.ArgumentParser:
     for action in engines._actions:
         if "--out" in action.option_strings:
             action.help = "output folder (default: results/NAME-engines)"
+    _add_planning_commands(sub, scenario_cmd)
     return p
+
+
+# ---- plan, sweep, compare (what-if questions over many runs) -------------------------------------
+def cmd_plan(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .capacity import PlanSettings, format_plan, plan, write_plan
+    from .slo import parse_slo, terms_from_scenario_slo
+
+    sc = _load(args)
+    if args.slo:
+        terms = parse_slo(args.slo)
+    elif sc.slo:
+        terms = terms_from_scenario_slo(sc.slo)
+    else:
+        raise UserError("plan needs an SLO: --slo p99_ttft_ms=500,p99_tpot_ms=50 or an slo: section in the scenario")
+    st = PlanSettings(terms, attainment=args.attainment, seeds=args.seeds, tolerance=args.tolerance,
+                      window_s=args.duration, min_requests=args.min_requests, start_rate=args.start_rate)
+    result = plan(sc, st, target_rate=args.target_rate, workers=args.workers, progress=not args.quiet)
+    out = write_plan(result, args.out or Path("results") / f"{sc.name}-plan", plots=not args.no_plots)
+    print(f"servesim plan: {sc.name} | {sc.model} on {sc.hardware} | {sc.scheduler.type} scheduler")
+    print(format_plan(result))
+    print(f"results in {out}/ (plan.csv, plan.json{'' if args.no_plots else ', latency_vs_rate.png'})")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import yaml
+
+    from .sweep import format_sweep, parse_grid, run_sweep, write_sweep
+
+    sc = _load(args)  # the base scenario must be valid on its own
+    raw = yaml.safe_load(Path(args.scenario).read_text())
+    axes = parse_grid(args.grid)
+    df = run_sweep(raw, axes, args.set, backend="ray" if args.ray is not None else "local", workers=args.workers,
+                   ray_address=args.ray or None, source=args.scenario, base_dir=Path(args.scenario).parent,
+                   progress=not args.quiet)
+    out = write_sweep(df, axes, args.out or Path("results") / f"{sc.name}-sweep", plots=not args.no_plots)
+    print(f"servesim sweep: {sc.name} | {len(df)} points over {', '.join(a.key for a in axes)} | "
+          f"{'on ray' if args.ray is not None else 'on local processes'}")
+    print(format_sweep(df, axes))
+    failed = df[df["status"] != "ok"]
+    for _, r in failed.iterrows():
+        print(f"servesim sweep: point {r['point']} failed: {r['error']}", file=sys.stderr)
+    print(f"results in {out}/ (sweep.parquet, sweep.csv{'' if args.no_plots else ', sweep.png'})")
+    return 1 if len(failed) else 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .compare import compare, format_compare, write_compare
+    from .scenario import load_scenario
+
+    base = load_scenario(args.scenario, args.set)
+    cand = load_scenario(args.candidate, [*args.set, *args.candidate_set])
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
+    result = compare(base, cand, seeds=args.seeds, fail_on=args.fail_on, metrics=metrics, workers=args.workers,
+                     progress=not args.quiet)
+    out = write_compare(result, args.out or Path("results") / f"compare-{base.name}-vs-{cand.name}")
+    print(format_compare(result))
+    print(f"results in {out}/ (compare.csv, compare_seeds.csv, compare.json)")
+    if len(result.failed_runs):
+        return 1
+    return 1 if result.flagged else 0
+
+
+def _add_planning_commands(sub, scenario_cmd) -> None:  # noqa: ANN001 - argparse's private subparsers type
+    def workers(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--workers", type=int, default=None,
+                        help="parallel local worker processes (default: one per CPU core; 1 = in this process)")
+
+    pl = scenario_cmd("plan", "highest arrival rate one replica sustains within an SLO; replicas for a target rate",
+                      cmd_plan)
+    pl.add_argument("--slo", action="append", default=[], metavar="TERMS",
+                    help="[pNN_|median_|mean_]METRIC_ms=TARGET,... with METRIC ttft, tpot, itl, e2el, "
+                         "queueing_delay, e.g. p99_ttft_ms=500,p99_tpot_ms=50 (default: the scenario's slo)")
+    pl.add_argument("--attainment", type=float, default=0.9,
+                    help="fraction of requests that must meet all per-request terms (bare METRIC_ms) (0.9)")
+    pl.add_argument("--seeds", type=int, default=3, help="seeds per rate, pooled (3)")
+    pl.add_argument("--tolerance", type=float, default=0.05,
+                    help="stop when the bracket's high/low rate ratio is within 1 + TOLERANCE (0.05)")
+    pl.add_argument("--target-rate", type=float, default=None, metavar="R",
+                    help="also find the replicas (with the scenario's router) that sustain R requests/s")
+    pl.add_argument("--start-rate", type=float, default=None, metavar="R",
+                    help="first rate tried (default: workload.arrival.rate)")
+    pl.add_argument("--duration", type=float, default=None, metavar="S",
+                    help="arrival window per seed in seconds (default: derived from the tolerance, see README)")
+    pl.add_argument("--min-requests", type=int, default=200, help="at least this many requests per seed (200)")
+    pl.add_argument("--no-plots", action="store_true", help="skip latency_vs_rate.png")
+    workers(pl)
+
+    sw = scenario_cmd("sweep", "run the cross product of --grid overrides into one results table", cmd_sweep)
+    sw.add_argument("--grid", action="append", default=[], metavar="KEY.PATH=V1,V2,...",
+                    help="a scenario field and its values, e.g. scheduler.type=static,continuous,chunked (repeatable)")
+    sw.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                    help="run the points as Ray tasks: no ADDRESS starts or joins Ray like ray.init(); "
+                         "'auto' or ray://HOST:PORT joins a cluster")
+    sw.add_argument("--no-plots", action="store_true", help="skip sweep.png")
+    workers(sw)
+
+    cp = sub.add_parser("compare", help="is a candidate config worse than the baseline? paired runs, bootstrap CIs",
+                        description="Run BASELINE and CANDIDATE on the same workloads over N seeds and report "
+                                    "each metric's change with a 95%% bootstrap CI; exit 1 on a flagged regression.")
+    cp.add_argument("scenario", metavar="BASELINE", help="baseline scenario YAML")
+    cp.add_argument("candidate", metavar="CANDIDATE", help="candidate scenario YAML (its workload is replaced by the baseline's)")
+    cp.add_argument("--seeds", type=int, default=10, help="paired runs per side (10)")
+    cp.add_argument("--fail-on", action="append", default=[], metavar="METRIC=+X%",
+                    help="exit 1 when METRIC rises (+) / falls (-) significantly by more than X%% (repeatable)")
+    cp.add_argument("--metrics", default=None, help="comma-separated summary keys to report (default: latencies, "
+                                                     "throughput, and goodput when the baseline has an slo)")
+    cp.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override both scenarios")
+    cp.add_argument("--candidate-set", action="append", default=[], metavar="KEY.PATH=VALUE",
+                    help="override the candidate only, e.g. --candidate-set scheduler.max_num_batched_tokens=256")
+    cp.add_argument("--out", help="folder for compare.csv / compare.json (default results/compare-BASE-vs-CAND)")
+    cp.add_argument("--quiet", action="store_true", help="no progress bar")
+    cp.set_defaults(fn=cmd_compare)
+    workers(cp)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -193,20 +193,28 @@ def plot_latency_vs_rate(
     rate_col: str = "request_rate",
     slo: Mapping[str, float] | None = None,
     hue: str | None = None,
+    latencies: Sequence[str] = ("ttft", "tpot", "e2el"),
 ) -> Path:
     """p50/p99 TTFT, TPOT, E2E (ms) and goodput (req/s) against arrival rate (req/s).
 
     ``rows`` holds one summary per rate (``summarize`` keys plus ``rate_col``). ``chosen_rate``
-    is marked with a vertical line; ``slo`` (ms; ttft_ms, tpot_ms, e2el_ms) draws the targets;
-    ``hue`` names a column whose values get separate lines (e.g. the scheduler).
+    is marked with a vertical line; ``slo`` (ms; ttft_ms, tpot_ms, e2el_ms, itl_ms) draws the
+    targets; ``hue`` names a column whose values get separate lines (e.g. the scheduler);
+    ``latencies`` picks the latency panels (add "itl" for inter-token latency), goodput comes last.
     """
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig = Figure(figsize=(10, 7), layout="constrained")
-    axes = fig.subplots(2, 2).ravel()
+    titles = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL (time between tokens)", "e2el": "E2E latency"}
+    panels = [(titles.get(k, k), k, f"{k}_ms") for k in latencies]
+    ncols = 2 if len(panels) + 1 <= 4 else 3
+    nrows = -(-(len(panels) + 1) // ncols)
+    fig = Figure(figsize=(5 * ncols, 3.5 * nrows), layout="constrained")
+    all_axes = fig.subplots(nrows, ncols).ravel()
+    for ax in all_axes[len(panels) + 1 :]:
+        ax.set_visible(False)
+    axes = all_axes[: len(panels) + 1]
     groups = [(None, rows)] if hue is None else list(rows.groupby(hue, sort=True))
-    panels = (("TTFT", "ttft", "ttft_ms"), ("TPOT", "tpot", "tpot_ms"), ("E2E latency", "e2el", "e2el_ms"))
-    for ax, (title, key, slo_key) in zip(axes[:3], panels, strict=True):
+    for ax, (title, key, slo_key) in zip(axes[:-1], panels, strict=True):
         for gi, (g, df) in enumerate(groups):
             df = df.sort_values(rate_col)
             prefix = "" if g is None else f"{g} "
@@ -227,7 +235,7 @@ def plot_latency_vs_rate(
         ax.set_yscale("log")
         ax.set_title(title)
         ax.set_ylabel("ms")
-    ax = axes[3]
+    ax = axes[-1]
     for gi, (g, df) in enumerate(groups):
         df = df.sort_values(rate_col)
         prefix = "" if g is None else f"{g} "
@@ -251,5 +259,46 @@ def plot_latency_vs_rate(
         ax.grid(True, which="both", alpha=0.3)
         if ax.has_data():
             ax.legend(fontsize="small")
+    fig.savefig(out, dpi=DPI)
+    return out
+
+
+def plot_sweep(
+    out_path: str | Path,
+    table: pd.DataFrame,
+    grid_keys: Sequence[str],
+    metrics: Sequence[tuple[str, str]] = (
+        ("p99_ttft_ms", "p99 TTFT (ms)"),
+        ("p99_tpot_ms", "p99 TPOT (ms)"),
+        ("p99_itl_ms", "p99 ITL (ms)"),
+        ("request_goodput", "goodput (requests/s)"),
+    ),
+) -> Path:
+    """One bar per sweep point for each metric; bars are labelled with the point's grid values.
+
+    Points are coloured by the first grid key, so one axis of the grid reads as groups of bars.
+    Failed points have no bar and an "x" at the axis.
+    """
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    n = len(table)
+    fig = Figure(figsize=(max(8.0, 0.45 * n * 2 + 2), 7), layout="constrained")
+    axes = fig.subplots(2, 2).ravel()
+    short = [k.rsplit(".", 1)[-1] for k in grid_keys]
+    labels = ["\n".join(f"{s}={r[k]}" for s, k in zip(short, grid_keys, strict=True)) for _, r in table.iterrows()]
+    groups = list(dict.fromkeys(table[grid_keys[0]].tolist())) if grid_keys else []
+    colors = [f"C{groups.index(v) % 10}" for v in table[grid_keys[0]]] if grid_keys else ["C0"] * n
+    ok = (table["status"] == "ok").to_numpy() if "status" in table else np.ones(n, dtype=bool)
+    x = np.arange(n)
+    for ax, (col, title) in zip(axes, metrics, strict=False):
+        y = table[col].to_numpy(dtype=np.float64) if col in table else np.full(n, np.nan)
+        ax.bar(x[ok], np.nan_to_num(y[ok]), color=[c for c, k in zip(colors, ok, strict=True) if k])
+        if (~ok).any():
+            ax.plot(x[~ok], np.zeros((~ok).sum()), "x", color="red", label="failed")
+            ax.legend(fontsize="small")
+        ax.set_title(title)
+        ax.set_xticks(x, labels, fontsize="x-small", rotation=90 if n > 8 else 0)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(f"sweep over {', '.join(grid_keys)} ({n} points)")
     fig.savefig(out, dpi=DPI)
     return out

@@ -1,0 +1,182 @@
+"""Parameter sweeps (``servesim sweep``): the cross product of ``--grid`` overrides, one run each.
+
+Every point is the scenario with its overrides applied to the raw YAML and validated like
+``--set``; a point whose values do not validate, or whose run fails, becomes a row with
+``status = "failed"`` and its one-line ``error``, and the rest of the sweep goes on. Rows are in
+grid order (the first ``--grid`` varies slowest), so the table is the same whichever backend ran
+it and in whatever order the workers finished. Everything in a row except ``wall_s`` (seconds the
+run took on its worker, see ``WALL_COLUMNS``) is a pure function of the scenario and its seed.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from .parallel import TaskRunner
+from .scenario import Scenario, ScenarioError, apply_override, scenario_from_dict
+
+WALL_COLUMNS = ("wall_s",)  # vary from run to run; leave them out when comparing sweeps
+HEADER_KEYS = ("kv_num_blocks",)
+
+
+@dataclass(frozen=True, slots=True)
+class GridAxis:
+    key: str  # dotted scenario path
+    values: tuple[Any, ...]  # parsed (YAML) values, the table's cells
+    texts: tuple[str, ...]  # as typed, applied like --set key=text
+
+
+def parse_grid(items: Sequence[str]) -> list[GridAxis]:
+    """``key.path=v1,v2,...`` items; each value is parsed as YAML like a ``--set`` value."""
+    axes: list[GridAxis] = []
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key or not text.strip():
+            raise ScenarioError(f"--grid {item!r}: expected key.path=v1,v2,..., e.g. scheduler.type=static,chunked")
+        texts = tuple(_split_values(text))
+        if any(a.key == key for a in axes):
+            raise ScenarioError(f"--grid {key}: given twice; put all its values in one --grid")
+        axes.append(GridAxis(key, tuple(yaml.safe_load(t) for t in texts), texts))
+    if not axes:
+        raise ScenarioError("sweep needs at least one --grid key.path=v1,v2,...")
+    return axes
+
+
+def _split_values(text: str) -> list[str]:
+    """Split on commas outside brackets, so a value may itself be a YAML list or mapping."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    return [p.strip() for p in parts if p.strip()]
+
+
+def grid_points(axes: Sequence[GridAxis]) -> list[list[int]]:
+    """Every combination as value indices per axis, the first axis varying slowest."""
+    return [list(c) for c in itertools.product(*(range(len(a.values)) for a in axes))]
+
+
+def point_scenario(raw: dict[str, Any], base_overrides: Sequence[str], overrides: Sequence[str],
+                   source: str, base_dir: Path) -> Scenario:
+    """The validated scenario of one point (raises ScenarioError with a one-line message)."""
+    d = copy.deepcopy(raw)
+    for item in [*base_overrides, *overrides]:
+        apply_override(d, item)
+    sc = scenario_from_dict(d, source=source)
+    sc.workload = sc.workload.resolve_paths(base_dir)
+    return sc
+
+
+def run_point(sc: Scenario) -> dict[str, Any]:
+    """Worker entry point: simulate and return the summary plus run facts worth a column."""
+    from .simulate import simulate
+
+    res = simulate(sc, progress=False)
+    return {"kv_num_blocks": res.kv.num_blocks, **res.summary}
+
+
+def _label(overrides: Sequence[str]) -> str:
+    return ", ".join(overrides)
+
+
+def run_sweep(raw: dict[str, Any], axes: Sequence[GridAxis], base_overrides: Sequence[str] = (),
+              backend: str = "local", workers: int | None = None, ray_address: str | None = None,
+              source: str = "scenario", base_dir: str | Path = ".", progress: bool = True) -> pd.DataFrame:
+    """One row per grid point: point index, grid values, status, error, summary metrics, wall_s."""
+    points = grid_points(axes)
+    keys = [a.key for a in axes]
+    scenarios: list[Scenario | None] = []
+    errors: list[str | None] = []
+    for pt in points:
+        overrides = [f"{a.key}={a.texts[j]}" for a, j in zip(axes, pt, strict=True)]
+        try:
+            scenarios.append(point_scenario(raw, base_overrides, overrides, f"{source} [{_label(overrides)}]",
+                                            Path(base_dir)))
+            errors.append(None)
+        except ScenarioError as e:
+            scenarios.append(None)
+            errors.append(str(e).splitlines()[0])
+    todo = [i for i, s in enumerate(scenarios) if s is not None]
+    with TaskRunner(backend, workers=workers, ray_address=ray_address, progress=progress, desc="sweep") as runner:
+        outcomes = runner.map(run_point, [scenarios[i] for i in todo])
+    by_index = dict(zip(todo, outcomes, strict=True))
+    rows = []
+    for i, pt in enumerate(points):
+        row: dict[str, Any] = {"point": i, **{a.key: a.values[j] for a, j in zip(axes, pt, strict=True)}}
+        o = by_index.get(i)
+        err = errors[i] if o is None else o.error
+        row["status"] = "ok" if err is None else "failed"
+        row["error"] = err or ""
+        if o is not None and o.ok:
+            row.update(o.value)
+        row["wall_s"] = o.wall_s if o is not None else 0.0
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    metric_cols = [c for c in df.columns if c not in ("point", "status", "error", *WALL_COLUMNS, *keys)]
+    df = df[["point", *keys, "status", "error", *metric_cols, *WALL_COLUMNS]]
+    for a in axes:  # parquet wants one type per column; a grid mixing types is kept as text
+        if len({type(v) for v in a.values}) > 1:
+            df[a.key] = df[a.key].map(str)
+    return df
+
+
+def comparable(df: pd.DataFrame) -> pd.DataFrame:
+    """The part of a sweep table that must be identical between backends (no wall-clock columns)."""
+    return df.drop(columns=[c for c in WALL_COLUMNS if c in df.columns])
+
+
+def write_sweep(df: pd.DataFrame, axes: Sequence[GridAxis], out_dir: str | Path, plots: bool = True) -> Path:
+    """sweep.parquet, sweep.csv and sweep.png (one bar per point for the headline metrics)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_parquet(out / "sweep.parquet", index=False)
+    df.to_csv(out / "sweep.csv", index=False)
+    if plots:
+        from .plots import plot_sweep
+
+        plot_sweep(out / "sweep.png", df, [a.key for a in axes])
+    return out
+
+
+def format_sweep(df: pd.DataFrame, axes: Sequence[GridAxis]) -> str:
+    """A compact table: grid values and the headline metrics, failed points with their error."""
+    keys = [a.key for a in axes]
+    metrics = [("request_throughput", "req/s", ".2f"), ("request_goodput", "goodput", ".2f"),
+               ("p99_ttft_ms", "TTFT p99", ".0f"), ("p99_tpot_ms", "TPOT p99", ".1f"),
+               ("p99_itl_ms", "ITL p99", ".1f"), ("p99_e2el_ms", "E2E p99", ".0f")]  # fmt: skip
+    head = ["#", *[k.rsplit(".", 1)[-1] for k in keys], *[h for _, h, _ in metrics]]
+    rows = []
+    for _, r in df.iterrows():
+        cells = [str(r["point"]), *[str(r[k]) for k in keys]]
+        if r["status"] != "ok":
+            cells.append(f"FAILED: {r['error']}")
+        else:
+            for col, _, spec in metrics:
+                v = r.get(col, math.nan)
+                cells.append("-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec))
+        rows.append(cells)
+    full = [head, *[c for c in rows if len(c) == len(head)]]  # failed rows do not set widths
+    widths = [max(len(c[i]) for c in full) for i in range(len(head))]
+    lines = ["  ".join(v.rjust(w) for v, w in zip(head, widths, strict=True)), "  ".join("-" * w for w in widths)]
+    for cells in rows:
+        lines.append("  ".join(v.rjust(w) if not v.startswith("FAILED") else v
+                               for v, w in zip(cells, widths, strict=False)))
+    return "\n".join(lines)
