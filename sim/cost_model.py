@@ -22,18 +22,29 @@ decode_kv_tokens       sum over decode rows (q == 1) of ctx + 1: KV read        
 seqs                   rows in the step (lm head, sampler, per-request CPU work)  sequences
 prefill_seqs           rows with q != 1 (varlen attention launch, prompt setup)   sequences
 const                  1 for a non-empty step: weight read, launches, scheduler   1
+decode_padded_kv       decode rows * the longest decode context (ctx + 1): the    tokens
+                       KV a padded decode kernel reads (PyTorch reference on CPU)
+paged_prefill_kv       sum over prefill rows of ctx + q, in steps that read the   tokens
+                       paged cache (some row has ctx > 0): K/V gathered per row
+paged_prefill_pairs    sum over those rows of q * (ctx + q): masked attention     query-key pairs
+                       computes the full rectangle, not the causal half
+paged_prefill_seqs     prefill rows in such steps (one gather + attention each)   sequences
 =====================  =========================================================  ==============
+
+The first seven are the physical terms of any backend; the last four describe how the PyTorch
+reference kernels (kernels/attention.py) do paged attention on a CPU, and a GPU fit typically
+gives them zero weight.
 
 A step is *decode* when every row has q == 1, *prefill* when none has, else *mixed*.
 
 Profile file (JSON), written by ``save_profile`` and read by ``FittedCostModel.from_profile``::
 
     {
-      "format": "servesim-profile/1",
+      "format": "servesim-profile/2",
       "features": [...FEATURE_NAMES, in order...],
       "tile_tokens": 64,                      # the tile used for tokens_tiled
       "regimes": {                            # "prefill", "decode", "mixed", and/or "all";
-        "decode": {"coef": [7 floats >= 0]},  # a missing regime falls back to "all", so either
+        "decode": {"coef": [11 floats >= 0]}, # a missing regime falls back to "all", so either
         "prefill": {"coef": [...]},           # "all" or all three must be present; coefficients
         "mixed": {"coef": [...]}              # are seconds per unit of each feature
       },
@@ -45,7 +56,8 @@ Profile file (JSON), written by ``save_profile`` and read by ``FittedCostModel.f
 ``overhead`` holds host-side time the kernel timings did not see (seconds per step, seconds per
 sequence) and the swap bandwidth in bytes/s (null: use the hardware preset's PCIe figure).
 Step time = coef[regime] . step_features + overhead.step_s + overhead.per_seq_s * seqs
-+ swap_bytes / swap_bandwidth.
++ swap_bytes / swap_bandwidth. ``servesim-profile/1`` files (the first seven features only) still
+load: their missing coefficients are zero.
 """
 
 from __future__ import annotations
@@ -63,10 +75,15 @@ from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, mod
 
 from .presets import HardwareConfig, ModelConfig, kv_heads_per_rank
 
-PROFILE_FORMAT = "servesim-profile/1"
-FEATURE_NAMES: tuple[str, ...] = (
+PROFILE_FORMAT = "servesim-profile/2"
+BASE_FEATURE_NAMES: tuple[str, ...] = (
     "tokens", "tokens_tiled", "prefill_attn_pairs", "decode_kv_tokens", "seqs", "prefill_seqs", "const",
 )
+EXTRA_FEATURE_NAMES: tuple[str, ...] = (
+    "decode_padded_kv", "paged_prefill_kv", "paged_prefill_pairs", "paged_prefill_seqs",
+)
+FEATURE_NAMES = BASE_FEATURE_NAMES + EXTRA_FEATURE_NAMES
+LEGACY_FORMATS = {"servesim-profile/1": BASE_FEATURE_NAMES}
 REGIMES = ("prefill", "decode", "mixed")
 TILE_TOKENS = 64
 
@@ -109,6 +126,17 @@ def classify_step(q_lens: np.ndarray) -> Literal["prefill", "decode", "mixed", "
     return "decode" if n_dec == n else "prefill" if n_dec == 0 else "mixed"
 
 
+def _extra_sums(q: np.ndarray, ctx: np.ndarray, n_dec: int) -> tuple[int, int, int, int]:
+    """(decode_padded_kv, paged_prefill_kv, paged_prefill_pairs, paged_prefill_seqs) of a step."""
+    dec = q == 1
+    padded = n_dec * (int(ctx[dec].max()) + 1) if n_dec else 0
+    if n_dec == q.shape[0] or not ctx.any():  # no prefill rows, or a prefill-only step (no cache read)
+        return padded, 0, 0, 0
+    pre = ~dec
+    qp, kv = q[pre], ctx[pre] + q[pre]
+    return padded, int(kv.sum()), int(np.dot(qp, kv)), int(qp.shape[0])
+
+
 def step_features(q_lens: np.ndarray, ctx_lens: np.ndarray, tile: int = TILE_TOKENS) -> np.ndarray:
     """The ``FEATURE_NAMES`` vector (float64) of one step; all zeros for an empty step."""
     q = np.asarray(q_lens, dtype=np.int64)
@@ -117,7 +145,8 @@ def step_features(q_lens: np.ndarray, ctx_lens: np.ndarray, tile: int = TILE_TOK
         return np.zeros(len(FEATURE_NAMES))
     n, n_dec, tokens, pairs, decode_kv, _ = _step_sums(q, ctx)
     tiled = -(-tokens // tile) * tile
-    return np.array([tokens, tiled, pairs, decode_kv, n, n - n_dec, 1.0], dtype=np.float64)
+    return np.array([tokens, tiled, pairs, decode_kv, n, n - n_dec, 1.0, *_extra_sums(q, ctx, n_dec)],
+                    dtype=np.float64)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -213,9 +242,9 @@ class RooflineCostModel:
 # Fitted profile
 
 
-def _check_coef(regime: str, coef: Any) -> tuple[float, ...]:
-    if not isinstance(coef, Sequence) or len(coef) != len(FEATURE_NAMES):
-        raise ProfileError(f"regimes.{regime}.coef must be a list of {len(FEATURE_NAMES)} numbers "
+def _check_coef(regime: str, coef: Any, num_features: int = len(FEATURE_NAMES)) -> tuple[float, ...]:
+    if not isinstance(coef, Sequence) or len(coef) != num_features:
+        raise ProfileError(f"regimes.{regime}.coef must be a list of {num_features} numbers "
                            f"(one per feature), got {coef!r}")
     try:
         values = tuple(float(c) for c in coef)
@@ -223,7 +252,8 @@ def _check_coef(regime: str, coef: Any) -> tuple[float, ...]:
         raise ProfileError(f"regimes.{regime}.coef must hold numbers, got {coef!r}") from None
     if not all(math.isfinite(c) and c >= 0.0 for c in values):
         raise ProfileError(f"regimes.{regime}.coef must be finite and >= 0, got {list(values)}")
-    return values
+    # a legacy profile's missing features get zero weight
+    return values + (0.0,) * (len(FEATURE_NAMES) - num_features)
 
 
 class FittedCostModel:
@@ -232,15 +262,16 @@ class FittedCostModel:
     def __init__(self, coefs: Mapping[str, Sequence[float]], *, tile_tokens: int = TILE_TOKENS,
                  overhead: Mapping[str, Any] | None = None, swap_bandwidth: float | None = None,
                  provenance: Mapping[str, Any] | None = None,
-                 held_out_error: Mapping[str, Any] | None = None) -> None:
+                 held_out_error: Mapping[str, Any] | None = None, num_features: int = len(FEATURE_NAMES)) -> None:
         """``coefs`` maps regime ("prefill"/"decode"/"mixed"/"all") to one coefficient per feature.
 
-        ``swap_bandwidth`` (bytes/s) is used when the profile's overhead does not name one.
+        ``swap_bandwidth`` (bytes/s) is used when the profile's overhead does not name one;
+        ``num_features`` < 11 reads a legacy coefficient list (the first features only).
         """
         unknown = set(coefs) - {*REGIMES, "all"}
         if unknown:
             raise ProfileError(f"unknown regime(s) {sorted(unknown)}; use prefill, decode, mixed or all")
-        checked = {r: _check_coef(r, c) for r, c in coefs.items()}
+        checked = {r: _check_coef(r, c, num_features) for r, c in coefs.items()}
         missing = [r for r in REGIMES if r not in checked]
         if missing and "all" not in checked:
             raise ProfileError(f"profile lacks regime(s) {missing} and has no 'all' regime to fall back on")
@@ -261,10 +292,11 @@ class FittedCostModel:
             raise ProfileError(f"overhead.swap_bandwidth must be > 0 bytes/s, got {bw!r}")
         self._swap_bw = float(bw) if bw else math.inf
         self._dec, self._pre, self._mix = (checked.get(r, checked.get("all")) for r in ("decode", "prefill", "mixed"))
+        self._extras = any(any(c[len(BASE_FEATURE_NAMES):]) for c in checked.values())
 
     @classmethod
     def from_profile(cls, path: str | Path, swap_bandwidth: float | None = None) -> FittedCostModel:
-        """Load a ``servesim-profile/1`` JSON file; ``ProfileError`` says what is wrong with it."""
+        """Load a ``servesim-profile/2`` (or /1) JSON file; ``ProfileError`` says what is wrong with it."""
         path = Path(path)
         try:
             data = json.loads(path.read_text())
@@ -280,12 +312,13 @@ class FittedCostModel:
     @classmethod
     def from_profile_dict(cls, data: Any, swap_bandwidth: float | None = None) -> FittedCostModel:
         """Build from an already-parsed profile dict (same checks as ``from_profile``)."""
-        if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
-            got = data.get("format") if isinstance(data, dict) else type(data).__name__
-            raise ProfileError(f"not a servesim profile: format is {got!r}, expected {PROFILE_FORMAT!r}")
-        if data.get("features") != list(FEATURE_NAMES):
-            raise ProfileError(f"features {data.get('features')!r} do not match this servesim's "
-                               f"{list(FEATURE_NAMES)}; refit the profile")
+        fmt = data.get("format") if isinstance(data, dict) else type(data).__name__
+        features = FEATURE_NAMES if fmt == PROFILE_FORMAT else LEGACY_FORMATS.get(fmt)
+        if features is None:
+            raise ProfileError(f"not a servesim profile: format is {fmt!r}, expected {PROFILE_FORMAT!r}")
+        if data.get("features") != list(features):
+            raise ProfileError(f"features {data.get('features')!r} do not match {fmt}'s "
+                               f"{list(features)}; refit the profile")
         regimes = data.get("regimes")
         if not isinstance(regimes, dict) or not regimes:
             raise ProfileError("regimes must be a non-empty object like {\"all\": {\"coef\": [...]}}")
@@ -296,7 +329,7 @@ class FittedCostModel:
             coefs[name] = body["coef"]
         return cls(coefs, tile_tokens=data.get("tile_tokens", TILE_TOKENS), overhead=data.get("overhead"),
                    swap_bandwidth=swap_bandwidth, provenance=data.get("provenance"),
-                   held_out_error=data.get("held_out_error"))
+                   held_out_error=data.get("held_out_error"), num_features=len(features))
 
     def to_profile_dict(self) -> dict[str, Any]:
         """This model as a profile dict (what ``save_profile`` writes)."""
@@ -311,8 +344,12 @@ class FittedCostModel:
         n, n_dec, tokens, pairs, decode_kv, _ = _step_sums(q_lens, ctx_lens)
         c = self._dec if n_dec == n else self._pre if n_dec == 0 else self._mix
         tiled = -(-tokens // self.tile) * self.tile
-        return (c[0] * tokens + c[1] * tiled + c[2] * pairs + c[3] * decode_kv + c[4] * n
-                + c[5] * (n - n_dec) + c[6] + self._step_s + self._per_seq_s * n + swap)
+        t = (c[0] * tokens + c[1] * tiled + c[2] * pairs + c[3] * decode_kv + c[4] * n
+             + c[5] * (n - n_dec) + c[6] + self._step_s + self._per_seq_s * n + swap)
+        if self._extras:
+            padded, pkv, ppairs, pseqs = _extra_sums(q_lens, ctx_lens, n_dec)
+            t += c[7] * padded + c[8] * pkv + c[9] * ppairs + c[10] * pseqs
+        return t
 
     def describe(self) -> dict[str, Any]:
         return {"type": "profile", **self.to_profile_dict()}
@@ -321,7 +358,7 @@ class FittedCostModel:
 def to_profile_dict(coefs: Mapping[str, Sequence[float]], *, tile_tokens: int = TILE_TOKENS,
                     overhead: Mapping[str, Any] | None = None, provenance: Mapping[str, Any] | None = None,
                     held_out_error: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A ``servesim-profile/1`` dict from fitted coefficients (seconds per feature unit)."""
+    """A ``servesim-profile/2`` dict from fitted coefficients (seconds per feature unit)."""
     return {
         "format": PROFILE_FORMAT,
         "features": list(FEATURE_NAMES),

@@ -44,6 +44,14 @@ def naive_features(q, ctx, tile):
             f["prefill_attn_pairs"] += qi * (ci + (qi + 1) / 2)
     f["tokens_tiled"] = -(-f["tokens"] // tile) * tile
     f["const"] = 1.0 if len(q) else 0.0
+    decode_ctx = [ci + 1 for qi, ci in zip(q.tolist(), ctx.tolist(), strict=True) if qi == 1]
+    f["decode_padded_kv"] = len(decode_ctx) * max(decode_ctx, default=0)
+    if any(c > 0 for c in ctx.tolist()):  # the step reads the paged cache
+        for qi, ci in zip(q.tolist(), ctx.tolist(), strict=True):
+            if qi != 1:
+                f["paged_prefill_kv"] += ci + qi
+                f["paged_prefill_pairs"] += qi * (ci + qi)
+                f["paged_prefill_seqs"] += 1
     return np.array([f[k] for k in FEATURE_NAMES])
 
 
@@ -57,7 +65,12 @@ def test_features_of_a_mixed_step_by_hand():
         "tokens": 9, "tokens_tiled": 12,
         "prefill_attn_pairs": 5 * (0 + 3) + 3 * (4 + 2),  # causal: q * (ctx + (q + 1) / 2)
         "decode_kv_tokens": 11, "seqs": 3, "prefill_seqs": 2, "const": 1,
+        "decode_padded_kv": 11,  # one decode row, padded to the longest decode context
+        "paged_prefill_kv": 5 + 7, "paged_prefill_pairs": 5 * 5 + 3 * 7, "paged_prefill_seqs": 2,
     }
+    # a prefill-only step reads no cache: no paged terms
+    f = dict(zip(FEATURE_NAMES, step_features(arr(5, 3), arr(0, 0), tile=4), strict=True))
+    assert f["paged_prefill_kv"] == f["paged_prefill_pairs"] == f["paged_prefill_seqs"] == f["decode_padded_kv"] == 0
 
 
 @pytest.mark.parametrize("kind", ["decode", "prefill", "mixed"])
@@ -70,6 +83,8 @@ def test_features_match_a_row_by_row_reference(kind):
             q[rng.random(n) < 0.5] = 1
             q[0], q[-1] = 1, 17
         ctx = rng.integers(0, 5000, n)
+        if kind == "prefill" and rng.random() < 0.3:
+            ctx[:] = 0
         np.testing.assert_allclose(step_features(q, ctx, 64), naive_features(q, ctx, 64))
         assert classify_step(q) == kind
 
@@ -151,9 +166,9 @@ def test_describe_reports_the_constants(llama8b_h100):
 
 
 def example_profile(**kw):
-    coefs = {"prefill": [1e-6, 2e-7, 3e-11, 0.0, 1e-5, 2e-5, 4e-3],
-             "decode": [5e-6, 0.0, 0.0, 2e-9, 3e-6, 0.0, 6e-3],
-             "mixed": [2e-6, 1e-7, 4e-11, 3e-9, 2e-6, 1e-5, 7e-3]}
+    coefs = {"prefill": [1e-6, 2e-7, 3e-11, 0.0, 1e-5, 2e-5, 4e-3, 0.0, 1e-9, 2e-11, 3e-6],
+             "decode": [5e-6, 0.0, 0.0, 2e-9, 3e-6, 0.0, 6e-3, 1e-9, 0.0, 0.0, 0.0],
+             "mixed": [2e-6, 1e-7, 4e-11, 3e-9, 2e-6, 1e-5, 7e-3, 2e-9, 3e-9, 1e-11, 2e-6]}
     return to_profile_dict(coefs, tile_tokens=16, overhead={"step_s": 1e-4, "per_seq_s": 2e-6},
                            provenance={"device": "cpu", "model": "tiny"},
                            held_out_error={"mape": 0.05}, **kw)
@@ -184,10 +199,27 @@ def test_fitted_model_round_trips_and_reproduces_coef_dot_features(tmp_path):
 
 
 def test_single_all_regime_serves_every_step():
-    cm = FittedCostModel({"all": [0, 0, 0, 0, 0, 0, 1e-3]}, swap_bandwidth=1e9)
+    cm = FittedCostModel({"all": [0, 0, 0, 0, 0, 0, 1e-3, 0, 0, 0, 0]}, swap_bandwidth=1e9)
     assert cm.iteration_time(arr(1, 1), arr(5, 5)) == cm.iteration_time(arr(9), arr(0)) == pytest.approx(1e-3)
     assert cm.iteration_time(arr(), arr()) == 0.0
     assert cm.iteration_time(arr(), arr(), swap_bytes=1e6) == pytest.approx(1e-3)
+
+
+def test_a_version_1_profile_still_loads_with_zero_extra_terms(tmp_path):
+    coefs = {"all": [1e-6, 0.0, 2e-11, 3e-9, 4e-6, 5e-6, 1e-3]}
+    legacy = {**to_profile_dict(coefs), "format": "servesim-profile/1", "features": list(FEATURE_NAMES[:7])}
+    legacy["regimes"] = {"all": {"coef": coefs["all"]}}
+    save_path = tmp_path / "old.json"
+    save_path.write_text(json.dumps(legacy))
+    cm = FittedCostModel.from_profile(save_path)
+    rng = np.random.default_rng(1)
+    for kind in ("decode", "prefill", "mixed"):
+        q, ctx = random_step(rng, kind)
+        assert cm.iteration_time(q, ctx) == pytest.approx(np.dot(coefs["all"], step_features(q, ctx)[:7]))
+    legacy["features"] = list(FEATURE_NAMES)  # a v1 file must list the v1 features
+    save_path.write_text(json.dumps(legacy))
+    with pytest.raises(ProfileError, match="do not match"):
+        FittedCostModel.from_profile(save_path)
 
 
 def test_missing_profile_file_names_the_path(tmp_path):
@@ -198,10 +230,10 @@ def test_missing_profile_file_names_the_path(tmp_path):
 @pytest.mark.parametrize("breakage, message", [
     (lambda p: p.update(format="other/9"), "not a servesim profile"),
     (lambda p: p.update(features=p["features"][:-1]), "do not match"),
-    (lambda p: p["regimes"]["decode"].update(coef=[-1.0] * 7), ">= 0"),
-    (lambda p: p["regimes"]["decode"].update(coef=[1.0] * 3), "list of 7"),
+    (lambda p: p["regimes"]["decode"].update(coef=[-1.0] * 11), ">= 0"),
+    (lambda p: p["regimes"]["decode"].update(coef=[1.0] * 3), "list of 11"),
     (lambda p: p["regimes"].pop("mixed"), "no 'all' regime"),
-    (lambda p: p["regimes"].update(warmup={"coef": [0.0] * 7}), "unknown regime"),
+    (lambda p: p["regimes"].update(warmup={"coef": [0.0] * 11}), "unknown regime"),
 ])
 def test_bad_profiles_say_what_is_wrong(tmp_path, breakage, message):
     profile = example_profile()
