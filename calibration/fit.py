@@ -1,0 +1,171 @@
+"""Fit a ``FittedCostModel`` to measured steps and report its error on held-out shapes.
+
+Per regime (prefill, decode, mixed) the step time is a non-negative combination of the cost
+model's physical features (``servesim.sim.cost_model.FEATURE_NAMES``): linear-layer tokens, their
+tile-padded count, prefill attention pairs, decode KV tokens, rows, prefill rows, a constant,
+and the PyTorch reference kernels' paged-attention terms. The fit is non-negative least squares
+on *relative* residuals (each row divided by its measured time), so a 2 ms decode step counts as
+much as a 200 ms prefill, which is what a percentage-error target asks for.
+
+Honest error: a seeded fraction of the shapes of each regime (``holdout``) is set aside before
+fitting; the error reported and stored in the profile is measured on those shapes only. The GEMM
+tile for ``tokens_tiled`` is chosen by k-fold cross-validation inside the training shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+from servesim.sim.cost_model import FEATURE_NAMES, REGIMES, step_features
+
+TILE_CANDIDATES = (1, 16, 32, 64, 128)
+MIN_ROWS_PER_FEATURE = 2  # a regime with fewer shapes than this many per feature falls back to "all"
+
+
+def parse_shape(key: str) -> tuple[np.ndarray, np.ndarray]:
+    """``q=1 1 5;ctx=9 3 0`` (a Shape.key) -> (q, ctx) int64 arrays."""
+    q_part, ctx_part = key.split(";")
+    q = np.array(q_part.removeprefix("q=").split(), dtype=np.int64)
+    ctx = np.array(ctx_part.removeprefix("ctx=").split(), dtype=np.int64)
+    return q, ctx
+
+
+def shape_table(raw: pd.DataFrame) -> pd.DataFrame:
+    """Median seconds per shape from the raw per-run rows (columns shape, regime, seconds)."""
+    g = raw.groupby("shape", sort=True)
+    return pd.DataFrame({"regime": g["regime"].first(), "seconds": g["seconds"].median(),
+                         "runs": g["seconds"].size()}).reset_index()
+
+
+def feature_matrix(shapes: pd.Series, tile: int) -> np.ndarray:
+    return np.stack([step_features(*parse_shape(k), tile=tile) for k in shapes])
+
+
+def _nnls_relative(x: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """argmin_c>=0 sum(((x c - t) / t)^2), with column scaling for conditioning."""
+    a = x / t[:, None]
+    scale = np.abs(a).max(axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(a / scale, np.ones(len(t)), maxiter=50 * a.shape[1])
+    return coef / scale
+
+
+def ape(pred: np.ndarray, t: np.ndarray) -> np.ndarray:
+    return np.abs(pred - t) / t
+
+
+@dataclass
+class Fit:
+    tile: int
+    coefs: dict[str, np.ndarray]  # regime -> coefficient per feature (seconds per unit)
+    held_out: dict[str, dict] = field(default_factory=dict)  # regime/"all" -> error figures
+    train: dict[str, dict] = field(default_factory=dict)
+    predictions: pd.DataFrame | None = None  # shape, regime, seconds, predicted, held_out
+
+
+def _fit_regimes(table: pd.DataFrame, x: np.ndarray) -> dict[str, np.ndarray]:
+    coefs = {"all": _nnls_relative(x, table["seconds"].to_numpy())}
+    for r in REGIMES:
+        m = (table["regime"] == r).to_numpy()
+        if m.sum() >= MIN_ROWS_PER_FEATURE * len(FEATURE_NAMES):
+            coefs[r] = _nnls_relative(x[m], table["seconds"].to_numpy()[m])
+    return coefs
+
+
+def _predict(coefs: dict[str, np.ndarray], regimes: pd.Series, x: np.ndarray) -> np.ndarray:
+    c = np.stack([coefs.get(r, coefs["all"]) for r in regimes])
+    return (x * c).sum(axis=1)
+
+
+def split_held_out(table: pd.DataFrame, holdout: float, seed: int) -> np.ndarray:
+    """Boolean mask of held-out shapes: a seeded ``holdout`` fraction of each regime."""
+    rng = np.random.default_rng(seed)
+    mask = np.zeros(len(table), dtype=bool)
+    for r in REGIMES:
+        idx = np.flatnonzero((table["regime"] == r).to_numpy())
+        k = int(round(holdout * len(idx)))
+        if len(idx) >= 4 and k:
+            mask[rng.choice(idx, k, replace=False)] = True
+    return mask
+
+
+def _choose_tile(table: pd.DataFrame, folds: int, seed: int) -> int:
+    """The tile with the lowest k-fold median APE over the training shapes."""
+    rng = np.random.default_rng(seed + 1)
+    fold = rng.integers(0, folds, len(table))
+    t = table["seconds"].to_numpy()
+    best, best_err = TILE_CANDIDATES[0], np.inf
+    for tile in TILE_CANDIDATES:
+        x = feature_matrix(table["shape"], tile)
+        errs = []
+        for f in range(folds):
+            tr = fold != f
+            coefs = _fit_regimes(table[tr], x[tr])
+            errs.append(ape(_predict(coefs, table["regime"][~tr], x[~tr]), t[~tr]))
+        err = float(np.median(np.concatenate(errs)))
+        if err < best_err - 1e-4:  # prefer the smaller tile unless a larger one is clearly better
+            best, best_err = tile, err
+    return best
+
+
+def _errors(pred: np.ndarray, t: np.ndarray, regimes: pd.Series) -> dict[str, dict]:
+    out = {}
+    for r in (*REGIMES, "all"):
+        m = np.ones(len(t), dtype=bool) if r == "all" else (regimes == r).to_numpy()
+        if m.any():
+            e = ape(pred[m], t[m])
+            out[r] = {"median_ape": float(np.median(e)), "mean_ape": float(e.mean()),
+                      "p90_ape": float(np.percentile(e, 90)), "max_ape": float(e.max()), "n": int(m.sum())}
+    return out
+
+
+def fit(raw: pd.DataFrame, *, holdout: float = 0.2, seed: int = 0, tile: int | None = None, folds: int = 5) -> Fit:
+    """Fit on the training shapes of ``raw`` (per-run rows); held-out error on the rest."""
+    table = shape_table(raw)
+    held = split_held_out(table, holdout, seed)
+    train = table[~held].reset_index(drop=True)
+    tile = tile or _choose_tile(train, folds, seed)
+    x_all = feature_matrix(table["shape"], tile)
+    coefs = _fit_regimes(train, x_all[~held])
+    pred = _predict(coefs, table["regime"], x_all)
+    t = table["seconds"].to_numpy()
+    predictions = table.assign(predicted=pred, held_out=held)
+    return Fit(tile, coefs, held_out=_errors(pred[held], t[held], table["regime"][held]),
+               train=_errors(pred[~held], t[~held], table["regime"][~held]), predictions=predictions)
+
+
+def plot_fit(result: Fit, path: str | Path, title: str = "") -> Path:
+    """Predicted vs measured step time, log-log, per regime; held-out shapes filled."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    df = result.predictions
+    fig, ax = plt.subplots(figsize=(6.4, 5.6))
+    colors = {"prefill": "tab:blue", "decode": "tab:orange", "mixed": "tab:green"}
+    for r, c in colors.items():
+        for held, marker in ((False, "o"), (True, "s")):
+            d = df[(df["regime"] == r) & (df["held_out"] == held)]
+            if len(d):
+                e = result.held_out.get(r, {}).get("median_ape") if held else None
+                label = f"{r} held-out (median APE {100 * e:.1f} %)" if held and e is not None else \
+                    f"{r} {'held-out' if held else 'train'}"
+                ax.scatter(d["seconds"] * 1e3, d["predicted"] * 1e3, s=18 if held else 8, marker=marker,
+                           facecolors=c if held else "none", edgecolors=c, label=label, alpha=0.8)
+    lo, hi = df[["seconds", "predicted"]].min().min() * 1e3 * 0.8, df[["seconds", "predicted"]].max().max() * 1e3 * 1.2
+    xs = np.array([lo, hi])
+    ax.plot(xs, xs, "k-", lw=0.8)
+    ax.fill_between(xs, xs * 0.97, xs * 1.03, color="0.85", label="±3 %")
+    ax.set(xscale="log", yscale="log", xlabel="measured step (ms)", ylabel="predicted step (ms)",
+           title=title or "calibration fit")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
