@@ -165,11 +165,13 @@ def plot_cdf_overlay(
     out_path: str | Path,
     frames: Mapping[str, pd.DataFrame],
     metrics: Sequence[str] = ("ttft", "tpot", "e2e"),
+    itl_hists: Mapping[str, LogHistogram | None] | None = None,
 ) -> Path:
     """Overlaid CDFs (ms) of the finished requests of several runs, one panel per metric.
 
     ``frames`` maps a run label (e.g. "live", "sim") to its requests frame; ``metrics`` are
-    requests-frame columns in seconds.
+    requests-frame columns in seconds, or "itl", drawn per token from ``itl_hists`` (run label ->
+    that run's ITL histogram).
     """
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -177,8 +179,18 @@ def plot_cdf_overlay(
     axes = np.atleast_1d(fig.subplots(1, len(metrics)))
     for ax, col in zip(axes, metrics, strict=True):
         drew = False
-        for label, df in frames.items():
-            drew |= _ecdf(ax, _finished(df)[col].to_numpy(dtype=np.float64), label=label)
+        if col == "itl" and itl_hists is not None:
+            lo, hi = np.inf, 0.0
+            for label, hist in itl_hists.items():
+                if hist is not None and hist.count > 0:
+                    edges, frac = hist.cdf_points()
+                    ax.step(edges * 1e3, frac, where="post", label=label)
+                    lo, hi, drew = min(lo, edges[0]), max(hi, edges[-1]), True
+            if drew and lo > 0 and hi / lo > 20:
+                ax.set_xscale("log")
+        else:
+            for label, df in frames.items():
+                drew |= _ecdf(ax, _finished(df)[col].to_numpy(dtype=np.float64), label=label)
         _finish_cdf_axes(ax, _LABELS.get(col, col), drew)
         if drew:
             ax.legend(fontsize="small")
