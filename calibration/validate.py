@@ -47,7 +47,7 @@ METRICS: tuple[str, ...] = (
 )
 TABLE_COLUMNS = ("metric", "unit", "live", "sim", "error_pct", "max_error_pct", "status")
 CDF_METRICS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2e": "e2e"}  # file suffix -> column
-_ITEM = re.compile(r"^(?P<key>[a-z0-9_]+)=(?P<pct>\d+(?:\.\d*)?|\.\d+)%?$")
+_ITEM = re.compile(r"^(?P<key>[a-z0-9_]+)=(?P<pct>[0-9.eE+]+|nan|inf)%?$")
 
 
 # ---- thresholds ---------------------------------------------------------------------------------
@@ -79,7 +79,14 @@ def parse_max_error(items: Sequence[str]) -> dict[str, float]:
             if m is None:
                 raise ScenarioError(f"--max-error {item!r}: expected KEY=PCT, e.g. p90_ttft_ms=8 or tpot=3 "
                                     "(a family: its p50 and p90)")
-            key, pct = m.group("key"), float(m.group("pct"))
+            key = m.group("key")
+            try:
+                pct = float(m.group("pct"))
+            except ValueError:
+                raise ScenarioError(f"--max-error {item!r}: expected KEY=PCT, e.g. p90_ttft_ms=8 or tpot=3 "
+                                    "(a family: its p50 and p90)") from None
+            if not math.isfinite(pct):
+                raise ScenarioError(f"--max-error {item!r}: the threshold must be a finite number of percent")
             if key in FAMILIES:
                 for stat in FAMILY_STATS:
                     families[f"{stat}_{FAMILIES[key]}_ms"] = pct
@@ -141,7 +148,7 @@ def failures(table: pd.DataFrame) -> list[str]:
 def _num(x: float) -> str:
     if x is None or not math.isfinite(x):
         return "-"
-    return f"{x:.1f}" if abs(x) >= 100 else f"{x:.3f}"
+    return f"{x:.2f}"
 
 
 def _pct(x: float, signed: bool = True) -> str:

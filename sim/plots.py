@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 from .metrics import LogHistogram
 
@@ -48,6 +49,8 @@ def _finish_cdf_axes(ax: Axes, title: str, drew: bool) -> None:
     ax.set_ylabel("fraction of requests" if title != "ITL" else "fraction of tokens")
     ax.set_ylim(0, 1.02)
     ax.grid(True, which="both", alpha=0.3)
+    if ax.get_xscale() == "log":  # labelled minor ticks on a short log axis run into each other
+        ax.xaxis.set_minor_formatter(NullFormatter())
     if not drew:
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
 
