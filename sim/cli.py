@@ -95,6 +95,29 @@ def cmd_engines(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_validate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from servesim.calibration.validate import format_table, parse_max_error, validate
+
+    sc = _load(args)
+    parse_max_error(args.max_error)  # a bad threshold is a usage error before anything runs
+    out = Path(args.out) if args.out else Path("results") / f"{sc.name}-validate"
+    print(f"servesim validate: {sc.name} | {sc.model} | {sc.scheduler.type} scheduler | seed {sc.seed} | "
+          f"sim cost model: {'profile ' + args.profile if args.profile else sc.cost_model.type}", flush=True)
+    result = validate(sc, out, profile=args.profile, max_error=args.max_error, source=args.scenario,
+                      overrides=args.set, progress=False if args.quiet else None, plots=not args.no_plots,
+                      log=lambda msg: print(msg, flush=True))
+    print(f"relative error (sim - live) / live, {result.provenance['num_requests']} requests, "
+          f"{result.provenance['kv_num_blocks']} KV blocks on both sides:")
+    print(format_table(result.table))
+    plots = "" if args.no_plots else ", cdf_{ttft,tpot,itl,e2e}.png"
+    print(f"results in {out}/ (validation.json, validation.csv, validation.md{plots}, live/, sim/)")
+    for line in result.failed:
+        print(f"servesim validate: FAIL {line}", file=sys.stderr)
+    return 1 if result.failed else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="servesim", description="Simulate and measure LLM serving schedulers.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -123,6 +146,17 @@ def build_parser() -> argparse.ArgumentParser:
         if "--out" in action.option_strings:
             action.help = "output folder (default: results/NAME-engines)"
     _add_planning_commands(sub, scenario_cmd)
+    val = scenario_cmd("validate", "run the scenario live, simulate the identical workload, report relative errors",
+                       cmd_validate)
+    val.add_argument("--profile", metavar="P", default=None,
+                     help="fitted cost-model profile for the simulated side (default: the scenario's cost_model)")
+    val.add_argument("--max-error", action="append", default=[], metavar="KEY=PCT,...",
+                     help="exit 1 when |error| exceeds PCT %%: a key (p90_ttft_ms=8) or a family for its p50 and "
+                          "p90 (ttft, tpot, itl, e2e), comma-separated or repeated")
+    val.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    for action in val._actions:
+        if "--out" in action.option_strings:
+            action.help = "output folder (default: results/NAME-validate)"
     return p
 
 

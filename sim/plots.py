@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 from .metrics import LogHistogram
 
@@ -48,6 +49,8 @@ def _finish_cdf_axes(ax: Axes, title: str, drew: bool) -> None:
     ax.set_ylabel("fraction of requests" if title != "ITL" else "fraction of tokens")
     ax.set_ylim(0, 1.02)
     ax.grid(True, which="both", alpha=0.3)
+    if ax.get_xscale() == "log":  # labelled minor ticks on a short log axis run into each other
+        ax.xaxis.set_minor_formatter(NullFormatter())
     if not drew:
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
 
@@ -165,11 +168,13 @@ def plot_cdf_overlay(
     out_path: str | Path,
     frames: Mapping[str, pd.DataFrame],
     metrics: Sequence[str] = ("ttft", "tpot", "e2e"),
+    itl_hists: Mapping[str, LogHistogram | None] | None = None,
 ) -> Path:
     """Overlaid CDFs (ms) of the finished requests of several runs, one panel per metric.
 
     ``frames`` maps a run label (e.g. "live", "sim") to its requests frame; ``metrics`` are
-    requests-frame columns in seconds.
+    requests-frame columns in seconds, or "itl", drawn per token from ``itl_hists`` (run label ->
+    that run's ITL histogram).
     """
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -177,8 +182,18 @@ def plot_cdf_overlay(
     axes = np.atleast_1d(fig.subplots(1, len(metrics)))
     for ax, col in zip(axes, metrics, strict=True):
         drew = False
-        for label, df in frames.items():
-            drew |= _ecdf(ax, _finished(df)[col].to_numpy(dtype=np.float64), label=label)
+        if col == "itl" and itl_hists is not None:
+            lo, hi = np.inf, 0.0
+            for label, hist in itl_hists.items():
+                if hist is not None and hist.count > 0:
+                    edges, frac = hist.cdf_points()
+                    ax.step(edges * 1e3, frac, where="post", label=label)
+                    lo, hi, drew = min(lo, edges[0]), max(hi, edges[-1]), True
+            if drew and lo > 0 and hi / lo > 20:
+                ax.set_xscale("log")
+        else:
+            for label, df in frames.items():
+                drew |= _ecdf(ax, _finished(df)[col].to_numpy(dtype=np.float64), label=label)
         _finish_cdf_axes(ax, _LABELS.get(col, col), drew)
         if drew:
             ax.legend(fontsize="small")

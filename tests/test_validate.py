@@ -1,0 +1,232 @@
+"""servesim validate: thresholds, the error table, and a small live-vs-sim run end to end."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+
+import pandas as pd
+import pytest
+import yaml
+from servesim.calibration.validate import (
+    METRICS,
+    error_table,
+    failures,
+    format_table,
+    parse_max_error,
+    relative_error_pct,
+    sim_scenario,
+)
+from servesim.sim.cli import main
+from servesim.sim.cost_model import save_profile, to_profile_dict
+from servesim.sim.scenario import ScenarioError, load_scenario, scenario_from_dict
+from servesim.sim.simulate import KVPlan, plan_kv
+
+
+# ---- thresholds (fast) ----------------------------------------------------------------------------
+def test_a_family_sets_its_p50_and_p90_and_a_full_key_wins_over_it_in_any_order():
+    t = parse_max_error(["p90_tpot_ms=1,tpot=3", "e2e=5%", "p99_ttft_ms=8"])
+    assert t == {"median_tpot_ms": 3.0, "p90_tpot_ms": 1.0, "p99_ttft_ms": 8.0, "median_e2el_ms": 5.0,
+                 "p90_e2el_ms": 5.0}
+    assert "mean_tpot_ms" not in t and "p99_tpot_ms" not in t
+
+
+def test_p50_and_e2e_spellings_map_to_the_summary_keys():
+    assert parse_max_error(["p50_ttft_ms=2, p90_e2e_ms=4,request_throughput=1.5"]) == {
+        "median_ttft_ms": 2.0, "p90_e2el_ms": 4.0, "request_throughput": 1.5}
+    assert parse_max_error([]) == {}
+    assert parse_max_error(["itl=1e3,p99_itl_ms=.5%"]) == {"median_itl_ms": 1000.0, "p90_itl_ms": 1000.0,
+                                                          "p99_itl_ms": 0.5}
+
+
+@pytest.mark.parametrize("item, message", [
+    ("tpot:3", "expected KEY=PCT"),
+    ("tpot=", "expected KEY=PCT"),
+    ("tpot=-3", "expected KEY=PCT"),
+    ("tpot=abc", "expected KEY=PCT"),
+    ("tpot=nan", "a finite number"),
+    ("tpot=inf", "a finite number"),
+    ("p90_tpot=3", "did you mean 'p90_tpot_ms'"),
+    ("goodput=3", "unknown metric 'goodput'"),
+])
+def test_bad_thresholds_are_one_line_errors(item, message):
+    with pytest.raises(ScenarioError, match=message) as e:
+        parse_max_error([item])
+    assert "\n" not in str(e.value)
+
+
+# ---- the error table (fast) -------------------------------------------------------------------------
+def synthetic_summary(scale: float) -> dict[str, float]:
+    return {k: (i + 1) * 10.0 * scale for i, k in enumerate(METRICS)}
+
+
+def test_error_table_has_every_metric_with_signed_relative_errors():
+    live, sim = synthetic_summary(1.0), synthetic_summary(1.1)
+    sim["p99_itl_ms"] = live["p99_itl_ms"] * 0.5
+    table = error_table(live, sim, parse_max_error(["tpot=5,p99_itl_ms=60"]))
+    assert table["metric"].tolist() == list(METRICS)
+    by = table.set_index("metric")
+    assert by.loc["mean_ttft_ms", "error_pct"] == pytest.approx(10.0)
+    assert by.loc["p99_itl_ms", "error_pct"] == pytest.approx(-50.0)
+    assert by.loc["request_throughput", "unit"] == "req/s"
+    assert by.loc["median_tpot_ms", "status"] == "FAIL" and by.loc["p90_tpot_ms", "status"] == "FAIL"
+    assert by.loc["p99_itl_ms", "status"] == "ok"  # |-50| <= 60: the sign does not matter
+    assert by.loc["mean_tpot_ms", "status"] == ""  # no threshold
+    assert [f.split(":")[0] for f in failures(table)] == ["median_tpot_ms", "p90_tpot_ms"]
+    text = format_table(table)
+    lines = text.splitlines()
+    assert len(lines) == 1 + len(METRICS) and all(m in text for m in METRICS)
+    assert len({line.index("error %") if i == 0 else None for i, line in enumerate(lines)} - {None}) == 1
+    assert "+10.00" in text and "-50.00" in text
+
+
+def test_an_undefined_error_fails_its_threshold_and_zero_live_is_undefined():
+    assert math.isnan(relative_error_pct(0.0, 5.0))
+    assert math.isnan(relative_error_pct(math.nan, 5.0))
+    assert relative_error_pct(4.0, 5.0) == pytest.approx(25.0)
+    live, sim = synthetic_summary(1.0), synthetic_summary(1.0)
+    live["p90_itl_ms"] = math.nan
+    by = error_table(live, sim, {"p90_itl_ms": 1000.0, "p90_ttft_ms": 0.0}).set_index("metric")
+    assert by.loc["p90_itl_ms", "status"] == "FAIL"
+    assert by.loc["p90_ttft_ms", "status"] == "ok"  # exactly equal passes a zero threshold
+
+
+# ---- the simulated side's KV cache (fast) ----------------------------------------------------------
+def tiny_raw(n: int = 12, cost_model: dict | None = None, dtype: str = "float32") -> dict:
+    return {
+        "name": "validate-test",
+        "seed": 5,
+        "model": "tiny",
+        "hardware": "cpu-2core",
+        "cost_model": cost_model or {"type": "roofline"},
+        "scheduler": {"type": "chunked", "max_num_seqs": 8, "max_num_batched_tokens": 128},
+        "kv_cache": {"block_size": 8, "swap_space_gb": 0.002},
+        "live": {"threads": 2, "warmup_steps": 0, "kv_cache_memory_mb": 4, "dtype": dtype},
+        "workload": {
+            "num_requests": n,
+            "arrival": {"process": "constant", "rate": 200.0},
+            "prompt_len": {"dist": "uniform", "min": 9, "max": 40},
+            "output_len": {"dist": "uniform", "min": 12, "max": 30},
+        },
+    }
+
+
+@pytest.mark.parametrize("host_blocks", [0, 1, 7, 1638, 123_457])
+@pytest.mark.parametrize("block_size", [8, 16])
+def test_the_simulated_kv_plan_has_exactly_the_live_block_counts(host_blocks, block_size):
+    sc = scenario_from_dict(tiny_raw())
+    live_kv = KVPlan(num_blocks=321, block_size=block_size, block_bytes=12345, num_host_blocks=host_blocks,
+                     source="kv_cache_memory_mb")
+    planned = plan_kv(sim_scenario(sc, None, live_kv))
+    assert (planned.num_blocks, planned.num_host_blocks, planned.block_size) == (321, host_blocks, block_size)
+
+
+def test_profile_replaces_the_cost_model_only_on_the_simulated_side():
+    sc = scenario_from_dict(tiny_raw())
+    sim = sim_scenario(sc, "p.json")
+    assert (sim.cost_model.type, sim.cost_model.path) == ("profile", "p.json")
+    assert sc.cost_model.type == "roofline"
+    assert sim_scenario(sc, None).cost_model == sc.cost_model
+
+
+def test_bad_threshold_syntax_exits_2_before_running_anything(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(tiny_raw()))
+    out = tmp_path / "out"
+    assert main(["validate", str(path), "--out", str(out), "--max-error", "tpot~3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("servesim validate: error: --max-error 'tpot~3'")
+    assert not out.exists()
+
+
+def test_a_missing_profile_exits_2_before_the_live_run(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(tiny_raw()))
+    assert main(["validate", str(path), "--out", str(tmp_path / "o"), "--profile", str(tmp_path / "no.json")]) == 2
+    assert "not found" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+# ---- live end to end (torch; a couple of seconds of live run each) ---------------------------------
+@pytest.fixture(scope="module")
+def slow_constant_run(tmp_path_factory):
+    """A constant cost model of 20 s a step: the tiny model's steps take milliseconds on a CPU (and
+    well under a second on a heavily shared one), so TPOT and TTFT errors are far beyond 100 %."""
+    pytest.importorskip("torch")
+    tmp = tmp_path_factory.mktemp("validate")
+    path = tmp / "s.yaml"
+    path.write_text(yaml.safe_dump(tiny_raw(cost_model={"type": "constant", "step_ms": 20000.0})))
+    out = tmp / "run"
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main(["validate", str(path), "--out", str(out), "--quiet", "--max-error", "tpot=100,p99_ttft_ms=100"])
+    return rc, err.getvalue(), out, path
+
+
+def test_a_cost_model_far_too_slow_fails_its_thresholds_naming_each_metric(slow_constant_run):
+    rc, err, out, _ = slow_constant_run
+    assert rc == 1
+    failed = [line.split("FAIL ")[1].split(":")[0] for line in err.splitlines() if "FAIL" in line]
+    assert failed == ["p99_ttft_ms", "median_tpot_ms", "p90_tpot_ms"]  # table order
+    doc = json.loads((out / "validation.json").read_text())
+    assert doc["passed"] is False and len(doc["failed"]) == 3
+    by = {r["metric"]: r for r in doc["metrics"]}
+    assert by["median_tpot_ms"]["error_pct"] > 100 and by["median_tpot_ms"]["sim"] == pytest.approx(20000.0)
+
+
+def test_both_sides_saw_identical_arrivals_lengths_and_kv_blocks(slow_constant_run):
+    _, _, out, path = slow_constant_run
+    live, sim = pd.read_parquet(out / "live" / "requests.parquet"), pd.read_parquet(out / "sim" / "requests.parquet")
+    cols = ["request_id", "arrival_time", "prompt_len", "output_len"]
+    assert len(live) == 12 and live[cols].equals(sim[cols])
+    assert (live["state"] == "finished").all() and (sim["state"] == "finished").all()
+    # the simulation started from clean requests: every request generated exactly its output_len again
+    assert (sim["num_output_tokens"] == sim["output_len"]).all()
+    ls, ss = (json.loads((out / side / "summary.json").read_text()) for side in ("live", "sim"))
+    assert ls["mode"] == "live" and ss["mode"] == "sim" and ss["cost_model"] == "constant"
+    doc = json.loads((out / "validation.json").read_text())
+    assert ls["kv_num_blocks"] == ss["kv_num_blocks"] == doc["provenance"]["kv_num_blocks"]
+    assert ls["kv_blocks_from"] == "kv_cache_memory_mb" and ss["kv_blocks_from"] == "num_blocks"
+    # the simulated scenario, as written, plans the live run's device and host blocks
+    sim_kv = plan_kv(load_scenario(out / "sim" / "scenario.yaml"))
+    assert (sim_kv.num_blocks, sim_kv.num_host_blocks) == (doc["provenance"]["kv_num_blocks"],
+                                                           doc["provenance"]["kv_num_host_blocks"])
+    assert sim_kv.num_host_blocks > 0
+    p = doc["provenance"]
+    assert (p["scenario"], p["seed"], p["num_requests"], p["scenario_file"]) == ("validate-test", 5, 12, str(path))
+    assert p["live_wall_s"] > 0 and p["date"] and p["profile"] is None
+
+
+def test_the_run_folder_holds_tables_plots_and_both_runs(slow_constant_run):
+    _, _, out, _ = slow_constant_run
+    for name in ("validation.json", "validation.csv", "validation.md", "cdf_ttft.png", "cdf_tpot.png", "cdf_itl.png",
+                 "cdf_e2e.png", "live/summary.json", "sim/summary.json", "live/requests.parquet",
+                 "sim/iterations.parquet"):
+        assert (out / name).is_file(), name
+    csv = pd.read_csv(out / "validation.csv")
+    assert csv["metric"].tolist() == list(METRICS)
+    assert csv["error_pct"].notna().all()
+    md = (out / "validation.md").read_text()
+    assert all(f"| {m} |" in md for m in METRICS) and "**failed**" in md
+
+
+def test_a_generous_threshold_passes_and_the_profile_drives_the_simulation(tmp_path, capsys):
+    pytest.importorskip("torch")
+    # ~2 ms a step plus 0.05 ms a token: the tiny model's order of magnitude, not a fit
+    coefs = {r: [5e-5, 0.0, 0.0, 0.0, 0.0, 0.0, 2e-3] for r in ("decode", "prefill", "mixed")}
+    profile = save_profile(tmp_path / "tiny.json", to_profile_dict(coefs, provenance={"model": "tiny"}))
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(tiny_raw()))
+    out = tmp_path / "run"
+    rc = main(["validate", str(path), "--out", str(out), "--quiet", "--no-plots", "--profile", str(profile),
+               "--max-error", "ttft=1e6,tpot=1e6,itl=1e6,e2e=1e6"])
+    stdout = capsys.readouterr().out
+    assert rc == 0, stdout
+    assert all(m in stdout for m in METRICS) and "[1/2] live" in stdout and "[2/2] sim" in stdout
+    ss = json.loads((out / "sim" / "summary.json").read_text())
+    assert ss["cost_model"] == "profile"
+    doc = json.loads((out / "validation.json").read_text())
+    assert doc["passed"] is True and doc["provenance"]["profile"] == str(profile)
+    assert not (out / "cdf_ttft.png").exists()
