@@ -20,9 +20,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
+from scipy.stats import trim_mean
 from servesim.sim.cost_model import FEATURE_NAMES, REGIMES, step_features
 
 TILE_CANDIDATES = (1, 16, 32, 64, 128)
+TRIM = 0.1
 MIN_ROWS_PER_FEATURE = 2  # a regime with fewer shapes than this many per feature falls back to "all"
 
 
@@ -34,10 +36,16 @@ def parse_shape(key: str) -> tuple[np.ndarray, np.ndarray]:
     return q, ctx
 
 
-def shape_table(raw: pd.DataFrame) -> pd.DataFrame:
-    """Median seconds per shape from the raw per-run rows (columns shape, regime, seconds)."""
+def shape_table(raw: pd.DataFrame, trim: float = TRIM) -> pd.DataFrame:
+    """Seconds per shape from the raw per-run rows (columns shape, regime, seconds): the mean with
+    the fastest and slowest ``trim`` fraction dropped.
+
+    A mean, not a median, because a run's latencies are sums of many steps (a TPOT is the mean of
+    a request's steps); trimmed, so one context switch in a handful of runs does not move it.
+    """
     g = raw.groupby("shape", sort=True)
-    return pd.DataFrame({"regime": g["regime"].first(), "seconds": g["seconds"].median(),
+    return pd.DataFrame({"regime": g["regime"].first(),
+                         "seconds": g["seconds"].agg(lambda s: float(trim_mean(s.to_numpy(), trim))),
                          "runs": g["seconds"].size()}).reset_index()
 
 

@@ -22,6 +22,7 @@ from servesim.sim.scenario import Scenario, ScenarioError
 from servesim.sim.simulate import KVPlan, RunResult, build_scheduler, finish_run, plan_kv, run_replicas
 from servesim.sim.workload import generate_requests
 
+from .host import keep_heap
 from .model import LlamaModel
 from .runner import KVCache, ModelRunner
 
@@ -114,6 +115,8 @@ def run_live(sc: Scenario, requests: list[Request] | None = None, progress: bool
     """Replay the scenario's workload on the real model in real time; same RunResult as ``simulate``."""
     if sc.live.threads:
         torch.set_num_threads(sc.live.threads)
+    if sc.live.device == "cpu":
+        keep_heap()
     model_cfg = get_model(sc.model)
     kv = plan_kv(sc, KVCache.block_bytes(model_cfg, sc.kv_cache.block_size, DTYPES[sc.live.dtype]))
     requests = _prepare_requests(sc, requests)

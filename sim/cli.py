@@ -118,6 +118,45 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 1 if result.failed else 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    try:
+        from servesim.calibration.commands import CalibrateOptions, calibrate, format_report
+    except ImportError as e:  # torch is an optional extra
+        raise UserError(f"calibrate needs the kernels extra (pip install -e '.[kernels]'): {e}") from None
+    opts = CalibrateOptions(
+        model=args.model, backend=args.backend, device=args.device, dtype=args.dtype, out=args.out,
+        quick=args.quick, rounds=args.rounds, threads=args.threads, block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs, max_tokens=args.max_tokens, max_context=args.max_context,
+        holdout=args.holdout, seed=args.seed, progress=False if args.quiet else None)
+    print(f"servesim calibrate: {opts.model} ({opts.dtype}, {opts.backend} on {opts.device}), "
+          f"{'quick' if opts.quick else 'default'} grid")
+    print(format_report(calibrate(opts)))
+    return 0
+
+
+def _add_calibrate(sub) -> None:  # noqa: ANN001 - argparse's private subparsers type
+    cal = sub.add_parser("calibrate", help="time real steps on a device and fit a cost-model profile",
+                         description="Sweep prefill, decode and mixed batch shapes through the live executor, "
+                                     "fit a profile, report its error on held-out shapes.")
+    cal.add_argument("--model", default="tiny", help="model preset (tiny)")
+    cal.add_argument("--backend", default="torch", choices=["torch", "triton"], help="attention kernels (torch)")
+    cal.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="(cpu)")
+    cal.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="(float32)")
+    cal.add_argument("--out", help="profile JSON path; the raw CSV and the fit plot go beside it "
+                                   "(default calibration/profiles/DEVICE-MODEL.json)")
+    cal.add_argument("--quick", action="store_true", help="a small grid and 3 rounds (~1 minute on 2 cores)")
+    cal.add_argument("--rounds", type=int, default=None, help="timed runs per shape (3 quick, 25 default)")
+    cal.add_argument("--threads", type=int, default=2, help="torch CPU threads; match the scenario's live.threads (2)")
+    cal.add_argument("--block-size", type=int, default=16, help="KV block size in tokens (16)")
+    cal.add_argument("--max-num-seqs", type=int, default=32, help="largest batch in the grid (32)")
+    cal.add_argument("--max-tokens", type=int, default=512, help="most new tokens in one step (512)")
+    cal.add_argument("--max-context", type=int, default=512, help="longest cached context per row (512)")
+    cal.add_argument("--holdout", type=float, default=0.2, help="fraction of shapes held out of the fit (0.2)")
+    cal.add_argument("--seed", type=int, default=0, help="seed of the grid, the shuffles and the split (0)")
+    cal.add_argument("--quiet", action="store_true", help="no progress bar")
+    cal.set_defaults(fn=cmd_calibrate)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="servesim", description="Simulate and measure LLM serving schedulers.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -157,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     for action in val._actions:
         if "--out" in action.option_strings:
             action.help = "output folder (default: results/NAME-validate)"
+    _add_calibrate(sub)
     return p
 
 

@@ -1,0 +1,183 @@
+"""``servesim calibrate``: time real steps on a device, fit a profile, report held-out error.
+
+Writes, next to each other: ``NAME.json`` (the ``servesim-profile/2`` file ``cost_model: {type:
+profile, path: ...}`` loads), ``NAME.csv`` (every timed step: round, shape, regime, seconds) and
+``NAME.png`` (predicted vs measured, held-out shapes filled).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import re
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from servesim.sim.cost_model import REGIMES, save_profile, to_profile_dict
+from servesim.sim.presets import get_model
+
+from . import fit as fitting
+from .grid import GridSpec, build_grid
+
+QUICK_ROUNDS, DEFAULT_ROUNDS = 3, 25
+SETTLE_S = 3.0
+
+
+@dataclass
+class CalibrateOptions:
+    model: str = "tiny"
+    backend: str = "torch"
+    device: str = "cpu"
+    dtype: str = "float32"
+    out: str | None = None
+    quick: bool = False
+    rounds: int | None = None
+    threads: int | None = 2
+    block_size: int = 16
+    max_num_seqs: int = 32
+    max_tokens: int = 512
+    max_context: int = 512
+    holdout: float = 0.2
+    seed: int = 0
+    engine_scheduler: str = "chunked"
+    engine_requests: int | None = None
+    progress: bool | None = None
+
+
+def default_profile_path(opts: CalibrateOptions) -> Path:
+    tag = "cpu" if opts.device == "cpu" else "gpu"
+    if opts.device == "cuda":
+        import torch
+
+        tag = re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
+    suffix = "" if opts.backend == "torch" and opts.device == "cpu" else f"-{opts.backend}"
+    return Path("calibration/profiles") / f"{tag}-{opts.model}{suffix}.json"
+
+
+def _commit() -> str | None:
+    try:
+        here = Path(__file__).resolve().parent
+        out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5, check=False)
+        if out.returncode != 0:
+            return None
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _check(opts: CalibrateOptions) -> None:
+    from servesim.sim.scenario import ScenarioError
+
+    get_model(opts.model)  # PresetError names the known models
+    if opts.backend not in ("torch", "triton"):
+        raise ScenarioError(f"--backend must be torch or triton, got {opts.backend!r}")
+    if opts.device not in ("cpu", "cuda"):
+        raise ScenarioError(f"--device must be cpu or cuda, got {opts.device!r}")
+    import torch
+
+    if opts.device == "cuda" and not torch.cuda.is_available():
+        raise ScenarioError("--device cuda: torch sees no GPU; use --device cpu")
+    if opts.backend == "triton" and opts.device == "cpu":
+        import os
+
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            raise ScenarioError("--backend triton on a CPU needs TRITON_INTERPRET=1 set before starting")
+    for name in ("max_num_seqs", "max_tokens", "max_context", "block_size"):
+        if getattr(opts, name) < 1:
+            raise ScenarioError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
+    if opts.max_tokens < 16 or opts.max_context < 16:
+        raise ScenarioError("--max-tokens and --max-context must be >= 16 (the grid starts at 16 tokens)")
+    if not 0.0 <= opts.holdout < 0.9:
+        raise ScenarioError(f"--holdout must be in [0, 0.9), got {opts.holdout}")
+    if opts.rounds is not None and opts.rounds < 1:
+        raise ScenarioError(f"--rounds must be >= 1, got {opts.rounds}")
+
+
+def calibrate(opts: CalibrateOptions) -> dict[str, Any]:
+    """Run the sweep, fit, write the three files; returns the profile dict (plus ``paths``)."""
+    _check(opts)
+    import torch
+    from servesim.kernels.host import keep_heap
+
+    from .profile import device_info, make_bench, measure_engine_overhead, measure_shapes, time_shape
+
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    if opts.device == "cpu":
+        keep_heap()
+    rounds = opts.rounds or (QUICK_ROUNDS if opts.quick else DEFAULT_ROUNDS)
+    spec = GridSpec(opts.max_num_seqs, opts.max_tokens, opts.max_context, opts.quick, opts.seed)
+    shapes = build_grid(spec)
+    t0 = time.perf_counter()
+    bench = make_bench(get_model(opts.model), shapes, backend=opts.backend, device=opts.device, dtype=opts.dtype,
+                       block_size=opts.block_size, seed=opts.seed)
+    # Settle: the first seconds of a fresh process run slower (heap growth, one-off allocations,
+    # clock ramp-up), so untimed steps over the grid come first.
+    settle_rng = np.random.default_rng(opts.seed)
+    t_settle = time.perf_counter() + SETTLE_S
+    for s in itertools.cycle(shapes[::3]):
+        time_shape(bench, s, settle_rng)
+        if time.perf_counter() > t_settle:
+            break
+    rows = measure_shapes(bench, shapes, rounds, seed=opts.seed, progress=opts.progress)
+    sweep_s = time.perf_counter() - t0
+    del bench
+    scheduler = {"type": opts.engine_scheduler, "max_num_seqs": opts.max_num_seqs,
+                 "max_num_batched_tokens": min(opts.max_tokens, 256)}
+    engine = measure_engine_overhead(opts.model, scheduler, backend=opts.backend, device=opts.device,
+                                     dtype=opts.dtype, block_size=opts.block_size,
+                                     num_requests=opts.engine_requests or (48 if opts.quick else 160),
+                                     max_tokens=opts.max_tokens, seed=opts.seed, progress=opts.progress)
+    raw = pd.DataFrame(rows)
+    result = fitting.fit(raw, holdout=opts.holdout, seed=opts.seed)
+
+    path = Path(opts.out) if opts.out else default_profile_path(opts)
+    info = device_info(opts.device)
+    provenance = {
+        **info, "backend": opts.backend, "model": opts.model, "dtype": opts.dtype, "block_size": opts.block_size,
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "servesim_commit": _commit(),
+        "grid": {**spec.as_dict(), "rounds": rounds, "shapes": len(shapes), "timed_steps": len(raw),
+                 "per_regime": {r: int((result.predictions["regime"] == r).sum()) for r in REGIMES}},
+        "statistic": "trimmed mean (10 %) of each shape's timed steps, each right after an untimed run of it",
+        "holdout_fraction": opts.holdout, "holdout_seed": opts.seed, "sweep_seconds": round(sweep_s, 1),
+        "engine_loop": {"scheduler": scheduler, "samples": engine.samples,
+                        "median_gap_s": engine.median_gap_s},
+        "raw_csv": path.with_suffix(".csv").name,
+    }
+    held = {r: {k: round(v, 5) if isinstance(v, float) else v for k, v in e.items()}
+            for r, e in result.held_out.items()}
+    profile = to_profile_dict({r: c.tolist() for r, c in result.coefs.items()}, tile_tokens=result.tile,
+                              overhead={"step_s": engine.step_s, "per_seq_s": engine.per_seq_s},
+                              provenance=provenance, held_out_error=held)
+    save_profile(path, profile)
+    raw.to_csv(path.with_suffix(".csv"), index=False)
+    fitting.plot_fit(result, path.with_suffix(".png"),
+                     title=f"{opts.model} {opts.backend}/{opts.device} ({info['device_name'][:40]})")
+    return {**profile, "paths": [str(path), str(path.with_suffix(".csv")), str(path.with_suffix(".png"))],
+            "train_error": result.train}
+
+
+def format_report(profile: dict[str, Any]) -> str:
+    """Held-out (and training) error per regime, the engine-loop overhead, the files."""
+    prov = profile["provenance"]
+    lines = [f"{'regime':<8} {'shapes':>6} {'held-out median APE':>20} {'p90 APE':>8} {'max APE':>8} "
+             f"{'train median APE':>17}"]
+    for r in (*REGIMES, "all"):
+        e, t = profile["held_out_error"].get(r), profile["train_error"].get(r, {})
+        if e:
+            n = e["n"] + t.get("n", 0)
+            lines.append(f"{r:<8} {n:>6} {100 * e['median_ape']:>19.2f}% {100 * e['p90_ape']:>7.2f}% "
+                         f"{100 * e['max_ape']:>7.2f}% {100 * t.get('median_ape', float('nan')):>16.2f}%")
+    ov = profile["overhead"]
+    lines.append(f"engine loop (schedule + update + metrics, outside the executor): {ov['step_s'] * 1e3:.3f} ms "
+                 f"per step + {ov['per_seq_s'] * 1e6:.2f} us per sequence")
+    lines.append(f"tile_tokens {profile['tile_tokens']}; {prov['grid']['shapes']} shapes x {prov['grid']['rounds']} "
+                 f"rounds in {prov['sweep_seconds']} s on {prov['device_name']}")
+    lines.append("wrote " + ", ".join(profile["paths"]))
+    return "\n".join(lines)
