@@ -18,13 +18,15 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from servesim.sim.cost_model import REGIMES, save_profile, to_profile_dict
+from servesim.sim.cost_model import REGIMES, GemmTables, save_profile, to_profile_dict
 from servesim.sim.presets import get_model
+from tqdm import tqdm
 
 from . import fit as fitting
 from .grid import GridSpec, build_grid
 
 QUICK_ROUNDS, DEFAULT_ROUNDS = 3, 25
+DECODE_REPEAT = 2  # decode shapes are timed twice per round: the noisiest relative to their length
 SETTLE_S = 3.0
 
 
@@ -105,7 +107,16 @@ def calibrate(opts: CalibrateOptions) -> dict[str, Any]:
     import torch
     from servesim.kernels.host import keep_heap
 
-    from .profile import device_info, make_bench, measure_engine_overhead, measure_shapes, time_shape
+    from .profile import (
+        device_info,
+        gemm_points,
+        gemm_tables,
+        make_bench,
+        measure_engine_overhead,
+        measure_gemm_round,
+        measure_shapes,
+        time_shape,
+    )
 
     if opts.threads:
         torch.set_num_threads(opts.threads)
@@ -125,7 +136,17 @@ def calibrate(opts: CalibrateOptions) -> dict[str, Any]:
         time_shape(bench, s, settle_rng)
         if time.perf_counter() > t_settle:
             break
-    rows = measure_shapes(bench, shapes, rounds, seed=opts.seed, progress=opts.progress)
+    # Rounds interleave the GEMM tables with the shapes, so both see the same minutes of the machine.
+    points = gemm_points(opts.max_tokens)
+    per_round = sum(DECODE_REPEAT if s.regime == "decode" else 1 for s in shapes)
+    rows, gemm_rows = [], []
+    with tqdm(total=rounds * per_round, unit="step", desc="calibrate: timing shapes", mininterval=0.5,
+              disable=opts.progress is False) as bar:
+        for rnd in range(rounds):
+            gemm_rows += measure_gemm_round(bench, points, seed=opts.seed + rnd)
+            rows += measure_shapes(bench, shapes, 1, seed=opts.seed, rnd0=rnd, repeat={"decode": DECODE_REPEAT},
+                                   bar=bar)
+    gemm = gemm_tables(gemm_rows)
     sweep_s = time.perf_counter() - t0
     del bench
     scheduler = {"type": opts.engine_scheduler, "max_num_seqs": opts.max_num_seqs,
@@ -135,7 +156,8 @@ def calibrate(opts: CalibrateOptions) -> dict[str, Any]:
                                      num_requests=opts.engine_requests or (48 if opts.quick else 160),
                                      max_tokens=opts.max_tokens, seed=opts.seed, progress=opts.progress)
     raw = pd.DataFrame(rows)
-    result = fitting.fit(raw, holdout=opts.holdout, seed=opts.seed)
+    result = fitting.fit(raw, holdout=opts.holdout, seed=opts.seed,
+                         gemm=GemmTables(gemm["tokens"], gemm["linear_s"], gemm["lm_head_s"]))
 
     path = Path(opts.out) if opts.out else default_profile_path(opts)
     info = device_info(opts.device)
@@ -145,6 +167,7 @@ def calibrate(opts: CalibrateOptions) -> dict[str, Any]:
         "grid": {**spec.as_dict(), "rounds": rounds, "shapes": len(shapes), "timed_steps": len(raw),
                  "per_regime": {r: int((result.predictions["regime"] == r).sum()) for r in REGIMES}},
         "statistic": "trimmed mean (10 %) of each shape's timed steps, each right after an untimed run of it",
+        "decode_repeat": DECODE_REPEAT, "gemm_points": len(points),
         "holdout_fraction": opts.holdout, "holdout_seed": opts.seed, "sweep_seconds": round(sweep_s, 1),
         "engine_loop": {"scheduler": scheduler, "samples": engine.samples,
                         "median_gap_s": engine.median_gap_s},
@@ -154,7 +177,7 @@ def calibrate(opts: CalibrateOptions) -> dict[str, Any]:
             for r, e in result.held_out.items()}
     profile = to_profile_dict({r: c.tolist() for r, c in result.coefs.items()}, tile_tokens=result.tile,
                               overhead={"step_s": engine.step_s, "per_seq_s": engine.per_seq_s},
-                              provenance=provenance, held_out_error=held)
+                              provenance=provenance, held_out_error=held, gemm_tables=gemm)
     save_profile(path, profile)
     raw.to_csv(path.with_suffix(".csv"), index=False)
     fitting.plot_fit(result, path.with_suffix(".png"),

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 from scipy.stats import trim_mean
-from servesim.sim.cost_model import FEATURE_NAMES, REGIMES, step_features
+from servesim.sim.cost_model import FEATURE_NAMES, REGIMES, GemmTables, step_features
 
 TILE_CANDIDATES = (1, 16, 32, 64, 128)
 TRIM = 0.1
@@ -49,8 +49,8 @@ def shape_table(raw: pd.DataFrame, trim: float = TRIM) -> pd.DataFrame:
                          "runs": g["seconds"].size()}).reset_index()
 
 
-def feature_matrix(shapes: pd.Series, tile: int) -> np.ndarray:
-    return np.stack([step_features(*parse_shape(k), tile=tile) for k in shapes])
+def feature_matrix(shapes: pd.Series, tile: int, gemm: GemmTables | None = None) -> np.ndarray:
+    return np.stack([step_features(*parse_shape(k), tile=tile, gemm=gemm) for k in shapes])
 
 
 def _nnls_relative(x: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -101,14 +101,14 @@ def split_held_out(table: pd.DataFrame, holdout: float, seed: int) -> np.ndarray
     return mask
 
 
-def _choose_tile(table: pd.DataFrame, folds: int, seed: int) -> int:
+def _choose_tile(table: pd.DataFrame, folds: int, seed: int, gemm: GemmTables | None) -> int:
     """The tile with the lowest k-fold median APE over the training shapes."""
     rng = np.random.default_rng(seed + 1)
     fold = rng.integers(0, folds, len(table))
     t = table["seconds"].to_numpy()
     best, best_err = TILE_CANDIDATES[0], np.inf
     for tile in TILE_CANDIDATES:
-        x = feature_matrix(table["shape"], tile)
+        x = feature_matrix(table["shape"], tile, gemm)
         errs = []
         for f in range(folds):
             tr = fold != f
@@ -131,13 +131,17 @@ def _errors(pred: np.ndarray, t: np.ndarray, regimes: pd.Series) -> dict[str, di
     return out
 
 
-def fit(raw: pd.DataFrame, *, holdout: float = 0.2, seed: int = 0, tile: int | None = None, folds: int = 5) -> Fit:
-    """Fit on the training shapes of ``raw`` (per-run rows); held-out error on the rest."""
+def fit(raw: pd.DataFrame, *, holdout: float = 0.2, seed: int = 0, tile: int | None = None, folds: int = 5,
+        gemm: GemmTables | None = None) -> Fit:
+    """Fit on the training shapes of ``raw`` (per-run rows); held-out error on the rest.
+
+    ``gemm``: the measured GEMM tables behind the ``*_measured_s`` features (none: those are 0).
+    """
     table = shape_table(raw)
     held = split_held_out(table, holdout, seed)
     train = table[~held].reset_index(drop=True)
-    tile = tile or _choose_tile(train, folds, seed)
-    x_all = feature_matrix(table["shape"], tile)
+    tile = tile or _choose_tile(train, folds, seed, gemm)
+    x_all = feature_matrix(table["shape"], tile, gemm)
     coefs = _fit_regimes(train, x_all[~held])
     pred = _predict(coefs, table["regime"], x_all)
     t = table["seconds"].to_numpy()

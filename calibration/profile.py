@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import simpy
 import torch
 from scipy.optimize import nnls
@@ -85,18 +86,86 @@ def time_shape(bench: Bench, shape: Shape, rng: np.random.Generator) -> float:
             bench.kv.free(r)
 
 
-def measure_shapes(bench: Bench, shapes: list[Shape], rounds: int, seed: int = 0,
-                   progress: bool | None = None) -> list[dict]:
-    """One row per timed step: round, shape key, regime and seconds."""
-    rng = np.random.default_rng(seed)
+def measure_shapes(bench: Bench, shapes: list[Shape], rounds: int, seed: int = 0, rnd0: int = 0,
+                   repeat: dict[str, int] | None = None, bar: tqdm | None = None) -> list[dict]:
+    """One row per timed step: round, shape key, regime and seconds.
+
+    ``repeat`` times a regime's shapes that many times per round (cheap decode steps are the
+    noisiest, relative to their length, and the cheapest to repeat).
+    """
+    rng = np.random.default_rng(seed + rnd0)
+    repeat = repeat or {}
     rows: list[dict] = []
-    with tqdm(total=rounds * len(shapes), unit="step", desc="calibrate: timing shapes", disable=progress is False,
-              mininterval=0.5) as bar:
-        for rnd in range(rounds):
-            for i in rng.permutation(len(shapes)).tolist():
-                s = shapes[i]
-                rows.append({"round": rnd, "shape": s.key, "regime": s.regime, "seconds": time_shape(bench, s, rng)})
+    for rnd in range(rnd0, rnd0 + rounds):
+        order = [i for i in range(len(shapes)) for _ in range(repeat.get(shapes[i].regime, 1))]
+        for i in rng.permutation(order).tolist():
+            s = shapes[i]
+            rows.append({"round": rnd, "shape": s.key, "regime": s.regime, "seconds": time_shape(bench, s, rng)})
+            if bar is not None:
                 bar.update()
+    return rows
+
+
+def gemm_points(max_tokens: int) -> list[int]:
+    """M values the GEMM tables are measured at: every M to 32, then ~12 % steps, and max_tokens."""
+    points, m = list(range(1, min(32, max_tokens) + 1)), 32.0
+    while m < max_tokens:
+        m *= 1.125
+        points.append(min(int(round(m)), max_tokens))
+    return sorted(set(points))
+
+
+def gemm_tables(rows: list[dict]) -> dict[str, list]:
+    """The profile's ``gemm_tables`` from ``measure_gemm_round`` rows: the median per M."""
+    df = pd.DataFrame(rows).groupby("m").median()
+    return {"tokens": [int(m) for m in df.index], "linear_s": df["linear_s"].tolist(),
+            "lm_head_s": df["lm_head_s"].tolist()}
+
+
+def measure_gemm_round(bench: Bench, points: list[int], seed: int = 0, calls: int = 3) -> list[dict]:
+    """One shuffled round of GEMM timings: all decoder layers' GEMMs (qkv, o, gate_up, down) and
+    the LM head, each at M = every point; a value is the mean of ``calls`` calls after one untimed.
+
+    The weights are the bench model's own; inputs are random activations of M rows.
+    """
+    import torch.nn.functional as F  # noqa: N812
+
+    model = bench.executor.runner.model
+    cfg = bench.config
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def inputs(m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        def r(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=gen).to(device=model.device, dtype=model.dtype)
+        return r(m, cfg.hidden_size), r(m, cfg.num_heads * cfg.head_dim), r(m, cfg.intermediate_size)
+
+    def layers(x: torch.Tensor, o: torch.Tensor, act: torch.Tensor) -> None:
+        for w in model.layers:
+            F.linear(x, w.qkv, w.qkv_bias)
+            F.linear(o, w.o)
+            F.linear(x, w.gate_up)
+            F.linear(act, w.down)
+
+    def head(x: torch.Tensor, o: torch.Tensor, act: torch.Tensor) -> None:
+        F.linear(x, model.lm_head)
+
+    def timed(fn, args) -> float:  # noqa: ANN001
+        fn(*args)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn(*args)
+        sync()
+        return (time.perf_counter() - t0) / calls
+
+    rows = []
+    with torch.inference_mode():
+        for i in rng.permutation(len(points)).tolist():
+            m = points[i]
+            args = inputs(m)
+            rows.append({"m": m, "linear_s": timed(layers, args), "lm_head_s": timed(head, args)})
     return rows
 
 

@@ -29,11 +29,17 @@ paged_prefill_kv       sum over prefill rows of ctx + q, in steps that read the 
 paged_prefill_pairs    sum over those rows of q * (ctx + q): masked attention     query-key pairs
                        computes the full rectangle, not the causal half
 paged_prefill_seqs     prefill rows in such steps (one gather + attention each)   sequences
+linear_measured_s      the decoder layers' GEMMs at M = tokens, looked up in the  seconds
+                       profile's measured ``gemm_tables`` (0 without tables)
+lm_head_measured_s     the LM-head GEMM at M = rows, from the same tables         seconds
 =====================  =========================================================  ==============
 
-The first seven are the physical terms of any backend; the last four describe how the PyTorch
+The first seven are the physical terms of any backend; the next four describe how the PyTorch
 reference kernels (kernels/attention.py) do paged attention on a CPU, and a GPU fit typically
-gives them zero weight.
+gives them zero weight. The last two carry measured GEMM curves: a GEMM's time is not linear in
+its M dimension at small M (on this project's CPU, M = 3 rows took 3.4x the time of M = 1 and
+1.7x that of M = 4: different kernels per shape), which no tile rounding describes; calibration
+times the model's own linear layers at every small M and the fit weighs the curve (~1).
 
 A step is *decode* when every row has q == 1, *prefill* when none has, else *mixed*.
 
@@ -44,11 +50,12 @@ Profile file (JSON), written by ``save_profile`` and read by ``FittedCostModel.f
       "features": [...FEATURE_NAMES, in order...],
       "tile_tokens": 64,                      # the tile used for tokens_tiled
       "regimes": {                            # "prefill", "decode", "mixed", and/or "all";
-        "decode": {"coef": [11 floats >= 0]}, # a missing regime falls back to "all", so either
+        "decode": {"coef": [13 floats >= 0]}, # a missing regime falls back to "all", so either
         "prefill": {"coef": [...]},           # "all" or all three must be present; coefficients
         "mixed": {"coef": [...]}              # are seconds per unit of each feature
       },
       "overhead": {"step_s": 0.0, "per_seq_s": 0.0, "swap_bandwidth": null},
+      "gemm_tables": {"tokens": [1, 2, ...], "linear_s": [...], "lm_head_s": [...]},  # or null
       "provenance": {...free-form: device, backend, model, date, commit, samples...},
       "held_out_error": {...free-form: e.g. "mape": 0.04, "p90_ape": 0.09, "n": 200...}
     }
@@ -62,6 +69,7 @@ load: their missing coefficients are zero.
 
 from __future__ import annotations
 
+import bisect
 import importlib.util
 import json
 import math
@@ -81,6 +89,7 @@ BASE_FEATURE_NAMES: tuple[str, ...] = (
 )
 EXTRA_FEATURE_NAMES: tuple[str, ...] = (
     "decode_padded_kv", "paged_prefill_kv", "paged_prefill_pairs", "paged_prefill_seqs",
+    "linear_measured_s", "lm_head_measured_s",
 )
 FEATURE_NAMES = BASE_FEATURE_NAMES + EXTRA_FEATURE_NAMES
 LEGACY_FORMATS = {"servesim-profile/1": BASE_FEATURE_NAMES}
@@ -137,7 +146,48 @@ def _extra_sums(q: np.ndarray, ctx: np.ndarray, n_dec: int) -> tuple[int, int, i
     return padded, int(kv.sum()), int(np.dot(qp, kv)), int(qp.shape[0])
 
 
-def step_features(q_lens: np.ndarray, ctx_lens: np.ndarray, tile: int = TILE_TOKENS) -> np.ndarray:
+class GemmTables:
+    """Measured GEMM seconds against the M dimension: the decoder layers' and the LM head's.
+
+    ``tokens`` ascending; between points linear interpolation, past the last point the last
+    segment's slope (large-M GEMMs are linear in M), at M = 0 zero.
+    """
+
+    def __init__(self, tokens: Sequence[int], linear_s: Sequence[float], lm_head_s: Sequence[float]) -> None:
+        m = np.asarray(tokens, dtype=np.float64)
+        lin, head = np.asarray(linear_s, dtype=np.float64), np.asarray(lm_head_s, dtype=np.float64)
+        if m.ndim != 1 or len(m) < 2 or lin.shape != m.shape or head.shape != m.shape:
+            raise ProfileError("gemm_tables needs tokens, linear_s and lm_head_s lists of one length (>= 2)")
+        if not (np.all(np.diff(m) > 0) and m[0] >= 1):
+            raise ProfileError("gemm_tables.tokens must be ascending integers >= 1")
+        if not (np.all(np.isfinite(lin)) and np.all(np.isfinite(head)) and (lin >= 0).all() and (head >= 0).all()):
+            raise ProfileError("gemm_tables seconds must be finite and >= 0")
+        self.tokens, self.linear_s, self.lm_head_s = m, lin, head
+        self._m, self._lin, self._head = m.tolist(), lin.tolist(), head.tolist()
+
+    def _at(self, ys: list[float], x: int) -> float:
+        m = self._m
+        if x <= 0:
+            return 0.0
+        if x >= m[-1]:
+            return ys[-1] + (ys[-1] - ys[-2]) / (m[-1] - m[-2]) * (x - m[-1])
+        if x <= m[0]:
+            return ys[0] * x / m[0]
+        i = bisect.bisect_right(m, x)
+        return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - m[i - 1]) / (m[i] - m[i - 1])
+
+    def linear(self, tokens: int) -> float:
+        return self._at(self._lin, tokens)
+
+    def lm_head(self, rows: int) -> float:
+        return self._at(self._head, rows)
+
+    def to_dict(self) -> dict[str, list]:
+        return {"tokens": [int(x) for x in self._m], "linear_s": self._lin, "lm_head_s": self._head}
+
+
+def step_features(q_lens: np.ndarray, ctx_lens: np.ndarray, tile: int = TILE_TOKENS,
+                  gemm: GemmTables | None = None) -> np.ndarray:
     """The ``FEATURE_NAMES`` vector (float64) of one step; all zeros for an empty step."""
     q = np.asarray(q_lens, dtype=np.int64)
     ctx = np.asarray(ctx_lens, dtype=np.int64)
@@ -145,7 +195,8 @@ def step_features(q_lens: np.ndarray, ctx_lens: np.ndarray, tile: int = TILE_TOK
         return np.zeros(len(FEATURE_NAMES))
     n, n_dec, tokens, pairs, decode_kv, _ = _step_sums(q, ctx)
     tiled = -(-tokens // tile) * tile
-    return np.array([tokens, tiled, pairs, decode_kv, n, n - n_dec, 1.0, *_extra_sums(q, ctx, n_dec)],
+    measured = (gemm.linear(tokens), gemm.lm_head(n)) if gemm else (0.0, 0.0)
+    return np.array([tokens, tiled, pairs, decode_kv, n, n - n_dec, 1.0, *_extra_sums(q, ctx, n_dec), *measured],
                     dtype=np.float64)
 
 
@@ -262,11 +313,12 @@ class FittedCostModel:
     def __init__(self, coefs: Mapping[str, Sequence[float]], *, tile_tokens: int = TILE_TOKENS,
                  overhead: Mapping[str, Any] | None = None, swap_bandwidth: float | None = None,
                  provenance: Mapping[str, Any] | None = None,
-                 held_out_error: Mapping[str, Any] | None = None, num_features: int = len(FEATURE_NAMES)) -> None:
+                 held_out_error: Mapping[str, Any] | None = None, num_features: int = len(FEATURE_NAMES),
+                 gemm_tables: GemmTables | Mapping[str, Any] | None = None) -> None:
         """``coefs`` maps regime ("prefill"/"decode"/"mixed"/"all") to one coefficient per feature.
 
         ``swap_bandwidth`` (bytes/s) is used when the profile's overhead does not name one;
-        ``num_features`` < 11 reads a legacy coefficient list (the first features only).
+        ``num_features`` < 13 reads a legacy coefficient list (the first features only).
         """
         unknown = set(coefs) - {*REGIMES, "all"}
         if unknown:
@@ -293,6 +345,14 @@ class FittedCostModel:
         self._swap_bw = float(bw) if bw else math.inf
         self._dec, self._pre, self._mix = (checked.get(r, checked.get("all")) for r in ("decode", "prefill", "mixed"))
         self._extras = any(any(c[len(BASE_FEATURE_NAMES):]) for c in checked.values())
+        if isinstance(gemm_tables, Mapping):
+            try:
+                gemm_tables = GemmTables(gemm_tables["tokens"], gemm_tables["linear_s"], gemm_tables["lm_head_s"])
+            except (KeyError, TypeError, ValueError) as exc:
+                if isinstance(exc, ProfileError):
+                    raise
+                raise ProfileError(f"gemm_tables must have tokens, linear_s and lm_head_s lists: {exc}") from None
+        self.gemm = gemm_tables
 
     @classmethod
     def from_profile(cls, path: str | Path, swap_bandwidth: float | None = None) -> FittedCostModel:
@@ -329,12 +389,14 @@ class FittedCostModel:
             coefs[name] = body["coef"]
         return cls(coefs, tile_tokens=data.get("tile_tokens", TILE_TOKENS), overhead=data.get("overhead"),
                    swap_bandwidth=swap_bandwidth, provenance=data.get("provenance"),
-                   held_out_error=data.get("held_out_error"), num_features=len(features))
+                   held_out_error=data.get("held_out_error"), num_features=len(features),
+                   gemm_tables=data.get("gemm_tables"))
 
     def to_profile_dict(self) -> dict[str, Any]:
         """This model as a profile dict (what ``save_profile`` writes)."""
         return to_profile_dict(self.coefs, tile_tokens=self.tile, overhead=self.overhead,
-                               provenance=self.provenance, held_out_error=self.held_out_error)
+                               provenance=self.provenance, held_out_error=self.held_out_error,
+                               gemm_tables=self.gemm.to_dict() if self.gemm else None)
 
     def iteration_time(self, q_lens: np.ndarray, ctx_lens: np.ndarray, swap_bytes: float = 0.0) -> float:
         """Seconds for one step: coef[regime] . step_features + overheads + swap."""
@@ -349,6 +411,8 @@ class FittedCostModel:
         if self._extras:
             padded, pkv, ppairs, pseqs = _extra_sums(q_lens, ctx_lens, n_dec)
             t += c[7] * padded + c[8] * pkv + c[9] * ppairs + c[10] * pseqs
+            if self.gemm is not None:
+                t += c[11] * self.gemm.linear(tokens) + c[12] * self.gemm.lm_head(n)
         return t
 
     def describe(self) -> dict[str, Any]:
@@ -357,7 +421,8 @@ class FittedCostModel:
 
 def to_profile_dict(coefs: Mapping[str, Sequence[float]], *, tile_tokens: int = TILE_TOKENS,
                     overhead: Mapping[str, Any] | None = None, provenance: Mapping[str, Any] | None = None,
-                    held_out_error: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                    held_out_error: Mapping[str, Any] | None = None,
+                    gemm_tables: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A ``servesim-profile/2`` dict from fitted coefficients (seconds per feature unit)."""
     return {
         "format": PROFILE_FORMAT,
@@ -365,6 +430,7 @@ def to_profile_dict(coefs: Mapping[str, Sequence[float]], *, tile_tokens: int = 
         "tile_tokens": int(tile_tokens),
         "regimes": {r: {"coef": [float(c) for c in cs]} for r, cs in coefs.items()},
         "overhead": {"step_s": 0.0, "per_seq_s": 0.0, "swap_bandwidth": None, **(overhead or {})},
+        "gemm_tables": dict(gemm_tables) if gemm_tables else None,
         "provenance": dict(provenance or {}),
         "held_out_error": dict(held_out_error or {}),
     }

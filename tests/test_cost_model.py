@@ -9,6 +9,7 @@ from servesim.sim.cost_model import (
     ConstantCostModel,
     CostModelConfig,
     FittedCostModel,
+    GemmTables,
     ProfileError,
     RooflineCostModel,
     build_cost_model,
@@ -45,6 +46,7 @@ def naive_features(q, ctx, tile):
     f["tokens_tiled"] = -(-f["tokens"] // tile) * tile
     f["const"] = 1.0 if len(q) else 0.0
     decode_ctx = [ci + 1 for qi, ci in zip(q.tolist(), ctx.tolist(), strict=True) if qi == 1]
+    f["linear_measured_s"] = f["lm_head_measured_s"] = 0.0  # no measured tables given
     f["decode_padded_kv"] = len(decode_ctx) * max(decode_ctx, default=0)
     if any(c > 0 for c in ctx.tolist()):  # the step reads the paged cache
         for qi, ci in zip(q.tolist(), ctx.tolist(), strict=True):
@@ -67,6 +69,7 @@ def test_features_of_a_mixed_step_by_hand():
         "decode_kv_tokens": 11, "seqs": 3, "prefill_seqs": 2, "const": 1,
         "decode_padded_kv": 11,  # one decode row, padded to the longest decode context
         "paged_prefill_kv": 5 + 7, "paged_prefill_pairs": 5 * 5 + 3 * 7, "paged_prefill_seqs": 2,
+        "linear_measured_s": 0.0, "lm_head_measured_s": 0.0,
     }
     # a prefill-only step reads no cache: no paged terms
     f = dict(zip(FEATURE_NAMES, step_features(arr(5, 3), arr(0, 0), tile=4), strict=True))
@@ -165,11 +168,24 @@ def test_describe_reports_the_constants(llama8b_h100):
 # ---- fitted profile ----
 
 
+GEMM = {"tokens": [1, 2, 3, 4, 8, 64], "linear_s": [1e-4, 3e-4, 4e-4, 2e-4, 3e-4, 1.3e-3],
+        "lm_head_s": [2e-5, 5e-5, 6e-5, 4e-5, 6e-5, 3e-4]}
+
+
+def test_gemm_tables_interpolate_and_extrapolate_linearly():
+    g = GemmTables(**GEMM)
+    assert g.linear(0) == 0.0 and g.linear(3) == pytest.approx(4e-4) and g.linear(6) == pytest.approx(2.5e-4)
+    assert g.linear(128) == pytest.approx(1.3e-3 + (1e-3 / 56) * 64)  # the last segment's slope
+    assert g.lm_head(2) == pytest.approx(5e-5)
+    with pytest.raises(ProfileError, match="ascending"):
+        GemmTables([1, 1], [0.0, 0.0], [0.0, 0.0])
+
+
 def example_profile(**kw):
-    coefs = {"prefill": [1e-6, 2e-7, 3e-11, 0.0, 1e-5, 2e-5, 4e-3, 0.0, 1e-9, 2e-11, 3e-6],
-             "decode": [5e-6, 0.0, 0.0, 2e-9, 3e-6, 0.0, 6e-3, 1e-9, 0.0, 0.0, 0.0],
-             "mixed": [2e-6, 1e-7, 4e-11, 3e-9, 2e-6, 1e-5, 7e-3, 2e-9, 3e-9, 1e-11, 2e-6]}
-    return to_profile_dict(coefs, tile_tokens=16, overhead={"step_s": 1e-4, "per_seq_s": 2e-6},
+    coefs = {"prefill": [1e-6, 2e-7, 3e-11, 0.0, 1e-5, 2e-5, 4e-3, 0.0, 1e-9, 2e-11, 3e-6, 0.9, 1.1],
+             "decode": [5e-6, 0.0, 0.0, 2e-9, 3e-6, 0.0, 6e-3, 1e-9, 0.0, 0.0, 0.0, 1.0, 0.0],
+             "mixed": [2e-6, 1e-7, 4e-11, 3e-9, 2e-6, 1e-5, 7e-3, 2e-9, 3e-9, 1e-11, 2e-6, 1.2, 0.5]}
+    return to_profile_dict(coefs, tile_tokens=16, overhead={"step_s": 1e-4, "per_seq_s": 2e-6}, gemm_tables=GEMM,
                            provenance={"device": "cpu", "model": "tiny"},
                            held_out_error={"mape": 0.05}, **kw)
 
@@ -193,13 +209,13 @@ def test_fitted_model_round_trips_and_reproduces_coef_dot_features(tmp_path):
         for _ in range(20):
             q, ctx = random_step(rng, kind)
             assert classify_step(q) == kind
-            expected = np.dot(profile["regimes"][kind]["coef"], step_features(q, ctx, tile=16))
+            expected = np.dot(profile["regimes"][kind]["coef"], step_features(q, ctx, tile=16, gemm=GemmTables(**GEMM)))
             expected += 1e-4 + 2e-6 * len(q)
             assert cm.iteration_time(q, ctx) == pytest.approx(expected, rel=1e-12)
 
 
 def test_single_all_regime_serves_every_step():
-    cm = FittedCostModel({"all": [0, 0, 0, 0, 0, 0, 1e-3, 0, 0, 0, 0]}, swap_bandwidth=1e9)
+    cm = FittedCostModel({"all": [0, 0, 0, 0, 0, 0, 1e-3, 0, 0, 0, 0, 0, 0]}, swap_bandwidth=1e9)
     assert cm.iteration_time(arr(1, 1), arr(5, 5)) == cm.iteration_time(arr(9), arr(0)) == pytest.approx(1e-3)
     assert cm.iteration_time(arr(), arr()) == 0.0
     assert cm.iteration_time(arr(), arr(), swap_bytes=1e6) == pytest.approx(1e-3)
@@ -230,10 +246,10 @@ def test_missing_profile_file_names_the_path(tmp_path):
 @pytest.mark.parametrize("breakage, message", [
     (lambda p: p.update(format="other/9"), "not a servesim profile"),
     (lambda p: p.update(features=p["features"][:-1]), "do not match"),
-    (lambda p: p["regimes"]["decode"].update(coef=[-1.0] * 11), ">= 0"),
-    (lambda p: p["regimes"]["decode"].update(coef=[1.0] * 3), "list of 11"),
+    (lambda p: p["regimes"]["decode"].update(coef=[-1.0] * 13), ">= 0"),
+    (lambda p: p["regimes"]["decode"].update(coef=[1.0] * 3), "list of 13"),
     (lambda p: p["regimes"].pop("mixed"), "no 'all' regime"),
-    (lambda p: p["regimes"].update(warmup={"coef": [0.0] * 11}), "unknown regime"),
+    (lambda p: p["regimes"].update(warmup={"coef": [0.0] * 13}), "unknown regime"),
 ])
 def test_bad_profiles_say_what_is_wrong(tmp_path, breakage, message):
     profile = example_profile()

@@ -1,0 +1,150 @@
+"""Calibration: the shape grid, the fit (recovers known coefficients, held-out shapes stay out), and
+``servesim calibrate`` end to end producing a profile ``servesim run`` accepts."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from servesim.calibration.fit import fit, parse_shape, shape_table, split_held_out
+from servesim.calibration.grid import GridSpec, Shape, build_grid
+from servesim.sim.cli import main
+from servesim.sim.cost_model import FEATURE_NAMES, FittedCostModel, classify_step, step_features
+
+# ---- grid ----
+
+
+@pytest.mark.parametrize("spec", [GridSpec(), GridSpec(quick=True), GridSpec(max_num_seqs=8, max_tokens=64,
+                                                                              max_context=100, seed=3)])
+def test_grid_respects_the_budgets_and_labels_each_regime(spec):
+    shapes = build_grid(spec)
+    assert len(shapes) == len(set(shapes))
+    for s in shapes:
+        q, ctx = np.array(s.q), np.array(s.ctx)
+        assert classify_step(q) == s.regime
+        assert len(q) <= spec.max_num_seqs and q.sum() <= spec.max_tokens and ctx.max() <= spec.max_context
+        assert parse_shape(s.key)[0].tolist() == list(s.q) and parse_shape(s.key)[1].tolist() == list(s.ctx)
+    regimes = {s.regime for s in shapes}
+    assert regimes == {"prefill", "decode", "mixed"}
+    # prefill of one and of several sequences, lengths from 16 to the budget; decode up to max_num_seqs
+    assert {s.q for s in shapes if s.regime == "prefill" and len(s.q) == 1 and s.ctx == (0,)} >= {(16,),
+                                                                                                  (spec.max_tokens,)}
+    assert any(s.regime == "prefill" and len(s.q) > 1 for s in shapes)
+    assert max(len(s.q) for s in shapes if s.regime == "decode") == spec.max_num_seqs
+    assert build_grid(spec) == shapes  # deterministic for a seed
+
+
+# ---- fit ----
+
+TRUE = {  # seconds per feature unit, per regime (a made-up but CPU-like profile)
+    "prefill": dict(tokens=6e-5, prefill_attn_pairs=1e-7, seqs=2e-4, const=3e-3, paged_prefill_pairs=3e-8),
+    "decode": dict(tokens=9e-5, decode_kv_tokens=1e-7, const=2.5e-3, decode_padded_kv=3e-7),
+    "mixed": dict(tokens=6e-5, prefill_attn_pairs=1e-7, decode_kv_tokens=5e-7, seqs=5e-5, prefill_seqs=5e-3,
+                  paged_prefill_kv=2e-7),
+}
+
+
+def synthetic_raw(shapes: list[Shape], noise: float, rounds: int = 5, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for s in shapes:
+        coef = np.array([TRUE[s.regime].get(f, 0.0) for f in FEATURE_NAMES])
+        t = float(coef @ step_features(np.array(s.q), np.array(s.ctx), tile=1))
+        for r in range(rounds):
+            rows.append({"round": r, "shape": s.key, "regime": s.regime, "seconds": t * (1 + noise * rng.normal())})
+    return pd.DataFrame(rows)
+
+
+def test_fit_recovers_known_coefficients_and_reports_held_out_error():
+    shapes = build_grid(GridSpec())
+    result = fit(synthetic_raw(shapes, noise=0.0), tile=1)
+    for regime, terms in TRUE.items():
+        got = dict(zip(FEATURE_NAMES, result.coefs[regime], strict=True))
+        for name, value in terms.items():
+            assert got[name] == pytest.approx(value, rel=1e-3), (regime, name)
+        assert result.held_out[regime]["median_ape"] < 1e-6
+    # with 3 % noise per run the held-out error is of the order of the noise, not zero
+    noisy = fit(synthetic_raw(shapes, noise=0.03, seed=1), tile=1)
+    for regime in TRUE:
+        assert 0.0 < noisy.held_out[regime]["median_ape"] < 0.03
+
+
+def test_held_out_shapes_do_not_influence_the_fit():
+    shapes = build_grid(GridSpec(quick=True))
+    raw = synthetic_raw(shapes, noise=0.02)
+    held = split_held_out(shape_table(raw), 0.2, seed=0)
+    held_keys = set(shape_table(raw)["shape"][held])
+    assert 0.15 * len(shapes) < len(held_keys) < 0.25 * len(shapes)
+    spoiled = raw.copy()
+    spoiled.loc[spoiled["shape"].isin(held_keys), "seconds"] *= 10  # only the held-out shapes change
+    a, b = fit(raw, tile=1), fit(spoiled, tile=1)
+    for regime in a.coefs:
+        np.testing.assert_allclose(a.coefs[regime], b.coefs[regime])
+    assert b.held_out["all"]["median_ape"] > 5 * a.held_out["all"]["median_ape"]
+    assert b.held_out["all"]["n"] == len(held_keys)
+
+
+def test_a_regime_with_too_few_shapes_falls_back_to_all():
+    shapes = [s for s in build_grid(GridSpec()) if s.regime != "mixed"][:150]
+    shapes += [s for s in build_grid(GridSpec()) if s.regime == "mixed"][:5]
+    result = fit(synthetic_raw(shapes, noise=0.0), tile=1)
+    assert "mixed" not in result.coefs and "all" in result.coefs
+    model = FittedCostModel({r: c.tolist() for r, c in result.coefs.items()}, tile_tokens=1)
+    assert model.iteration_time(np.array([64, 1]), np.array([0, 10])) > 0
+
+
+# ---- servesim calibrate ----
+
+SMALL = ["--model", "tiny", "--rounds", "1", "--max-num-seqs", "4", "--max-tokens", "32", "--max-context", "32",
+         "--quick", "--quiet", "--threads", "1"]
+
+
+def test_calibrate_writes_a_profile_that_servesim_run_accepts(tmp_path, capsys):
+    out = tmp_path / "prof" / "cpu-tiny.json"
+    assert main(["calibrate", *SMALL, "--out", str(out)]) == 0
+    report = capsys.readouterr().out
+    assert "held-out median APE" in report and "decode" in report and str(out) in report
+    profile = json.loads(out.read_text())
+    assert profile["format"] == "servesim-profile/2"
+    for key in ("device", "device_name", "cpu_model", "torch_version", "triton_version", "model", "dtype", "date",
+                "servesim_commit", "grid", "backend"):
+        assert key in profile["provenance"], key
+    assert profile["provenance"]["model"] == "tiny"
+    assert set(profile["held_out_error"]) >= {"prefill", "decode", "all"}
+    raw = pd.read_csv(out.with_suffix(".csv"))
+    assert {"round", "shape", "regime", "seconds"} <= set(raw.columns) and (raw["seconds"] > 0).all()
+    assert out.with_suffix(".png").stat().st_size > 0
+    overhead = profile["overhead"]
+    assert overhead["step_s"] >= 0 and overhead["per_seq_s"] >= 0
+
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(f"""
+name: uses-profile
+model: tiny
+hardware: cpu-2core
+cost_model: {{type: profile, path: {out}}}
+scheduler: {{type: chunked, max_num_seqs: 4, max_num_batched_tokens: 32}}
+kv_cache: {{num_blocks: 64}}
+workload: {{num_requests: 20, arrival: {{process: poisson, rate: 5}}, prompt_len: {{dist: fixed, value: 24}},
+           output_len: {{dist: fixed, value: 8}}}}
+""")
+    assert main(["run", str(scenario), "--out", str(tmp_path / "run"), "--quiet", "--no-plots"]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["completed"] == 20 and summary["mean_tpot_ms"] > 0
+
+
+def test_calibrate_rejects_a_bad_model_in_one_line(capsys):
+    assert main(["calibrate", "--model", "llama-9", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "llama-9" in err[0]
+
+
+@pytest.mark.slow
+def test_calibrate_quick_grid_end_to_end(tmp_path):
+    out = tmp_path / "quick.json"
+    assert main(["calibrate", "--quick", "--quiet", "--out", str(out)]) == 0
+    profile = json.loads(out.read_text())
+    assert profile["provenance"]["grid"]["quick"] is True
+    assert FittedCostModel.from_profile(out).iteration_time(np.ones(8, dtype=np.int64), np.full(8, 100)) > 0
