@@ -177,7 +177,8 @@ def format_table(table: pd.DataFrame) -> str:
 
 def format_markdown(table: pd.DataFrame) -> str:
     head, body = _cells(table)
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---", "---", *["---:"] * 4, "---"]) + "|"]
+    align = ["---", "---", *["---:"] * 4, "---", *["---:"] * (len(head) - 7)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
     lines += ["| " + " | ".join(c or " " for c in row) + " |" for row in body]
     return "\n".join(lines)
 
@@ -227,6 +228,40 @@ def check_same_workload(live: RunResult, sim: RunResult) -> None:
         raise RuntimeError(f"validate: KV caches differ: live {live.kv}, sim {sim.kv} (a servesim bug)")
 
 
+def step_check(live: RunResult, cost_model: Any) -> dict[str, dict[str, float]]:
+    """The cost model against every live step's own shape: per regime, steps, measured and predicted
+    seconds in total, and their ratio - 1 (the cost model's bias on exactly the steps live ran).
+
+    This separates the two ways a simulation can miss: a wrong step cost shows here; a right step
+    cost with different dynamics (other batches formed, a queue that tipped) does not.
+    """
+    from servesim.sim.cost_model import classify_step
+
+    shapes = live.step_shapes
+    durations = live.iterations_df["duration"].to_numpy()
+    if shapes is None or len(shapes) != len(durations):
+        return {}
+    acc: dict[str, list[float]] = {}
+    for (q, ctx), d in zip(shapes, durations, strict=True):
+        regime = classify_step(q)
+        if regime == "empty":
+            continue
+        for key in (regime, "all"):
+            a = acc.setdefault(key, [0, 0.0, 0.0])
+            a[0] += 1
+            a[1] += float(d)
+            a[2] += float(cost_model.iteration_time(q, ctx))
+    return {k: {"steps": int(n), "measured_s": m, "predicted_s": p, "bias_pct": 100 * (p / m - 1)}
+            for k, (n, m, p) in acc.items()}
+
+
+def format_step_check(check: Mapping[str, Mapping[str, float]]) -> str:
+    if not check:
+        return "step check: not available (more than one replica)"
+    parts = [f"{k} {v['bias_pct']:+.1f} % over {v['steps']} steps" for k, v in check.items()]
+    return "step check, cost model vs the live steps' own shapes (predicted / measured - 1): " + "; ".join(parts)
+
+
 def _servesim_commit() -> tuple[str | None, bool | None]:
     """(commit, dirty) of the servesim checkout this module runs from; (None, None) if not a checkout."""
     here = Path(__file__).resolve()
@@ -253,6 +288,7 @@ class ValidationResult:
     sim: RunResult
     out: Path
     failed: list[str] = field(default_factory=list)
+    step_check: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -307,6 +343,8 @@ def validate(
     write_results(sim, out / "sim", plots=plots)
 
     table = error_table(live.summary, sim.summary, thresholds)
+    steps = step_check(live, build_cost_model(sc_sim.cost_model, get_model(sc.model), get_hardware(sc.hardware),
+                                              sc.tensor_parallel))
     commit, dirty = _servesim_commit()
     provenance = {
         "scenario": sc.name,
@@ -330,7 +368,7 @@ def validate(
         "servesim_commit": commit,
         "servesim_dirty": dirty,
     }
-    result = ValidationResult(table, provenance, thresholds, live, sim, out, failures(table))
+    result = ValidationResult(table, provenance, thresholds, live, sim, out, failures(table), steps)
     write_validation(result, plots=plots)
     return result
 
@@ -349,13 +387,14 @@ def write_validation(result: ValidationResult, plots: bool = True) -> Path:
         "passed": result.passed,
         "failed": result.failed,
         "metrics": rows,
+        "step_check": result.step_check,
     }))
     p = result.provenance
     md = [f"# Validation: {p['scenario']} (seed {p['seed']})", "",
           f"{p['num_requests']} requests live ({p['live_backend']} on {p['live_device']}, {p['live_wall_s']:.1f} s wall) "
           f"and simulated (cost model {p['sim_cost_model']}{', ' + p['profile'] if p['profile'] else ''}), "
           f"{p['kv_num_blocks']} KV blocks of {p['kv_block_size']} tokens on both sides. "
-          "Error = (sim - live) / live.", "", format_markdown(t), ""]
+          "Error = (sim - live) / live.", "", format_markdown(t), "", format_step_check(result.step_check), ""]
     if result.thresholds:
         md += ["**passed**" if result.passed else "**failed**: " + "; ".join(result.failed), ""]
     md += [f"servesim {p['servesim_commit'] or 'commit unknown'}{' (dirty)' if p['servesim_dirty'] else ''}, "

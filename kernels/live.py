@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import simpy.rt
 import torch
 from servesim.sim.batch import Batch
@@ -38,9 +39,11 @@ class LiveExecutor:
         self.cuda = runner.model.device.type == "cuda"
         self.last_forward_s = 0.0
         self.num_steps = 0
+        self.shapes: list[tuple[np.ndarray, np.ndarray]] = []  # each step's rows, for validate's step check
 
     def run(self, batch: Batch) -> float:
         t0 = time.perf_counter()
+        self.shapes.append((batch.num_new_tokens.copy(), batch.num_context_tokens.copy()))
         requests = batch.requests
         tables = [self.kv.block_table(r) for r in requests]
         tokens = self.runner.execute(batch, tables)
@@ -127,4 +130,7 @@ def run_live(sc: Scenario, requests: list[Request] | None = None, progress: bool
     t0 = time.perf_counter()
     env.sync()  # time zero is now, after model construction and warm-up
     recorder, _ = run_replicas(env, sc, requests, lambda r: parts[r], progress)
-    return finish_run(sc, "live", requests, recorder, kv, time.perf_counter() - t0)
+    result = finish_run(sc, "live", requests, recorder, kv, time.perf_counter() - t0)
+    if len(parts) == 1:
+        result.step_shapes = parts[0][1].shapes
+    return result

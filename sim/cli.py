@@ -98,7 +98,12 @@ def cmd_engines(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from servesim.calibration.validate import format_table, parse_max_error, validate
+    from servesim.calibration.validate import (
+        format_step_check,
+        format_table,
+        parse_max_error,
+        validate,
+    )
 
     sc = _load(args)
     parse_max_error(args.max_error)  # a bad threshold is a usage error before anything runs
@@ -111,6 +116,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(f"relative error (sim - live) / live, {result.provenance['num_requests']} requests, "
           f"{result.provenance['kv_num_blocks']} KV blocks on both sides:")
     print(format_table(result.table))
+    print(format_step_check(result.step_check))
     plots = "" if args.no_plots else ", cdf_{ttft,tpot,itl,e2e}.png"
     print(f"results in {out}/ (validation.json, validation.csv, validation.md{plots}, live/, sim/)")
     for line in result.failed:

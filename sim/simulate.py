@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import simpy
 from tqdm import tqdm
@@ -85,6 +86,8 @@ class RunResult:
     itl_hist: LogHistogram
     kv: KVPlan
     wall_s: float
+    # live mode, one replica: the (q_lens, ctx_lens) rows of every executed step, in order
+    step_shapes: list[tuple[np.ndarray, np.ndarray]] | None = None
 
     def header(self) -> dict[str, Any]:
         """Run metadata that goes first in summary.json (nothing here may vary between equal runs)."""

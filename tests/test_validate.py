@@ -20,7 +20,7 @@ from servesim.calibration.validate import (
     sim_scenario,
 )
 from servesim.sim.cli import main
-from servesim.sim.cost_model import save_profile, to_profile_dict
+from servesim.sim.cost_model import FEATURE_NAMES, save_profile, to_profile_dict
 from servesim.sim.scenario import ScenarioError, load_scenario, scenario_from_dict
 from servesim.sim.simulate import KVPlan, plan_kv
 
@@ -215,7 +215,8 @@ def test_the_run_folder_holds_tables_plots_and_both_runs(slow_constant_run):
 def test_a_generous_threshold_passes_and_the_profile_drives_the_simulation(tmp_path, capsys):
     pytest.importorskip("torch")
     # ~2 ms a step plus 0.05 ms a token: the tiny model's order of magnitude, not a fit
-    coefs = {r: [5e-5, 0.0, 0.0, 0.0, 0.0, 0.0, 2e-3] for r in ("decode", "prefill", "mixed")}
+    coefs = {r: [5e-5, 0.0, 0.0, 0.0, 0.0, 0.0, 2e-3] + [0.0] * (len(FEATURE_NAMES) - 7)
+             for r in ("decode", "prefill", "mixed")}
     profile = save_profile(tmp_path / "tiny.json", to_profile_dict(coefs, provenance={"model": "tiny"}))
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(tiny_raw()))
@@ -230,3 +231,10 @@ def test_a_generous_threshold_passes_and_the_profile_drives_the_simulation(tmp_p
     doc = json.loads((out / "validation.json").read_text())
     assert doc["passed"] is True and doc["provenance"]["profile"] == str(profile)
     assert not (out / "cdf_ttft.png").exists()
+    # the step check re-predicts every live step from its own shape: here 2 ms + 0.05 ms per token
+    it = pd.read_parquet(out / "live" / "iterations.parquet")
+    check = doc["step_check"]["all"]
+    assert check["steps"] == len(it)
+    assert check["predicted_s"] == pytest.approx(float((2e-3 + 5e-5 * it["num_tokens"]).sum()), rel=1e-9)
+    assert check["measured_s"] == pytest.approx(float(it["duration"].sum()), rel=1e-9)
+    assert "step check" in stdout

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One prepared GPU session (H200 or another CUDA GPU), run from the repository root:
+#   1. Triton kernels against the PyTorch reference at llama-3.1-8b shapes (benchmarks/gpu_kernels.py);
+#   2. the calibration sweep of llama-3.1-8b (bf16, Triton kernels) into a profile + raw CSV + plot;
+#   3. the roofline's prediction for the same shapes beside the measurements (what calibration buys).
+# Everything it writes goes under $OUT (default results/gpu), with the log and nvidia-smi's view.
+#
+# On the device tool's machine python3 has torch and triton but not simpy or pydantic: carry them as
+# wheels (see the device tool's README), e.g. on the CPU machine
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_17_x86_64 -d .whl simpy pydantic pydantic-core annotated-types typing-inspection
+# and start the command with:
+#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD/.gpu-src
+# Budget: ~2 min kernels, ~6 min calibration (--rounds 8) on an H200.
+set -euo pipefail
+OUT=${OUT:-results/gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+# servesim's package dirs (sim/, kernels/, calibration/) as the servesim namespace without pip install -e
+if ! python3 -c "import servesim.sim" 2>/dev/null; then
+  mkdir -p .gpu-src/servesim
+  for d in sim kernels calibration; do ln -sfn "$PWD/$d" ".gpu-src/servesim/$d"; done
+  export PYTHONPATH="${PYTHONPATH:-}:$PWD/.gpu-src"
+fi
+{
+  nvidia-smi || true
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+  python3 benchmarks/gpu_kernels.py --out "$OUT"
+  python3 -m servesim.sim.cli calibrate --model llama-3.1-8b --backend triton --device cuda --dtype bfloat16 \
+    --max-num-seqs 256 --max-tokens 8192 --max-context 2048 --rounds "${ROUNDS:-8}" --quiet \
+    --out "$OUT/h200-llama-3.1-8b-triton.json"
+  python3 benchmarks/roofline_vs_profile.py --profile "$OUT/h200-llama-3.1-8b-triton.json" \
+    --model llama-3.1-8b --hardware h200 | tee "$OUT/roofline_vs_profile.txt"
+} 2>&1 | tee "$OUT/log.txt"
