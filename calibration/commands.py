@@ -1,8 +1,9 @@
 """``servesim calibrate``: time real steps on a device, fit a profile, report held-out error.
 
 Writes, next to each other: ``NAME.json`` (the ``servesim-profile/2`` file ``cost_model: {type:
-profile, path: ...}`` loads), ``NAME.csv`` (every timed step: round, shape, regime, seconds) and
-``NAME.png`` (predicted vs measured, held-out shapes filled).
+profile, path: ...}`` loads), ``NAME.csv`` (every timed step: round, shape, regime, seconds),
+``NAME-gemm.csv`` (every GEMM timing: M, decoder-layer seconds, LM-head seconds) and ``NAME.png``
+(predicted vs measured, held-out shapes filled).
 """
 
 from __future__ import annotations
@@ -61,16 +62,19 @@ def default_profile_path(opts: CalibrateOptions) -> Path:
     return Path("calibration/profiles") / f"{tag}-{opts.model}{suffix}.json"
 
 
-def _commit() -> str | None:
+def _commit() -> tuple[str | None, bool | None]:
+    """(HEAD commit, whether tracked files differ from it) of the servesim checkout, or Nones."""
+    here = Path(__file__).resolve().parent
     try:
-        here = Path(__file__).resolve().parent
-        out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=5, check=False)
-        if out.returncode != 0:
-            return None
-        return out.stdout.strip() or None
+        head = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=5, check=False)
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5, check=False)
     except (OSError, subprocess.SubprocessError):
-        return None
+        return None, None
+    if head.returncode != 0:
+        return None, None
+    return head.stdout.strip() or None, bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
 
 
 def _check(opts: CalibrateOptions) -> None:
@@ -161,9 +165,11 @@ def calibrate(opts: CalibrateOptions) -> dict[str, Any]:
 
     path = Path(opts.out) if opts.out else default_profile_path(opts)
     info = device_info(opts.device)
+    commit, dirty = _commit()
     provenance = {
         **info, "backend": opts.backend, "model": opts.model, "dtype": opts.dtype, "block_size": opts.block_size,
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "servesim_commit": _commit(),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "servesim_commit": commit,
+        "servesim_dirty": dirty,
         "grid": {**spec.as_dict(), "rounds": rounds, "shapes": len(shapes), "timed_steps": len(raw),
                  "per_regime": {r: int((result.predictions["regime"] == r).sum()) for r in REGIMES}},
         "statistic": "trimmed mean (10 %) of each shape's timed steps, each right after an untimed run of it",
@@ -171,7 +177,7 @@ def calibrate(opts: CalibrateOptions) -> dict[str, Any]:
         "holdout_fraction": opts.holdout, "holdout_seed": opts.seed, "sweep_seconds": round(sweep_s, 1),
         "engine_loop": {"scheduler": scheduler, "samples": engine.samples,
                         "median_gap_s": engine.median_gap_s},
-        "raw_csv": path.with_suffix(".csv").name,
+        "raw_csv": path.with_suffix(".csv").name, "gemm_csv": path.stem + "-gemm.csv",
     }
     held = {r: {k: round(v, 5) if isinstance(v, float) else v for k, v in e.items()}
             for r, e in result.held_out.items()}
@@ -180,9 +186,11 @@ def calibrate(opts: CalibrateOptions) -> dict[str, Any]:
                               provenance=provenance, held_out_error=held, gemm_tables=gemm)
     save_profile(path, profile)
     raw.to_csv(path.with_suffix(".csv"), index=False)
+    pd.DataFrame(gemm_rows).to_csv(path.with_name(path.stem + "-gemm.csv"), index=False)
     fitting.plot_fit(result, path.with_suffix(".png"),
                      title=f"{opts.model} {opts.backend}/{opts.device} ({info['device_name'][:40]})")
-    return {**profile, "paths": [str(path), str(path.with_suffix(".csv")), str(path.with_suffix(".png"))],
+    return {**profile, "paths": [str(path), str(path.with_suffix(".csv")), str(path.with_name(path.stem + "-gemm.csv")),
+                                 str(path.with_suffix(".png"))],
             "train_error": result.train}
 
 

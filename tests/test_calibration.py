@@ -121,6 +121,9 @@ def test_calibrate_writes_a_profile_that_servesim_run_accepts(tmp_path, capsys):
     raw = pd.read_csv(out.with_suffix(".csv"))
     assert {"round", "shape", "regime", "seconds"} <= set(raw.columns) and (raw["seconds"] > 0).all()
     assert out.with_suffix(".png").stat().st_size > 0
+    gemm = pd.read_csv(out.with_name("cpu-tiny-gemm.csv"))
+    assert {"m", "linear_s", "lm_head_s"} <= set(gemm.columns) and sorted(set(gemm["m"])) == profile["gemm_tables"][
+        "tokens"]
     overhead = profile["overhead"]
     assert overhead["step_s"] >= 0 and overhead["per_seq_s"] >= 0
 
