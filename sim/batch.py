@@ -4,6 +4,10 @@ One row per scheduled request: how many new tokens it computes this step and how
 tokens are already in the KV cache. Rows are numpy arrays so the cost model and the metrics can
 work on whole steps at once; ``requests`` holds the matching Request objects for the live
 executor, which also reads block tables from the scheduler's block manager.
+
+A step's aggregates (``step_sums``: rows, decode rows, tokens, attention pairs, KV tokens) are
+computed once per Batch and shared by the cost model and the metrics. The arrays of a Batch are
+never written after it is built; some are read-only views of shared scheduler arrays.
 """
 
 from __future__ import annotations
@@ -13,6 +17,25 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .request import Request
+
+
+def step_sums(q: np.ndarray, ctx: np.ndarray) -> tuple[int, int, int, int, int, int]:
+    """(rows, decode rows, tokens, prefill attention pairs, decode KV tokens, prefill KV tokens).
+
+    Decode rows are rows with q == 1. ``q`` and ``ctx`` are int64 arrays (``Batch`` rows); int32
+    could overflow the sum of q*q. Few numpy calls on purpose: this runs once per simulated step.
+    """
+    n = q.shape[0]
+    dec = q == 1
+    n_dec = int(np.count_nonzero(dec))
+    ctx_sum = int(ctx.sum())
+    if n_dec == n:  # decode-only, the common step
+        return n, n, n, 0, ctx_sum + n, 0
+    tokens = int(q.sum())
+    # sum over all rows of q * (ctx + (q + 1) / 2), minus what decode rows add (ctx + 1 each).
+    decode_kv = int(np.dot(dec, ctx)) + n_dec if n_dec else 0
+    pairs = int(np.dot(q, ctx)) + (int(np.dot(q, q)) + tokens) // 2 - decode_kv
+    return n, n_dec, tokens, pairs, decode_kv, ctx_sum + tokens - decode_kv
 
 
 @dataclass(slots=True)
@@ -31,6 +54,13 @@ class Batch:
     # never needs the objects, and building the list every step is a measurable cost.
     _source: list[Request] | None = None
     _requests: list[Request] | None = None
+    # Set by the scheduler when it knows them: the slots are 0..size-1 (every running row, in
+    # table order, so the update can work on whole-table slices), and every row computes one
+    # token and samples (a pure decode step, whose aggregates need almost no work).
+    prefix_slots: bool = False
+    decode_only: bool = False
+    _sums: tuple[int, int, int, int, int, int] | None = None
+    _num_decode: int = -1
 
     @property
     def requests(self) -> list[Request]:
@@ -48,13 +78,34 @@ class Batch:
         return len(self.num_new_tokens) == 0 and not self.swap_out and not self.swap_in
 
     @property
+    def sums(self) -> tuple[int, int, int, int, int, int]:
+        """``step_sums`` of the rows, computed once."""
+        sums = self._sums
+        if sums is None:
+            if self.decode_only:
+                n = len(self.num_new_tokens)
+                sums = (n, n, n, 0, int(self.num_context_tokens.sum()) + n, 0)
+            else:
+                sums = step_sums(self.num_new_tokens, self.num_context_tokens)
+            self._sums = sums
+        return sums
+
+    @property
     def num_tokens(self) -> int:
-        return int(self.num_new_tokens.sum())
+        return self.sums[2]
 
     @property
     def num_decode_tokens(self) -> int:
         """Rows computing exactly one token that samples (plain decodes)."""
-        return int(np.count_nonzero((self.num_new_tokens == 1) & self.samples & (self.num_context_tokens > 0)))
+        k = self._num_decode
+        if k < 0:
+            ctx = self.num_context_tokens
+            if self.decode_only:  # every row has q == 1 and samples; ctx >= 0
+                k = int(np.count_nonzero(ctx))
+            else:
+                k = int(np.count_nonzero((self.num_new_tokens == 1) & self.samples & (ctx > 0)))
+            self._num_decode = k
+        return k
 
     @property
     def num_prefill_tokens(self) -> int:

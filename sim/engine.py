@@ -38,9 +38,14 @@ class SimExecutor:
     def __init__(self, cost_model: CostModel, kv_block_bytes: float) -> None:
         self.cost_model = cost_model
         self.kv_block_bytes = kv_block_bytes
+        # a cost model with step_time reads the Batch's aggregates, computed once per step
+        self._step_time = getattr(cost_model, "step_time", None)
 
     def run(self, batch: Batch) -> float:
-        swap_bytes = batch.num_swap_blocks * self.kv_block_bytes
+        swap_blocks = len(batch.swap_out) + len(batch.swap_in)
+        swap_bytes = swap_blocks * self.kv_block_bytes if swap_blocks else 0.0
+        if self._step_time is not None:
+            return self._step_time(batch.sums, swap_bytes)
         return self.cost_model.iteration_time(batch.num_new_tokens, batch.num_context_tokens, swap_bytes)
 
 

@@ -119,6 +119,11 @@ class RunningTable:
         self.n = k
 
 
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
 class Scheduler:
     """Shared state and mechanics; subclasses implement ``schedule``."""
 
@@ -138,6 +143,10 @@ class Scheduler:
         self._swap_out: list[tuple[int, int]] = []
         self._swap_in: list[tuple[int, int]] = []
         self._swapped_in_now: set[int] = set()
+        # Read-only 0..k-1, ones and True arrays whose [:k] views serve as the slots, new-token
+        # counts and sample flags of whole-table steps (no allocation per step).
+        self._c_arange = self._c_ones = _readonly(np.zeros(0, dtype=np.int64))
+        self._c_true = _readonly(np.zeros(0, dtype=bool))
 
     # ---- interface -------------------------------------------------------------------------
     def add(self, request: Request) -> bool:
@@ -290,6 +299,58 @@ class Scheduler:
         run.nblocks[grown] = (want[kept] + bs - 1) // bs
         return preempted
 
+    def _grow_all(self, want: np.ndarray, protect: int = 0) -> np.ndarray | None:
+        """``_grow_rows`` for a step that schedules every running row, row i up to ``want[i]`` tokens.
+
+        Works on whole-table views; the few rows crossing a block boundary are handled as plain
+        ints. Returns the mask of preempted rows, or None when there was no shortage.
+        """
+        run = self.run
+        n = run.n
+        bs = self.block_size
+        nb = run.nblocks[:n]
+        todo = (want > nb * bs).nonzero()[0]
+        if len(todo) == 0:
+            return None
+        rows = todo.tolist()
+        tokens = want[todo].tolist()
+        blocks = [-(-t // bs) for t in tokens]
+        kv = self.kv
+        preempted = None
+        if sum(blocks) - int(nb[todo].sum()) > kv.num_free_blocks:
+            preempted = np.zeros(n, dtype=bool)
+            need_by_row = np.zeros(n, dtype=np.int64)
+            need_by_row[todo] = blocks
+            need_by_row[todo] -= nb[todo]
+            # Recount after each victim: a prefix-shared block freed by a victim stays in use.
+            while int(need_by_row[~preempted].sum()) > kv.num_free_blocks:
+                candidates = ~preempted
+                candidates[:protect] = False
+                if not candidates.any():
+                    break
+                v = self._pick_victim(candidates)
+                preempted[v] = True
+                self._preempt_row(v)
+        alloc = kv.allocate
+        reqs = run.reqs
+        nblocks = run.nblocks
+        for i, t, b in zip(rows, tokens, blocks, strict=True):
+            if preempted is not None and preempted[i]:
+                continue
+            if not alloc(reqs[i], t):
+                raise AssertionError(f"request {reqs[i].request_id}: allocation failed after preemption freed space")
+            nblocks[i] = b
+        return preempted
+
+    def _const_views(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Read-only (0..k-1, k ones, k Trues)."""
+        if k > len(self._c_arange):
+            cap = max(2 * k, 64)
+            self._c_arange = _readonly(np.arange(cap, dtype=np.int64))
+            self._c_ones = _readonly(np.ones(cap, dtype=np.int64))
+            self._c_true = _readonly(np.ones(cap, dtype=bool))
+        return self._c_arange[:k], self._c_ones[:k], self._c_true[:k]
+
     def _take_step_extras(self) -> tuple[list[Request], list[tuple[int, int]], list[tuple[int, int]]]:
         pre, so, si = self._preempted_this_step, self._swap_out, self._swap_in
         self._preempted_this_step, self._swap_out, self._swap_in = [], [], []
@@ -297,10 +358,22 @@ class Scheduler:
         self.kv.end_step()
         return pre, so, si
 
-    def _make_batch(self, rows: np.ndarray, new: np.ndarray) -> Batch:
+    def _make_batch(self, rows: np.ndarray | None, new: np.ndarray, decode_only: bool = False) -> Batch:
+        """The step's Batch. ``rows`` None: the rows are 0..len(new)-1 (every running row, in order);
+        ``decode_only`` (with rows None): each of them computes its one pending token and samples."""
         run = self.run
-        ctx = run.computed[rows]
-        samples = ctx + new >= run.tokens[rows]
+        prefix = rows is None
+        if rows is None:
+            k = len(new)
+            rows, ones, trues = self._const_views(k)
+            ctx = run.computed[:k].copy()
+            if decode_only:
+                new, samples = ones, trues
+            else:
+                samples = ctx + new >= run.tokens[:k]
+        else:
+            ctx = run.computed[rows]
+            samples = ctx + new >= run.tokens[rows]
         pre, so, si = self._take_step_extras()
         return Batch(
             num_new_tokens=new.astype(np.int64, copy=False),
@@ -311,6 +384,8 @@ class Scheduler:
             swap_out=so,
             swap_in=si,
             _source=run.reqs,
+            prefix_slots=prefix,
+            decode_only=decode_only,
         )
 
     def _try_swap_in_one(self, now: float) -> bool:
@@ -332,6 +407,8 @@ class Scheduler:
         rows = batch.slots
         if len(rows) == 0:
             return StepOutput([], np.zeros(0), 0)
+        if batch.prefix_slots:
+            return self._update_prefix(batch, now)
         run.computed[rows] += batch.num_new_tokens
         srows = rows[batch.samples]
         had = run.out[srows] > 0
@@ -349,6 +426,50 @@ class Scheduler:
                 i = int(rows[j])
                 self.kv.cache_computed_blocks(run.reqs[i], int(run.computed[i]))
         done = srows[run.out[srows] >= run.out_len[srows]]
+        finished: list[Request] = []
+        if len(done):
+            for i in done.tolist():
+                req = run.sync(i)
+                self._retire(req, now)
+                finished.append(req)
+            self._on_rows_finished(done)
+        return StepOutput(finished, itl, len(first))
+
+    def _update_prefix(self, batch: Batch, now: float) -> StepOutput:
+        """``update`` for a batch whose slots are 0..k-1: whole-table slices, no fancy indexing."""
+        run = self.run
+        k = len(batch.slots)
+        new = batch.num_new_tokens
+        run.computed[:k] += new
+        out = run.out[:k]
+        last = run.last_tok[:k]
+        had = out > 0
+        if batch.decode_only:  # every row samples
+            if np.count_nonzero(had) == k:
+                itl = now - last
+                first: list[int] = []
+            else:
+                itl = now - last[had]
+                first = (~had).nonzero()[0].tolist()
+            out += 1
+            run.tokens[:k] += 1
+            last.fill(now)
+            done = (out >= run.out_len[:k]).nonzero()[0]
+        else:
+            s = batch.samples
+            itl = now - last[had & s]
+            first = (s > had).nonzero()[0].tolist()  # sampling rows without an earlier output
+            out += s
+            run.tokens[:k] += s
+            last[s] = now
+            done = (s & (out >= run.out_len[:k])).nonzero()[0]
+        for i in first:
+            req = run.reqs[i]
+            if req.first_token_time != req.first_token_time:
+                req.first_token_time = now
+        if self.kv.enable_prefix_caching:
+            for i in (new > 1).nonzero()[0].tolist():
+                self.kv.cache_computed_blocks(run.reqs[i], int(run.computed[i]))
         finished: list[Request] = []
         if len(done):
             for i in done.tolist():
