@@ -18,23 +18,36 @@ import numpy as np
 
 from .request import Request
 
+_add = np.add.reduce  # ndarray.sum without its Python wrapper
+
 
 def step_sums(q: np.ndarray, ctx: np.ndarray) -> tuple[int, int, int, int, int, int]:
     """(rows, decode rows, tokens, prefill attention pairs, decode KV tokens, prefill KV tokens).
 
-    Decode rows are rows with q == 1. ``q`` and ``ctx`` are int64 arrays (``Batch`` rows); int32
-    could overflow the sum of q*q. Few numpy calls on purpose: this runs once per simulated step.
+    Decode rows are rows with q == 1; prefill attention pairs are the sum over the other rows of
+    q * (ctx + (q + 1) / 2) (an integer: q * (q + 1) is even). ``q`` and ``ctx`` are int64 arrays
+    (``Batch`` rows); int32 could overflow the sum of q*q. Few numpy calls on purpose: this runs
+    once per simulated step, and a step's prefill rows are usually few, so they are summed as ints.
     """
     n = q.shape[0]
-    dec = q == 1
-    n_dec = int(np.count_nonzero(dec))
-    ctx_sum = int(ctx.sum())
-    if n_dec == n:  # decode-only, the common step
+    ctx_sum = int(_add(ctx))
+    pre = (q != 1).nonzero()[0]
+    n_pre = len(pre)
+    if n_pre == 0:  # decode-only, the common step
         return n, n, n, 0, ctx_sum + n, 0
-    tokens = int(q.sum())
-    # sum over all rows of q * (ctx + (q + 1) / 2), minus what decode rows add (ctx + 1 each).
-    decode_kv = int(np.dot(dec, ctx)) + n_dec if n_dec else 0
-    pairs = int(np.dot(q, ctx)) + (int(np.dot(q, q)) + tokens) // 2 - decode_kv
+    n_dec = n - n_pre
+    if n_pre <= 64:
+        ql = q[pre].tolist()
+        cl = ctx[pre].tolist()
+        tokens = n_dec + sum(ql)
+        pairs = sum([qi * ci + qi * (qi + 1) // 2 for qi, ci in zip(ql, cl, strict=True)])
+        decode_kv = ctx_sum - sum(cl) + n_dec
+    else:
+        tokens = int(_add(q))
+        dec = q == 1
+        # sum over all rows of q * (ctx + (q + 1) / 2), minus what decode rows add (ctx + 1 each).
+        decode_kv = int(np.dot(dec, ctx)) + n_dec if n_dec else 0
+        pairs = int(np.dot(q, ctx)) + (int(np.dot(q, q)) + tokens) // 2 - decode_kv
     return n, n_dec, tokens, pairs, decode_kv, ctx_sum + tokens - decode_kv
 
 
@@ -84,7 +97,7 @@ class Batch:
         if sums is None:
             if self.decode_only:
                 n = len(self.num_new_tokens)
-                sums = (n, n, n, 0, int(self.num_context_tokens.sum()) + n, 0)
+                sums = (n, n, n, 0, int(_add(self.num_context_tokens)) + n, 0)
             else:
                 sums = step_sums(self.num_new_tokens, self.num_context_tokens)
             self._sums = sums

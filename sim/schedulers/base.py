@@ -63,36 +63,38 @@ class StepOutput:
 
 
 class RunningTable:
-    """Running requests as a structure of arrays, in admission order (oldest first)."""
+    """Running requests as a structure of arrays, in admission order (oldest first).
 
-    __slots__ = ("reqs", "n", "computed", "tokens", "out", "out_len", "nblocks", "last_tok", "prio")
+    The int columns are rows of one 2-D array, so removing rows moves them all in one operation.
+    """
+
+    __slots__ = ("reqs", "n", "_ints", "computed", "tokens", "out", "out_len", "nblocks", "prio", "last_tok")
 
     def __init__(self, capacity: int) -> None:
         cap = max(capacity, 1)
         self.reqs: list[Request] = []
         self.n = 0
-        self.computed = np.zeros(cap, dtype=np.int64)  # tokens with KV in the cache
-        self.tokens = np.zeros(cap, dtype=np.int64)  # tokens that exist (prompt + outputs)
-        self.out = np.zeros(cap, dtype=np.int64)  # outputs generated so far
-        self.out_len = np.zeros(cap, dtype=np.int64)  # outputs wanted
-        self.nblocks = np.zeros(cap, dtype=np.int64)  # device blocks held
-        self.last_tok = np.zeros(cap, dtype=np.float64)  # time of the last output token
-        self.prio = np.zeros(cap, dtype=np.int64)
+        self._bind(np.zeros((6, cap), dtype=np.int64), np.zeros(cap, dtype=np.float64))
+
+    def _bind(self, ints: np.ndarray, last_tok: np.ndarray) -> None:
+        self._ints = ints
+        self.computed = ints[0]  # tokens with KV in the cache
+        self.tokens = ints[1]  # tokens that exist (prompt + outputs)
+        self.out = ints[2]  # outputs generated so far
+        self.out_len = ints[3]  # outputs wanted
+        self.nblocks = ints[4]  # device blocks held
+        self.prio = ints[5]
+        self.last_tok = last_tok  # time of the last output token
 
     def append(self, req: Request, nblocks: int) -> int:
         i = self.n
-        if i == len(self.computed):
-            for name in ("computed", "tokens", "out", "out_len", "nblocks", "last_tok", "prio"):
-                arr = getattr(self, name)
-                setattr(self, name, np.concatenate([arr, np.zeros_like(arr)]))
+        if i == self._ints.shape[1]:
+            self._bind(np.concatenate([self._ints, np.zeros_like(self._ints)], axis=1),
+                       np.concatenate([self.last_tok, np.zeros_like(self.last_tok)]))
         self.reqs.append(req)
-        self.computed[i] = req.num_computed_tokens
-        self.tokens[i] = req.num_tokens
-        self.out[i] = req.num_output_tokens
-        self.out_len[i] = req.output_len
-        self.nblocks[i] = nblocks
+        self._ints[:, i] = (req.num_computed_tokens, req.num_tokens, req.num_output_tokens, req.output_len,
+                            nblocks, req.priority)
         self.last_tok[i] = req.last_token_time
-        self.prio[i] = req.priority
         self.n = i + 1
         return i
 
@@ -106,14 +108,20 @@ class RunningTable:
 
     def remove(self, drop: np.ndarray) -> None:
         """Remove the rows where ``drop`` (bool, length n) is true, keeping order."""
-        keep = ~drop
-        k = int(keep.sum())
-        for name in ("computed", "tokens", "out", "out_len", "nblocks", "last_tok", "prio"):
-            arr = getattr(self, name)
-            arr[:k] = arr[: self.n][keep]
+        n = self.n
+        gone = drop.nonzero()[0].tolist()
+        k = n - len(gone)
+        if len(gone) == 1:  # the common case: shift the tail down by one
+            i = gone[0]
+            self._ints[:, i : n - 1] = self._ints[:, i + 1 : n]
+            self.last_tok[i : n - 1] = self.last_tok[i + 1 : n]
+        else:
+            keep = ~drop
+            self._ints[:, :k] = self._ints[:, :n][:, keep]
+            self.last_tok[:k] = self.last_tok[:n][keep]
         # A new list, never an in-place edit: a Batch handed out earlier still indexes the old one.
         reqs = list(self.reqs)
-        for i in reversed(drop.nonzero()[0].tolist()):
+        for i in reversed(gone):
             del reqs[i]
         self.reqs = reqs
         self.n = k
@@ -315,13 +323,13 @@ class Scheduler:
         rows = todo.tolist()
         tokens = want[todo].tolist()
         blocks = [-(-t // bs) for t in tokens]
+        held = nb[todo].tolist()
         kv = self.kv
         preempted = None
-        if sum(blocks) - int(nb[todo].sum()) > kv.num_free_blocks:
+        if sum(blocks) - sum(held) > kv.num_free_blocks:
             preempted = np.zeros(n, dtype=bool)
             need_by_row = np.zeros(n, dtype=np.int64)
-            need_by_row[todo] = blocks
-            need_by_row[todo] -= nb[todo]
+            need_by_row[todo] = [b - h for b, h in zip(blocks, held, strict=True)]
             # Recount after each victim: a prefix-shared block freed by a victim stays in use.
             while int(need_by_row[~preempted].sum()) > kv.num_free_blocks:
                 candidates = ~preempted
@@ -331,11 +339,18 @@ class Scheduler:
                 v = self._pick_victim(candidates)
                 preempted[v] = True
                 self._preempt_row(v)
-        alloc = kv.allocate
         reqs = run.reqs
+        if preempted is None:
+            failed = kv.allocate_each([reqs[i] for i in rows], tokens)
+            if failed >= 0:
+                req = reqs[rows[failed]]
+                raise AssertionError(f"request {req.request_id}: allocation failed after preemption freed space")
+            run.nblocks[todo] = blocks
+            return None
+        alloc = kv.allocate
         nblocks = run.nblocks
         for i, t, b in zip(rows, tokens, blocks, strict=True):
-            if preempted is not None and preempted[i]:
+            if preempted[i]:
                 continue
             if not alloc(reqs[i], t):
                 raise AssertionError(f"request {reqs[i].request_id}: allocation failed after preemption freed space")

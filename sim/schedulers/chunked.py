@@ -35,18 +35,20 @@ class ChunkedScheduler(Scheduler):
             tokens = run.tokens[:n]
             need = tokens - run.computed[:n]
             decoding = need == 1
-            if n <= budget and np.count_nonzero(decoding) == n:
+            n_dec = int(np.count_nonzero(decoding))
+            if n_dec == n and n <= budget:
                 decode_only = True
                 new_all = self._const_views(n)[1]
                 budget -= n
                 preempted = self._grow_all(tokens)
             else:
-                new_all = np.zeros(n, dtype=np.int64)
-                dec_rows = decoding.nonzero()[0]
-                if len(dec_rows) > budget:
-                    dec_rows = dec_rows[:budget]
-                new_all[dec_rows] = 1
-                budget -= len(dec_rows)
+                if n_dec <= budget:
+                    new_all = decoding.astype(np.int64)
+                else:
+                    new_all = np.zeros(n, dtype=np.int64)
+                    new_all[decoding.nonzero()[0][:budget]] = 1
+                    n_dec = budget
+                budget -= n_dec
                 for i in (~decoding).nonzero()[0].tolist():
                     if budget <= 0:
                         break
@@ -61,7 +63,7 @@ class ChunkedScheduler(Scheduler):
             if preempted is not None and preempted.any():
                 preempted_any = True
                 # a preempted row's tokens go back to the budget, but vLLM v1 admits nothing new
-                budget += int(new_all[preempted].sum())
+                budget += int(np.add.reduce(new_all[preempted]))
                 run.remove(preempted)
                 new_all = new_all[~preempted]
             if rows is None:
