@@ -68,7 +68,7 @@ class RunningTable:
     The int columns are rows of one 2-D array, so removing rows moves them all in one operation.
     """
 
-    __slots__ = ("reqs", "n", "_ints", "computed", "tokens", "out", "out_len", "nblocks", "prio", "last_tok")
+    __slots__ = ("reqs", "n", "ints", "computed", "tokens", "out", "out_len", "nblocks", "prio", "last_tok")
 
     def __init__(self, capacity: int) -> None:
         cap = max(capacity, 1)
@@ -77,7 +77,7 @@ class RunningTable:
         self._bind(np.zeros((6, cap), dtype=np.int64), np.zeros(cap, dtype=np.float64))
 
     def _bind(self, ints: np.ndarray, last_tok: np.ndarray) -> None:
-        self._ints = ints
+        self.ints = ints
         self.computed = ints[0]  # tokens with KV in the cache
         self.tokens = ints[1]  # tokens that exist (prompt + outputs)
         self.out = ints[2]  # outputs generated so far
@@ -88,11 +88,11 @@ class RunningTable:
 
     def append(self, req: Request, nblocks: int) -> int:
         i = self.n
-        if i == self._ints.shape[1]:
-            self._bind(np.concatenate([self._ints, np.zeros_like(self._ints)], axis=1),
+        if i == self.ints.shape[1]:
+            self._bind(np.concatenate([self.ints, np.zeros_like(self.ints)], axis=1),
                        np.concatenate([self.last_tok, np.zeros_like(self.last_tok)]))
         self.reqs.append(req)
-        self._ints[:, i] = (req.num_computed_tokens, req.num_tokens, req.num_output_tokens, req.output_len,
+        self.ints[:, i] = (req.num_computed_tokens, req.num_tokens, req.num_output_tokens, req.output_len,
                             nblocks, req.priority)
         self.last_tok[i] = req.last_token_time
         self.n = i + 1
@@ -108,16 +108,22 @@ class RunningTable:
 
     def remove(self, drop: np.ndarray) -> None:
         """Remove the rows where ``drop`` (bool, length n) is true, keeping order."""
+        self.remove_rows(drop.nonzero()[0].tolist(), drop)
+
+    def remove_rows(self, gone: list[int], drop: np.ndarray | None = None) -> None:
+        """Remove rows ``gone`` (ascending, distinct), keeping order; ``drop`` is their mask if known."""
         n = self.n
-        gone = drop.nonzero()[0].tolist()
         k = n - len(gone)
         if len(gone) == 1:  # the common case: shift the tail down by one
             i = gone[0]
-            self._ints[:, i : n - 1] = self._ints[:, i + 1 : n]
+            self.ints[:, i : n - 1] = self.ints[:, i + 1 : n]
             self.last_tok[i : n - 1] = self.last_tok[i + 1 : n]
         else:
+            if drop is None:
+                drop = np.zeros(n, dtype=bool)
+                drop[gone] = True
             keep = ~drop
-            self._ints[:, :k] = self._ints[:, :n][:, keep]
+            self.ints[:, :k] = self.ints[:, :n][:, keep]
             self.last_tok[:k] = self.last_tok[:n][keep]
         # A new list, never an in-place edit: a Batch handed out earlier still indexes the old one.
         reqs = list(self.reqs)
@@ -369,39 +375,31 @@ class Scheduler:
     def _take_step_extras(self) -> tuple[list[Request], list[tuple[int, int]], list[tuple[int, int]]]:
         pre, so, si = self._preempted_this_step, self._swap_out, self._swap_in
         self._preempted_this_step, self._swap_out, self._swap_in = [], [], []
-        self._swapped_in_now.clear()
+        if self._swapped_in_now:
+            self._swapped_in_now.clear()
         self.kv.end_step()
         return pre, so, si
 
-    def _make_batch(self, rows: np.ndarray | None, new: np.ndarray, decode_only: bool = False) -> Batch:
-        """The step's Batch. ``rows`` None: the rows are 0..len(new)-1 (every running row, in order);
-        ``decode_only`` (with rows None): each of them computes its one pending token and samples."""
+    def _make_batch(self, rows: np.ndarray | None, new: np.ndarray, decode_rows: int = 0) -> Batch:
+        """The step's Batch. ``rows`` None: the rows are 0..len(new)-1 (every running row, in order),
+        of which the first ``decode_rows`` each compute their one pending token and sample."""
         run = self.run
         prefix = rows is None
         if rows is None:
             k = len(new)
             rows, ones, trues = self._const_views(k)
             ctx = run.computed[:k].copy()
-            if decode_only:
+            if decode_rows == k:
                 new, samples = ones, trues
             else:
                 samples = ctx + new >= run.tokens[:k]
         else:
+            decode_rows = 0
             ctx = run.computed[rows]
             samples = ctx + new >= run.tokens[rows]
         pre, so, si = self._take_step_extras()
-        return Batch(
-            num_new_tokens=new.astype(np.int64, copy=False),
-            num_context_tokens=ctx,
-            samples=samples,
-            slots=rows,
-            preempted=pre,
-            swap_out=so,
-            swap_in=si,
-            _source=run.reqs,
-            prefix_slots=prefix,
-            decode_only=decode_only,
-        )
+        return Batch(new.astype(np.int64, copy=False), ctx, samples, rows, pre, so, si, run.reqs, None,
+                     prefix, decode_rows)
 
     def _try_swap_in_one(self, now: float) -> bool:
         """Bring the oldest swapped request back into the running table if its blocks fit."""
@@ -455,27 +453,25 @@ class Scheduler:
         run = self.run
         k = len(batch.slots)
         new = batch.num_new_tokens
-        run.computed[:k] += new
         out = run.out[:k]
         last = run.last_tok[:k]
         had = out > 0
-        if batch.decode_only:  # every row samples
+        if batch.decode_rows == k:  # every row computes one token and samples
             if np.count_nonzero(had) == k:
                 itl = now - last
                 first: list[int] = []
             else:
                 itl = now - last[had]
                 first = (~had).nonzero()[0].tolist()
-            out += 1
-            run.tokens[:k] += 1
+            run.ints[:3, :k] += 1  # computed, tokens and out, one op
             last.fill(now)
             done = (out >= run.out_len[:k]).nonzero()[0]
         else:
             s = batch.samples
             itl = now - last[had & s]
             first = (s > had).nonzero()[0].tolist()  # sampling rows without an earlier output
-            out += s
-            run.tokens[:k] += s
+            run.computed[:k] += new
+            run.ints[1:3, :k] += s  # tokens and out
             last[s] = now
             done = (s & (out >= run.out_len[:k])).nonzero()[0]
         for i in first:
@@ -500,9 +496,7 @@ class Scheduler:
         self.kv.free(req)
 
     def _on_rows_finished(self, rows: np.ndarray) -> None:
-        drop = np.zeros(self.run.n, dtype=bool)
-        drop[rows] = True
-        self.run.remove(drop)
+        self.run.remove_rows(rows.tolist())
 
     # ---- end-of-run check ------------------------------------------------------------------
     def check_drained(self) -> None:

@@ -27,17 +27,17 @@ class ChunkedScheduler(Scheduler):
         n = run.n
         preempted_any = False
         # rows None: the step's rows are 0..len(new)-1, every running row in table order (the
-        # common case, worked on whole-table views); decode_only: each of them decodes one token.
+        # common case, worked on whole-table views); the first decode_rows of them decode one token.
         rows: np.ndarray | None = None
         new = _EMPTY
-        decode_only = False
+        decode_rows = 0
         if n:
             tokens = run.tokens[:n]
             need = tokens - run.computed[:n]
             decoding = need == 1
             n_dec = int(np.count_nonzero(decoding))
             if n_dec == n and n <= budget:
-                decode_only = True
+                decode_rows = n
                 new_all = self._const_views(n)[1]
                 budget -= n
                 preempted = self._grow_all(tokens)
@@ -79,14 +79,13 @@ class ChunkedScheduler(Scheduler):
             if not self.swapped:
                 budget = self._admit_waiting(now, budget, threshold, extra_rows, extra_new)
             if extra_rows:
-                decode_only = False
                 # extra rows are appended rows, in order; they continue 0..k-1 unless one was skipped
                 if rows is None and len(extra_rows) != run.n - len(new):
                     rows = self._const_views(len(new))[0]
                 if rows is not None:
                     rows = np.concatenate([rows, np.asarray(extra_rows, dtype=np.int64)])
                 new = np.concatenate([new, np.asarray(extra_new, dtype=np.int64)])
-        return self._make_batch(rows, new, decode_only)
+        return self._make_batch(rows, new, decode_rows)
 
     def _bring_back_swapped(
         self, now: float, budget: int, threshold: int, rows: list[int], new: list[int]
