@@ -134,7 +134,9 @@ class Batch:
             ctx = self.num_context_tokens
             m = self.decode_rows
             n = len(ctx)
-            if m and n - m <= _FEW:  # the first m rows have q == 1 and sample; ctx >= 0
+            if m == n and n:  # every row has q == 1 and samples; ctx >= 0
+                k = int(np.count_nonzero(ctx))
+            elif m and n - m <= _FEW:  # the first m rows have q == 1 and sample
                 k = int(np.count_nonzero(ctx[:m]))
                 for q, s, c in zip(self.num_new_tokens[m:].tolist(), self.samples[m:].tolist(), ctx[m:].tolist(),
                                    strict=True):

@@ -161,6 +161,7 @@ class Scheduler:
         # counts and sample flags of whole-table steps (no allocation per step).
         self._c_arange = self._c_ones = _readonly(np.zeros(0, dtype=np.int64))
         self._c_true = _readonly(np.zeros(0, dtype=bool))
+        self._c_views: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     # ---- interface -------------------------------------------------------------------------
     def add(self, request: Request) -> bool:
@@ -364,21 +365,17 @@ class Scheduler:
         return preempted
 
     def _const_views(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Read-only (0..k-1, k ones, k Trues)."""
-        if k > len(self._c_arange):
-            cap = max(2 * k, 64)
-            self._c_arange = _readonly(np.arange(cap, dtype=np.int64))
-            self._c_ones = _readonly(np.ones(cap, dtype=np.int64))
-            self._c_true = _readonly(np.ones(cap, dtype=bool))
-        return self._c_arange[:k], self._c_ones[:k], self._c_true[:k]
-
-    def _take_step_extras(self) -> tuple[list[Request], list[tuple[int, int]], list[tuple[int, int]]]:
-        pre, so, si = self._preempted_this_step, self._swap_out, self._swap_in
-        self._preempted_this_step, self._swap_out, self._swap_in = [], [], []
-        if self._swapped_in_now:
-            self._swapped_in_now.clear()
-        self.kv.end_step()
-        return pre, so, si
+        """Read-only (0..k-1, k ones, k Trues); the views are immutable, so they are cached."""
+        views = self._c_views.get(k)
+        if views is None:
+            if k > len(self._c_arange):
+                cap = max(2 * k, 64)
+                self._c_arange = _readonly(np.arange(cap, dtype=np.int64))
+                self._c_ones = _readonly(np.ones(cap, dtype=np.int64))
+                self._c_true = _readonly(np.ones(cap, dtype=bool))
+                self._c_views.clear()
+            views = self._c_views[k] = (self._c_arange[:k], self._c_ones[:k], self._c_true[:k])
+        return views
 
     def _make_batch(self, rows: np.ndarray | None, new: np.ndarray, decode_rows: int = 0) -> Batch:
         """The step's Batch. ``rows`` None: the rows are 0..len(new)-1 (every running row, in order),
@@ -397,7 +394,11 @@ class Scheduler:
             decode_rows = 0
             ctx = run.computed[rows]
             samples = ctx + new >= run.tokens[rows]
-        pre, so, si = self._take_step_extras()
+        pre, so, si = self._preempted_this_step, self._swap_out, self._swap_in
+        self._preempted_this_step, self._swap_out, self._swap_in = [], [], []
+        if self._swapped_in_now:
+            self._swapped_in_now.clear()
+        self.kv.end_step()
         return Batch(new.astype(np.int64, copy=False), ctx, samples, rows, pre, so, si, run.reqs, None,
                      prefix, decode_rows)
 
