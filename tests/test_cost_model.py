@@ -4,6 +4,7 @@ import timeit
 import numpy as np
 import pytest
 from pydantic import ValidationError
+from servesim.sim.batch import step_sums
 from servesim.sim.cost_model import (
     FEATURE_NAMES,
     ConstantCostModel,
@@ -72,6 +73,31 @@ def test_features_match_a_row_by_row_reference(kind):
         ctx = rng.integers(0, 5000, n)
         np.testing.assert_allclose(step_features(q, ctx, 64), naive_features(q, ctx, 64))
         assert classify_step(q) == kind
+
+
+def test_step_sums_with_a_known_decode_head_match_the_reference():
+    # Batch.sums passes decode_head (leading rows known to be plain decodes); short and long tails
+    rng = np.random.default_rng(3)
+    for tail in (0, 1, 5, 64, 65, 200):
+        for _ in range(10):
+            head = int(rng.integers(0, 100))
+            q = np.concatenate([np.ones(head, dtype=I64), rng.integers(1, 400, tail)])
+            ctx = rng.integers(0, 5000, head + tail)
+            n, n_dec, tokens, pairs, dec_kv, pre_kv = step_sums(q, ctx, head)
+            assert (n, n_dec, tokens) == (len(q), int((q == 1).sum()), int(q.sum()))
+            f = naive_features(q, ctx, 64)
+            assert pairs == f[FEATURE_NAMES.index("prefill_attn_pairs")]
+            assert dec_kv == f[FEATURE_NAMES.index("decode_kv_tokens")]
+            assert pre_kv == int((ctx + q)[q != 1].sum())
+            assert step_sums(q, ctx, head) == step_sums(q, ctx)
+
+
+def test_step_time_from_sums_equals_iteration_time(llama8b_h100):
+    q, ctx = arr(1, 1, 300, 7), arr(500, 20, 0, 33)
+    for cm in (RooflineCostModel(*llama8b_h100), FittedCostModel.from_profile_dict(example_profile()),
+               ConstantCostModel(0.01, 1e-5)):
+        assert cm.step_time(step_sums(q, ctx), 1e6) == cm.iteration_time(q, ctx, 1e6)
+        assert cm.step_time(step_sums(arr(), arr()), 1e6) == cm.iteration_time(arr(), arr(), 1e6)
 
 
 def test_empty_step_has_zero_features():
