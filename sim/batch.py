@@ -4,6 +4,10 @@ One row per scheduled request: how many new tokens it computes this step and how
 tokens are already in the KV cache. Rows are numpy arrays so the cost model and the metrics can
 work on whole steps at once; ``requests`` holds the matching Request objects for the live
 executor, which also reads block tables from the scheduler's block manager.
+
+A step's aggregates (``step_sums``: rows, decode rows, tokens, attention pairs, KV tokens) are
+computed once per Batch and shared by the cost model and the metrics. The arrays of a Batch are
+never written after it is built; some are read-only views of shared scheduler arrays.
 """
 
 from __future__ import annotations
@@ -13,6 +17,56 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .request import Request
+
+_add = np.add.reduce  # ndarray.sum without its Python wrapper
+
+
+def step_sums(q: np.ndarray, ctx: np.ndarray, decode_head: int = 0) -> tuple[int, int, int, int, int, int]:
+    """(rows, decode rows, tokens, prefill attention pairs, decode KV tokens, prefill KV tokens).
+
+    Decode rows are rows with q == 1; prefill attention pairs are the sum over the other rows of
+    q * (ctx + (q + 1) / 2) (an integer: q * (q + 1) is even); decode KV tokens the sum over
+    decode rows of ctx + 1, prefill KV tokens the sum over the others of ctx + q. ``q`` and
+    ``ctx`` are int64 arrays (``Batch`` rows); int32 could overflow the sum of q*q. The first
+    ``decode_head`` rows are known to have q == 1. Few numpy calls on purpose: this runs once per
+    simulated step, and a step's prefill rows are usually few, so they are summed as ints.
+    """
+    n = q.shape[0]
+    ctx_sum = int(_add(ctx))
+    if decode_head == n:
+        return n, n, n, 0, ctx_sum + n, 0
+    if decode_head and n - decode_head <= _FEW:
+        ql = q[decode_head:].tolist()
+        cl = ctx[decode_head:].tolist()
+    else:
+        pre = (q != 1).nonzero()[0]
+        if len(pre) == 0:  # decode-only, the common step
+            return n, n, n, 0, ctx_sum + n, 0
+        if len(pre) > _FEW:
+            tokens = int(_add(q))
+            dec = q == 1
+            n_dec = n - len(pre)
+            # sum over all rows of q * (ctx + (q + 1) / 2), minus what decode rows add (ctx + 1 each).
+            decode_kv = int(np.dot(dec, ctx)) + n_dec if n_dec else 0
+            pairs = int(np.dot(q, ctx)) + (int(np.dot(q, q)) + tokens) // 2 - decode_kv
+            return n, n_dec, tokens, pairs, decode_kv, ctx_sum + tokens - decode_kv
+        ql = q[pre].tolist()
+        cl = ctx[pre].tolist()
+    # every row outside ql/cl has q == 1
+    n_dec = tokens = n - len(ql)
+    pairs = pre_ctx = 0
+    for qi, ci in zip(ql, cl, strict=True):
+        tokens += qi
+        if qi == 1:
+            n_dec += 1
+        else:
+            pairs += qi * ci + qi * (qi + 1) // 2
+            pre_ctx += ci
+    decode_kv = ctx_sum - pre_ctx + n_dec
+    return n, n_dec, tokens, pairs, decode_kv, ctx_sum + tokens - decode_kv
+
+
+_FEW = 64  # up to this many rows of a step are summed as Python ints
 
 
 @dataclass(slots=True)
@@ -31,6 +85,13 @@ class Batch:
     # never needs the objects, and building the list every step is a measurable cost.
     _source: list[Request] | None = None
     _requests: list[Request] | None = None
+    # Set by the scheduler when it knows them: the slots are 0..size-1 (every running row, in
+    # table order, so the update can work on whole-table slices), and every row computes one
+    # token and samples (a pure decode step, whose aggregates need almost no work).
+    prefix_slots: bool = False
+    decode_rows: int = 0  # leading rows known to be plain decodes (q == 1, samples)
+    _sums: tuple[int, int, int, int, int, int] | None = None
+    _num_decode: int = -1
 
     @property
     def requests(self) -> list[Request]:
@@ -48,13 +109,43 @@ class Batch:
         return len(self.num_new_tokens) == 0 and not self.swap_out and not self.swap_in
 
     @property
+    def decode_only(self) -> bool:
+        """Every row computes one token and samples (as the scheduler marked it)."""
+        m = self.decode_rows
+        return m > 0 and m == len(self.num_new_tokens)
+
+    @property
+    def sums(self) -> tuple[int, int, int, int, int, int]:
+        """``step_sums`` of the rows, computed once."""
+        sums = self._sums
+        if sums is None:
+            sums = self._sums = step_sums(self.num_new_tokens, self.num_context_tokens, self.decode_rows)
+        return sums
+
+    @property
     def num_tokens(self) -> int:
-        return int(self.num_new_tokens.sum())
+        return self.sums[2]
 
     @property
     def num_decode_tokens(self) -> int:
-        """Rows computing exactly one token that samples (plain decodes)."""
-        return int(np.count_nonzero((self.num_new_tokens == 1) & self.samples & (self.num_context_tokens > 0)))
+        """Rows computing exactly one token that samples, with context (plain decodes)."""
+        k = self._num_decode
+        if k < 0:
+            ctx = self.num_context_tokens
+            m = self.decode_rows
+            n = len(ctx)
+            if m == n and n:  # every row has q == 1 and samples; ctx >= 0
+                k = int(np.count_nonzero(ctx))
+            elif m and n - m <= _FEW:  # the first m rows have q == 1 and sample
+                k = int(np.count_nonzero(ctx[:m]))
+                for q, s, c in zip(self.num_new_tokens[m:].tolist(), self.samples[m:].tolist(), ctx[m:].tolist(),
+                                   strict=True):
+                    if q == 1 and s and c > 0:
+                        k += 1
+            else:
+                k = int(np.count_nonzero((self.num_new_tokens == 1) & self.samples & (ctx > 0)))
+            self._num_decode = k
+        return k
 
     @property
     def num_prefill_tokens(self) -> int:

@@ -81,6 +81,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 
+from .batch import step_sums as _step_sums
 from .presets import HardwareConfig, ModelConfig, kv_heads_per_rank
 
 PROFILE_FORMAT = "servesim-profile/2"
@@ -103,27 +104,13 @@ class CostModel(Protocol):
         ...
 
 
+# The shipped models also answer ``step_time(sums, swap_bytes)`` from a step's ``Batch.sums``
+# (``batch.step_sums`` of its rows), so the simulator computes each step's aggregates once and
+# shares them with the metrics; ``iteration_time`` is the same computation from the raw rows.
+
+
 class ProfileError(ValueError):
     """A cost-model profile that is missing or malformed."""
-
-
-def _step_sums(q: np.ndarray, ctx: np.ndarray) -> tuple[int, int, int, int, int, int]:
-    """(rows, decode rows, tokens, prefill attention pairs, decode KV tokens, prefill KV tokens).
-
-    ``q`` and ``ctx`` are int64 arrays (``Batch`` rows); int32 could overflow the sum of q*q.
-    Few numpy calls on purpose: this runs once per simulated step (~5 us for 512 rows).
-    """
-    n = q.shape[0]
-    dec = q == 1
-    n_dec = int(np.count_nonzero(dec))
-    ctx_sum = int(ctx.sum())
-    if n_dec == n:  # decode-only, the common step
-        return n, n, n, 0, ctx_sum + n, 0
-    tokens = int(q.sum())
-    # sum over all rows of q * (ctx + (q + 1) / 2), minus what decode rows add (ctx + 1 each).
-    decode_kv = int(np.dot(dec, ctx)) + n_dec if n_dec else 0
-    pairs = int(np.dot(q, ctx)) + (int(np.dot(q, q)) + tokens) // 2 - decode_kv
-    return n, n_dec, tokens, pairs, decode_kv, ctx_sum + tokens - decode_kv
 
 
 def classify_step(q_lens: np.ndarray) -> Literal["prefill", "decode", "mixed", "empty"]:
@@ -261,10 +248,16 @@ class RooflineCostModel:
 
     def iteration_time(self, q_lens: np.ndarray, ctx_lens: np.ndarray, swap_bytes: float = 0.0) -> float:
         """Seconds for one step (see the class docstring); 0 for an empty step without swaps."""
-        swap = swap_bytes / self._pcie if swap_bytes else 0.0
         if q_lens.shape[0] == 0:
+            return swap_bytes / self._pcie if swap_bytes else 0.0
+        return self.step_time(_step_sums(q_lens, ctx_lens), swap_bytes)
+
+    def step_time(self, sums: tuple[int, int, int, int, int, int], swap_bytes: float = 0.0) -> float:
+        """``iteration_time`` from a step's ``step_sums``."""
+        swap = swap_bytes / self._pcie if swap_bytes else 0.0
+        n, _, tokens, pairs, decode_kv, prefill_kv = sums
+        if n == 0:
             return swap
-        n, _, tokens, pairs, decode_kv, prefill_kv = _step_sums(q_lens, ctx_lens)
         tiled = -(-tokens // self.tile) * self.tile
         linear = max((tiled * self._layer_flops_per_token + n * self._lm_head_flops_per_seq) / self._flops_rate,
                      (self._weight_bytes + tokens * self._act_bytes_per_token) / self._bytes_rate)
@@ -398,22 +391,43 @@ class FittedCostModel:
                                provenance=self.provenance, held_out_error=self.held_out_error,
                                gemm_tables=self.gemm.to_dict() if self.gemm else None)
 
+    @property
+    def needs_rows(self) -> bool:
+        """True when a non-zero coefficient weighs a row-level feature (padded decode KV, paged
+        prefill, measured GEMMs): then only ``iteration_time`` (the rows), not ``step_time`` (the
+        step's sums), can price a step."""
+        return self._extras
+
     def iteration_time(self, q_lens: np.ndarray, ctx_lens: np.ndarray, swap_bytes: float = 0.0) -> float:
         """Seconds for one step: coef[regime] . step_features + overheads + swap."""
-        swap = swap_bytes / self._swap_bw if swap_bytes else 0.0
         if q_lens.shape[0] == 0:
-            return swap
-        n, n_dec, tokens, pairs, decode_kv, _ = _step_sums(q_lens, ctx_lens)
-        c = self._dec if n_dec == n else self._pre if n_dec == 0 else self._mix
-        tiled = -(-tokens // self.tile) * self.tile
-        t = (c[0] * tokens + c[1] * tiled + c[2] * pairs + c[3] * decode_kv + c[4] * n
-             + c[5] * (n - n_dec) + c[6] + self._step_s + self._per_seq_s * n + swap)
+            return swap_bytes / self._swap_bw if swap_bytes else 0.0
+        sums = _step_sums(q_lens, ctx_lens)
+        t = self._base_time(sums, swap_bytes)
         if self._extras:
+            n, n_dec, tokens = sums[0], sums[1], sums[2]
+            c = self._dec if n_dec == n else self._pre if n_dec == 0 else self._mix
             padded, pkv, ppairs, pseqs = _extra_sums(q_lens, ctx_lens, n_dec)
             t += c[7] * padded + c[8] * pkv + c[9] * ppairs + c[10] * pseqs
             if self.gemm is not None:
                 t += c[11] * self.gemm.linear(tokens) + c[12] * self.gemm.lm_head(n)
         return t
+
+    def step_time(self, sums: tuple[int, int, int, int, int, int], swap_bytes: float = 0.0) -> float:
+        """``iteration_time`` from a step's ``step_sums``; only for profiles without row-level terms."""
+        if self._extras:
+            raise ValueError("this profile weighs row-level features; price the step with iteration_time(q, ctx)")
+        return self._base_time(sums, swap_bytes)
+
+    def _base_time(self, sums: tuple[int, int, int, int, int, int], swap_bytes: float) -> float:
+        swap = swap_bytes / self._swap_bw if swap_bytes else 0.0
+        n, n_dec, tokens, pairs, decode_kv, _ = sums
+        if n == 0:
+            return swap
+        c = self._dec if n_dec == n else self._pre if n_dec == 0 else self._mix
+        tiled = -(-tokens // self.tile) * self.tile
+        return (c[0] * tokens + c[1] * tiled + c[2] * pairs + c[3] * decode_kv + c[4] * n
+                + c[5] * (n - n_dec) + c[6] + self._step_s + self._per_seq_s * n + swap)
 
     def describe(self) -> dict[str, Any]:
         return {"type": "profile", **self.to_profile_dict()}
@@ -460,6 +474,13 @@ class ConstantCostModel:
         if q_lens.shape[0] == 0:
             return swap
         return self.step_s + self.per_token_s * int(q_lens.sum()) + swap
+
+    def step_time(self, sums: tuple[int, int, int, int, int, int], swap_bytes: float = 0.0) -> float:
+        """``iteration_time`` from a step's ``step_sums``."""
+        swap = swap_bytes / self.swap_bandwidth if swap_bytes else 0.0
+        if sums[0] == 0:
+            return swap
+        return self.step_s + self.per_token_s * sums[2] + swap
 
     def describe(self) -> dict[str, Any]:
         return {"type": "constant", "step_s": self.step_s, "per_token_s": self.per_token_s}

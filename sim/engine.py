@@ -38,9 +38,15 @@ class SimExecutor:
     def __init__(self, cost_model: CostModel, kv_block_bytes: float) -> None:
         self.cost_model = cost_model
         self.kv_block_bytes = kv_block_bytes
+        # a cost model with step_time reads the Batch's aggregates, computed once per step; one whose
+        # features need the rows themselves (a fitted CPU profile) says so with needs_rows
+        self._step_time = None if getattr(cost_model, "needs_rows", False) else getattr(cost_model, "step_time", None)
 
     def run(self, batch: Batch) -> float:
-        swap_bytes = batch.num_swap_blocks * self.kv_block_bytes
+        swap_blocks = len(batch.swap_out) + len(batch.swap_in)
+        swap_bytes = swap_blocks * self.kv_block_bytes if swap_blocks else 0.0
+        if self._step_time is not None:
+            return self._step_time(batch.sums, swap_bytes)
         return self.cost_model.iteration_time(batch.num_new_tokens, batch.num_context_tokens, swap_bytes)
 
 
@@ -108,6 +114,8 @@ class Replica:
         sched = self.scheduler
         kv = sched.kv
         rec = self.recorder
+        realtime = self.realtime
+        clock = time.perf_counter
         overhead = 0.0  # live mode: seconds spent in update + schedule around this step
         while True:
             if not sched.has_unfinished:
@@ -116,7 +124,7 @@ class Replica:
                 yield self._wakeup
                 self._wakeup = env.event()
                 continue
-            t_sched = time.perf_counter()
+            t_sched = clock() if realtime else 0.0
             batch = sched.schedule(env.now)
             if batch.is_empty:
                 wake = sched.next_wakeup(env.now)
@@ -136,14 +144,15 @@ class Replica:
                     f"{sched.num_running} running, {sched.num_swapped} swapped and "
                     f"{kv.num_free_blocks}/{kv.num_blocks} KV blocks free"
                 )
-            overhead += time.perf_counter() - t_sched
+            if realtime:
+                overhead += clock() - t_sched
             start = env.now
             dt = self.executor.run(batch)
-            if self.realtime:
+            if realtime:
                 # the clock advances by what the step really took, scheduling included
                 dt = max(dt, self._wall_now() - start)
             yield env.timeout(dt)
-            t_upd = time.perf_counter()
+            t_upd = clock() if realtime else 0.0
             out = sched.update(batch, env.now)
             self.num_iterations += 1
             if len(out.itl):
@@ -161,9 +170,10 @@ class Replica:
                 num_running=sched.num_running,
                 num_swapped=sched.num_swapped,
                 num_preempted=len(batch.preempted),
-                sched_overhead_s=overhead if self.realtime else math.nan,
+                sched_overhead_s=overhead if realtime else math.nan,
             )
-            overhead = time.perf_counter() - t_upd
+            if realtime:
+                overhead = clock() - t_upd
 
 
 def check_conservation(requests: list[Request], replicas: list[Replica], num_done: int) -> None:

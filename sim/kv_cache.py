@@ -147,6 +147,39 @@ class BlockManager:
             table.extend(taken)
         return True
 
+    def allocate_each(self, requests: list[Request], num_tokens: list[int]) -> int:
+        """``allocate(requests[i], num_tokens[i])`` for each i in order (no watermark).
+
+        Returns -1 when all succeeded, else the index of the first that failed (the ones before
+        it keep their blocks, the ones after it are not tried). One call per step instead of one
+        per growing request.
+        """
+        if self.enable_prefix_caching:
+            for j, (req, t) in enumerate(zip(requests, num_tokens, strict=True)):
+                if not self.allocate(req, t):
+                    return j
+            return -1
+        tables = self._tables
+        free = self._free
+        bs = self.block_size
+        for j, (req, t) in enumerate(zip(requests, num_tokens, strict=True)):
+            table = tables.get(req.request_id)
+            need = -(-t // bs) - (len(table) if table is not None else 0)
+            if need <= 0:
+                continue
+            if len(free) < need:
+                return j  # without prefix caching there is nothing to evict: allocate would fail
+            if table is None:
+                table = tables[req.request_id] = []
+            if need == 1:
+                table.append(free.pop())
+            else:
+                taken = free[-need:]
+                del free[-need:]
+                taken.reverse()
+                table.extend(taken)
+        return -1
+
     def _take_block(self) -> int:
         if self._free:
             block = self._free.pop()

@@ -224,12 +224,11 @@ class MetricsRecorder:
             grown = np.empty((2 * i, self._iters.shape[1]), dtype=np.float64)
             grown[:i] = self._iters
             self._iters = grown
-        new = batch.num_new_tokens
-        num_tokens = int(new.sum())
-        # Same definition as Batch.num_decode_tokens, computed once instead of via two properties.
-        num_decode = int(np.count_nonzero((new == 1) & batch.samples & (batch.num_context_tokens > 0)))
+        # the Batch computes its aggregates once, shared with the cost model
+        num_tokens = batch.num_tokens
+        num_decode = batch.num_decode_tokens
         self._iters[i] = (
-            replica, start, duration, len(new), num_tokens - num_decode, num_decode,
+            replica, start, duration, len(batch.num_new_tokens), num_tokens - num_decode, num_decode,
             num_tokens, kv_blocks_used, kv_blocks_total, num_waiting, num_running, num_swapped,
             num_preempted, len(batch.swap_out) + len(batch.swap_in), sched_overhead_s,
         )  # fmt: skip

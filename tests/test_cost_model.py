@@ -4,6 +4,7 @@ import timeit
 import numpy as np
 import pytest
 from pydantic import ValidationError
+from servesim.sim.batch import step_sums
 from servesim.sim.cost_model import (
     FEATURE_NAMES,
     ConstantCostModel,
@@ -90,6 +91,51 @@ def test_features_match_a_row_by_row_reference(kind):
             ctx[:] = 0
         np.testing.assert_allclose(step_features(q, ctx, 64), naive_features(q, ctx, 64))
         assert classify_step(q) == kind
+
+
+def test_step_sums_with_a_known_decode_head_match_the_reference():
+    # Batch.sums passes decode_head (leading rows known to be plain decodes); short and long tails
+    rng = np.random.default_rng(3)
+    for tail in (0, 1, 5, 64, 65, 200):
+        for _ in range(10):
+            head = int(rng.integers(0, 100))
+            q = np.concatenate([np.ones(head, dtype=I64), rng.integers(1, 400, tail)])
+            ctx = rng.integers(0, 5000, head + tail)
+            n, n_dec, tokens, pairs, dec_kv, pre_kv = step_sums(q, ctx, head)
+            assert (n, n_dec, tokens) == (len(q), int((q == 1).sum()), int(q.sum()))
+            f = naive_features(q, ctx, 64)
+            assert pairs == f[FEATURE_NAMES.index("prefill_attn_pairs")]
+            assert dec_kv == f[FEATURE_NAMES.index("decode_kv_tokens")]
+            assert pre_kv == int((ctx + q)[q != 1].sum())
+            assert step_sums(q, ctx, head) == step_sums(q, ctx)
+
+
+def test_step_time_from_sums_equals_iteration_time(llama8b_h100):
+    q, ctx = arr(1, 1, 300, 7), arr(500, 20, 0, 33)
+    base_only = {r: body["coef"][:7] + [0.0] * 6 for r, body in example_profile()["regimes"].items()}
+    for cm in (RooflineCostModel(*llama8b_h100), FittedCostModel(base_only, swap_bandwidth=1e9),
+               ConstantCostModel(0.01, 1e-5)):
+        assert not getattr(cm, "needs_rows", False)
+        assert cm.step_time(step_sums(q, ctx), 1e6) == cm.iteration_time(q, ctx, 1e6)
+        assert cm.step_time(step_sums(arr(), arr()), 1e6) == cm.iteration_time(arr(), arr(), 1e6)
+
+
+def test_a_profile_with_row_level_terms_is_priced_from_the_rows():
+    from servesim.sim.batch import Batch
+    from servesim.sim.engine import SimExecutor
+    from servesim.sim.request import Request
+
+    cm = FittedCostModel.from_profile_dict(example_profile())
+    assert cm.needs_rows
+    with pytest.raises(ValueError, match="iteration_time"):
+        cm.step_time(step_sums(arr(1, 5), arr(9, 0)))
+    reqs = [Request(i, 0.0, 40, 4) for i in range(3)]
+    batch = Batch.of(reqs, [1, 1, 17], [30, 12, 0])
+    expected = cm.iteration_time(batch.num_new_tokens, batch.num_context_tokens)
+    assert SimExecutor(cm, 1024).run(batch) == expected
+    base_only = {r: body["coef"][:7] + [0.0] * 6 for r, body in example_profile()["regimes"].items()}
+    without = FittedCostModel(base_only, tile_tokens=16, overhead={"step_s": 1e-4, "per_seq_s": 2e-6})
+    assert expected > without.iteration_time(batch.num_new_tokens, batch.num_context_tokens)  # row terms priced
 
 
 def test_empty_step_has_zero_features():

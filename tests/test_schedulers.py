@@ -7,6 +7,8 @@ import pytest
 from servesim.sim.kv_cache import BlockManager
 from servesim.sim.request import Request, RequestState
 from servesim.sim.schedulers import SchedulerConfig, make_scheduler
+from servesim.sim.schedulers.chunked import ChunkedScheduler
+from servesim.sim.schedulers.continuous import ContinuousScheduler
 
 
 def make(kind: str, num_blocks: int = 1000, block_size: int = 16, host: int = 0, **cfg):
@@ -213,3 +215,107 @@ def test_token_catch_up_samples_exactly_when_the_prompt_is_done():
     # 20 prompt tokens in chunks of 8 -> 3 steps, the third samples; then one decode step
     assert samples == [False, False, True, True]
     assert r.first_token_time == 3.0 and r.finish_time == 4.0
+
+
+# ---- whole-table fast paths -------------------------------------------------------------------
+def _naive_sums(q, ctx):  # noqa: ANN001, ANN202 - row-by-row reference for step_sums
+    n_dec = tokens = pairs = dec_kv = pre_kv = 0
+    for qi, ci in zip(q.tolist(), ctx.tolist(), strict=True):
+        tokens += qi
+        if qi == 1:
+            n_dec += 1
+            dec_kv += ci + 1
+        else:
+            pairs += qi * ci + qi * (qi + 1) // 2
+            pre_kv += ci + qi
+    return len(q), n_dec, tokens, pairs, dec_kv, pre_kv
+
+
+class _Generic:
+    """A policy with its whole-table shortcuts turned off: every step goes through the
+    explicit-rows code (fancy indexing, aggregates from scratch), the reference for the fast paths."""
+
+    def _grow_all(self, want, protect=0):  # noqa: ANN001, ANN202
+        n = self.run.n
+        return self._grow_rows(np.arange(n, dtype=np.int64), want - self.run.computed[:n], protect)
+
+    def _make_batch(self, rows, new, decode_rows=0):  # noqa: ANN001, ANN202
+        if rows is None:
+            rows = np.arange(len(new), dtype=np.int64)
+        return super()._make_batch(rows, np.array(new, dtype=np.int64), 0)
+
+
+class _GenericChunked(_Generic, ChunkedScheduler):
+    pass
+
+
+class _GenericContinuous(_Generic, ContinuousScheduler):
+    pass
+
+
+@pytest.mark.parametrize("kind", ["chunked", "continuous-prefill_first", "continuous-decode_first"])
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_fast_paths_match_the_explicit_rows_code_step_for_step(kind, mode, prefix_caching):
+    rng = np.random.default_rng(11)
+
+    def workload():
+        return [req(i, int(rng_p[i]), int(rng_o[i]), t=float(rng_t[i]), prefix_id=int(i % 3), prefix_len=24)
+                for i in range(120)]
+
+    rng_p, rng_o = rng.integers(1, 120, 120), rng.integers(1, 50, 120)
+    rng_t = np.cumsum(rng.exponential(0.7, 120))
+    runs = []
+    if kind == "continuous-decode_first" and mode == "swap":
+        # decode_first brings swapped requests back only when none is swapped, so once the running
+        # table empties with requests swapped out it stalls (in the code before these fast paths too)
+        pytest.skip("continuous decode_first with swap preemption stalls on this workload (known issue)")
+    policy, _, order = kind.partition("-")
+    classes = (ChunkedScheduler, _GenericChunked) if policy == "chunked" else (ContinuousScheduler, _GenericContinuous)
+    knobs = {"long_prefill_token_threshold": 20} if policy == "chunked" else {"schedule_order": order}
+    for cls in classes:
+        kv = BlockManager(90, 4, enable_prefix_caching=prefix_caching, num_host_blocks=60)
+        cfg = SchedulerConfig(type=policy, max_num_seqs=24, max_num_batched_tokens=48 if policy == "chunked" else 120,
+                              preemption_mode=mode, watermark=0.0, **knobs)
+        reqs = workload()
+        runs.append((drive(cls(cfg, kv), reqs), reqs))
+    (fast, fast_reqs), (ref, ref_reqs) = runs
+    assert len(fast) == len(ref)
+    saw = {"decode_only": 0, "decode_head": 0, "preempted": 0}
+    if kind == "continuous-prefill_first":
+        del saw["decode_head"]  # its steps are prefill-only or decode-only
+    for (t1, b1, o1), (t2, b2, o2) in zip(fast, ref, strict=True):
+        assert t1 == t2
+        for name in ("num_new_tokens", "num_context_tokens", "samples", "slots"):
+            np.testing.assert_array_equal(getattr(b1, name), getattr(b2, name), err_msg=name)
+        assert b1.sums == b2.sums == _naive_sums(b2.num_new_tokens, b2.num_context_tokens)
+        plain = (b2.num_new_tokens == 1) & b2.samples & (b2.num_context_tokens > 0)
+        assert b1.num_decode_tokens == b2.num_decode_tokens == int(plain.sum())
+        assert [r.request_id for r in b1.preempted] == [r.request_id for r in b2.preempted]
+        assert (b1.swap_out, b1.swap_in) == (b2.swap_out, b2.swap_in)
+        np.testing.assert_array_equal(o1.itl, o2.itl)
+        assert [r.request_id for r in o1.finished] == [r.request_id for r in o2.finished]
+        assert o1.num_first_tokens == o2.num_first_tokens
+        saw["decode_only"] += b1.decode_only
+        saw["preempted"] += bool(b1.preempted)
+        if "decode_head" in saw:
+            saw["decode_head"] += 0 < b1.decode_rows < b1.size
+    assert all(saw.values()), f"a fast path was never exercised: {saw}"
+    for a, b in zip(fast_reqs, ref_reqs, strict=True):
+        assert (a.first_scheduled_time, a.first_token_time, a.finish_time, a.num_preemptions,
+                a.num_cached_tokens) == (b.first_scheduled_time, b.first_token_time, b.finish_time,
+                                         b.num_preemptions, b.num_cached_tokens)
+
+
+def test_fast_path_batch_arrays_are_read_only_and_not_shared_with_the_table():
+    sched = make("chunked", max_num_seqs=8)
+    for i in range(3):
+        sched.add(req(i, 5, 4))
+    sched.update(sched.schedule(0.0), 1.0)
+    batch = sched.schedule(1.0)
+    assert batch.decode_only and batch.prefix_slots
+    ctx = batch.num_context_tokens.copy()
+    sched.update(batch, 2.0)
+    np.testing.assert_array_equal(batch.num_context_tokens, ctx)  # a snapshot, not a table view
+    with pytest.raises(ValueError):
+        batch.num_new_tokens[0] = 2  # shared constant views cannot be written

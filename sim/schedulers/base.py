@@ -63,36 +63,38 @@ class StepOutput:
 
 
 class RunningTable:
-    """Running requests as a structure of arrays, in admission order (oldest first)."""
+    """Running requests as a structure of arrays, in admission order (oldest first).
 
-    __slots__ = ("reqs", "n", "computed", "tokens", "out", "out_len", "nblocks", "last_tok", "prio")
+    The int columns are rows of one 2-D array, so removing rows moves them all in one operation.
+    """
+
+    __slots__ = ("reqs", "n", "ints", "computed", "tokens", "out", "out_len", "nblocks", "prio", "last_tok")
 
     def __init__(self, capacity: int) -> None:
         cap = max(capacity, 1)
         self.reqs: list[Request] = []
         self.n = 0
-        self.computed = np.zeros(cap, dtype=np.int64)  # tokens with KV in the cache
-        self.tokens = np.zeros(cap, dtype=np.int64)  # tokens that exist (prompt + outputs)
-        self.out = np.zeros(cap, dtype=np.int64)  # outputs generated so far
-        self.out_len = np.zeros(cap, dtype=np.int64)  # outputs wanted
-        self.nblocks = np.zeros(cap, dtype=np.int64)  # device blocks held
-        self.last_tok = np.zeros(cap, dtype=np.float64)  # time of the last output token
-        self.prio = np.zeros(cap, dtype=np.int64)
+        self._bind(np.zeros((6, cap), dtype=np.int64), np.zeros(cap, dtype=np.float64))
+
+    def _bind(self, ints: np.ndarray, last_tok: np.ndarray) -> None:
+        self.ints = ints
+        self.computed = ints[0]  # tokens with KV in the cache
+        self.tokens = ints[1]  # tokens that exist (prompt + outputs)
+        self.out = ints[2]  # outputs generated so far
+        self.out_len = ints[3]  # outputs wanted
+        self.nblocks = ints[4]  # device blocks held
+        self.prio = ints[5]
+        self.last_tok = last_tok  # time of the last output token
 
     def append(self, req: Request, nblocks: int) -> int:
         i = self.n
-        if i == len(self.computed):
-            for name in ("computed", "tokens", "out", "out_len", "nblocks", "last_tok", "prio"):
-                arr = getattr(self, name)
-                setattr(self, name, np.concatenate([arr, np.zeros_like(arr)]))
+        if i == self.ints.shape[1]:
+            self._bind(np.concatenate([self.ints, np.zeros_like(self.ints)], axis=1),
+                       np.concatenate([self.last_tok, np.zeros_like(self.last_tok)]))
         self.reqs.append(req)
-        self.computed[i] = req.num_computed_tokens
-        self.tokens[i] = req.num_tokens
-        self.out[i] = req.num_output_tokens
-        self.out_len[i] = req.output_len
-        self.nblocks[i] = nblocks
+        self.ints[:, i] = (req.num_computed_tokens, req.num_tokens, req.num_output_tokens, req.output_len,
+                            nblocks, req.priority)
         self.last_tok[i] = req.last_token_time
-        self.prio[i] = req.priority
         self.n = i + 1
         return i
 
@@ -106,17 +108,34 @@ class RunningTable:
 
     def remove(self, drop: np.ndarray) -> None:
         """Remove the rows where ``drop`` (bool, length n) is true, keeping order."""
-        keep = ~drop
-        k = int(keep.sum())
-        for name in ("computed", "tokens", "out", "out_len", "nblocks", "last_tok", "prio"):
-            arr = getattr(self, name)
-            arr[:k] = arr[: self.n][keep]
+        self.remove_rows(drop.nonzero()[0].tolist(), drop)
+
+    def remove_rows(self, gone: list[int], drop: np.ndarray | None = None) -> None:
+        """Remove rows ``gone`` (ascending, distinct), keeping order; ``drop`` is their mask if known."""
+        n = self.n
+        k = n - len(gone)
+        if len(gone) == 1:  # the common case: shift the tail down by one
+            i = gone[0]
+            self.ints[:, i : n - 1] = self.ints[:, i + 1 : n]
+            self.last_tok[i : n - 1] = self.last_tok[i + 1 : n]
+        else:
+            if drop is None:
+                drop = np.zeros(n, dtype=bool)
+                drop[gone] = True
+            keep = ~drop
+            self.ints[:, :k] = self.ints[:, :n][:, keep]
+            self.last_tok[:k] = self.last_tok[:n][keep]
         # A new list, never an in-place edit: a Batch handed out earlier still indexes the old one.
         reqs = list(self.reqs)
-        for i in reversed(drop.nonzero()[0].tolist()):
+        for i in reversed(gone):
             del reqs[i]
         self.reqs = reqs
         self.n = k
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
 
 
 class Scheduler:
@@ -138,6 +157,11 @@ class Scheduler:
         self._swap_out: list[tuple[int, int]] = []
         self._swap_in: list[tuple[int, int]] = []
         self._swapped_in_now: set[int] = set()
+        # Read-only 0..k-1, ones and True arrays whose [:k] views serve as the slots, new-token
+        # counts and sample flags of whole-table steps (no allocation per step).
+        self._c_arange = self._c_ones = _readonly(np.zeros(0, dtype=np.int64))
+        self._c_true = _readonly(np.zeros(0, dtype=bool))
+        self._c_views: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     # ---- interface -------------------------------------------------------------------------
     def add(self, request: Request) -> bool:
@@ -290,28 +314,93 @@ class Scheduler:
         run.nblocks[grown] = (want[kept] + bs - 1) // bs
         return preempted
 
-    def _take_step_extras(self) -> tuple[list[Request], list[tuple[int, int]], list[tuple[int, int]]]:
+    def _grow_all(self, want: np.ndarray, protect: int = 0) -> np.ndarray | None:
+        """``_grow_rows`` for a step that schedules every running row, row i up to ``want[i]`` tokens.
+
+        Works on whole-table views; the few rows crossing a block boundary are handled as plain
+        ints. Returns the mask of preempted rows, or None when there was no shortage.
+        """
+        run = self.run
+        n = run.n
+        bs = self.block_size
+        nb = run.nblocks[:n]
+        todo = (want > nb * bs).nonzero()[0]
+        if len(todo) == 0:
+            return None
+        rows = todo.tolist()
+        tokens = want[todo].tolist()
+        blocks = [-(-t // bs) for t in tokens]
+        held = nb[todo].tolist()
+        kv = self.kv
+        preempted = None
+        if sum(blocks) - sum(held) > kv.num_free_blocks:
+            preempted = np.zeros(n, dtype=bool)
+            need_by_row = np.zeros(n, dtype=np.int64)
+            need_by_row[todo] = [b - h for b, h in zip(blocks, held, strict=True)]
+            # Recount after each victim: a prefix-shared block freed by a victim stays in use.
+            while int(need_by_row[~preempted].sum()) > kv.num_free_blocks:
+                candidates = ~preempted
+                candidates[:protect] = False
+                if not candidates.any():
+                    break
+                v = self._pick_victim(candidates)
+                preempted[v] = True
+                self._preempt_row(v)
+        reqs = run.reqs
+        if preempted is None:
+            failed = kv.allocate_each([reqs[i] for i in rows], tokens)
+            if failed >= 0:
+                req = reqs[rows[failed]]
+                raise AssertionError(f"request {req.request_id}: allocation failed after preemption freed space")
+            run.nblocks[todo] = blocks
+            return None
+        alloc = kv.allocate
+        nblocks = run.nblocks
+        for i, t, b in zip(rows, tokens, blocks, strict=True):
+            if preempted[i]:
+                continue
+            if not alloc(reqs[i], t):
+                raise AssertionError(f"request {reqs[i].request_id}: allocation failed after preemption freed space")
+            nblocks[i] = b
+        return preempted
+
+    def _const_views(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Read-only (0..k-1, k ones, k Trues); the views are immutable, so they are cached."""
+        views = self._c_views.get(k)
+        if views is None:
+            if k > len(self._c_arange):
+                cap = max(2 * k, 64)
+                self._c_arange = _readonly(np.arange(cap, dtype=np.int64))
+                self._c_ones = _readonly(np.ones(cap, dtype=np.int64))
+                self._c_true = _readonly(np.ones(cap, dtype=bool))
+                self._c_views.clear()
+            views = self._c_views[k] = (self._c_arange[:k], self._c_ones[:k], self._c_true[:k])
+        return views
+
+    def _make_batch(self, rows: np.ndarray | None, new: np.ndarray, decode_rows: int = 0) -> Batch:
+        """The step's Batch. ``rows`` None: the rows are 0..len(new)-1 (every running row, in order),
+        of which the first ``decode_rows`` each compute their one pending token and sample."""
+        run = self.run
+        prefix = rows is None
+        if rows is None:
+            k = len(new)
+            rows, ones, trues = self._const_views(k)
+            ctx = run.computed[:k].copy()
+            if decode_rows == k:
+                new, samples = ones, trues
+            else:
+                samples = ctx + new >= run.tokens[:k]
+        else:
+            decode_rows = 0
+            ctx = run.computed[rows]
+            samples = ctx + new >= run.tokens[rows]
         pre, so, si = self._preempted_this_step, self._swap_out, self._swap_in
         self._preempted_this_step, self._swap_out, self._swap_in = [], [], []
-        self._swapped_in_now.clear()
+        if self._swapped_in_now:
+            self._swapped_in_now.clear()
         self.kv.end_step()
-        return pre, so, si
-
-    def _make_batch(self, rows: np.ndarray, new: np.ndarray) -> Batch:
-        run = self.run
-        ctx = run.computed[rows]
-        samples = ctx + new >= run.tokens[rows]
-        pre, so, si = self._take_step_extras()
-        return Batch(
-            num_new_tokens=new.astype(np.int64, copy=False),
-            num_context_tokens=ctx,
-            samples=samples,
-            slots=rows,
-            preempted=pre,
-            swap_out=so,
-            swap_in=si,
-            _source=run.reqs,
-        )
+        return Batch(new.astype(np.int64, copy=False), ctx, samples, rows, pre, so, si, run.reqs, None,
+                     prefix, decode_rows)
 
     def _try_swap_in_one(self, now: float) -> bool:
         """Bring the oldest swapped request back into the running table if its blocks fit."""
@@ -332,6 +421,8 @@ class Scheduler:
         rows = batch.slots
         if len(rows) == 0:
             return StepOutput([], np.zeros(0), 0)
+        if batch.prefix_slots:
+            return self._update_prefix(batch, now)
         run.computed[rows] += batch.num_new_tokens
         srows = rows[batch.samples]
         had = run.out[srows] > 0
@@ -358,15 +449,55 @@ class Scheduler:
             self._on_rows_finished(done)
         return StepOutput(finished, itl, len(first))
 
+    def _update_prefix(self, batch: Batch, now: float) -> StepOutput:
+        """``update`` for a batch whose slots are 0..k-1: whole-table slices, no fancy indexing."""
+        run = self.run
+        k = len(batch.slots)
+        new = batch.num_new_tokens
+        out = run.out[:k]
+        last = run.last_tok[:k]
+        had = out > 0
+        if batch.decode_rows == k:  # every row computes one token and samples
+            if np.count_nonzero(had) == k:
+                itl = now - last
+                first: list[int] = []
+            else:
+                itl = now - last[had]
+                first = (~had).nonzero()[0].tolist()
+            run.ints[:3, :k] += 1  # computed, tokens and out, one op
+            last.fill(now)
+            done = (out >= run.out_len[:k]).nonzero()[0]
+        else:
+            s = batch.samples
+            itl = now - last[had & s]
+            first = (s > had).nonzero()[0].tolist()  # sampling rows without an earlier output
+            run.computed[:k] += new
+            run.ints[1:3, :k] += s  # tokens and out
+            last[s] = now
+            done = (s & (out >= run.out_len[:k])).nonzero()[0]
+        for i in first:
+            req = run.reqs[i]
+            if req.first_token_time != req.first_token_time:
+                req.first_token_time = now
+        if self.kv.enable_prefix_caching:
+            for i in (new > 1).nonzero()[0].tolist():
+                self.kv.cache_computed_blocks(run.reqs[i], int(run.computed[i]))
+        finished: list[Request] = []
+        if len(done):
+            for i in done.tolist():
+                req = run.sync(i)
+                self._retire(req, now)
+                finished.append(req)
+            self._on_rows_finished(done)
+        return StepOutput(finished, itl, len(first))
+
     def _retire(self, req: Request, now: float) -> None:
         req.state = RequestState.FINISHED
         req.finish_time = now
         self.kv.free(req)
 
     def _on_rows_finished(self, rows: np.ndarray) -> None:
-        drop = np.zeros(self.run.n, dtype=bool)
-        drop[rows] = True
-        self.run.remove(drop)
+        self.run.remove_rows(rows.tolist())
 
     # ---- end-of-run check ------------------------------------------------------------------
     def check_drained(self) -> None:

@@ -15,6 +15,9 @@ import numpy as np
 from ..batch import Batch
 from .base import Scheduler
 
+_EMPTY = np.zeros(0, dtype=np.int64)
+_EMPTY.flags.writeable = False
+
 
 class ChunkedScheduler(Scheduler):
     def schedule(self, now: float) -> Batch:
@@ -23,33 +26,51 @@ class ChunkedScheduler(Scheduler):
         threshold = self.config.long_prefill_token_threshold or budget
         n = run.n
         preempted_any = False
-        rows = np.zeros(0, dtype=np.int64)
-        new = np.zeros(0, dtype=np.int64)
+        # rows None: the step's rows are 0..len(new)-1, every running row in table order (the
+        # common case, worked on whole-table views); the first decode_rows of them decode one token.
+        rows: np.ndarray | None = None
+        new = _EMPTY
+        decode_rows = 0
         if n:
-            need = run.tokens[:n] - run.computed[:n]
-            new_all = np.zeros(n, dtype=np.int64)
+            tokens = run.tokens[:n]
+            need = tokens - run.computed[:n]
             decoding = need == 1
-            dec_rows = decoding.nonzero()[0]
-            if len(dec_rows) > budget:
-                dec_rows = dec_rows[:budget]
-            new_all[dec_rows] = 1
-            budget -= len(dec_rows)
-            for i in (~decoding).nonzero()[0].tolist():
-                if budget <= 0:
-                    break
-                chunk = min(int(need[i]), budget, threshold)
-                new_all[i] = chunk
-                budget -= chunk
-            sched = new_all.nonzero()[0]
-            preempted = self._grow_rows(sched, new_all[sched])
-            if preempted.any():
+            n_dec = int(np.count_nonzero(decoding))
+            if n_dec == n and n <= budget:
+                decode_rows = n
+                new_all = self._const_views(n)[1]
+                budget -= n
+                preempted = self._grow_all(tokens)
+            else:
+                if n_dec <= budget:
+                    new_all = decoding.astype(np.int64)
+                else:
+                    new_all = np.zeros(n, dtype=np.int64)
+                    new_all[decoding.nonzero()[0][:budget]] = 1
+                    n_dec = budget
+                budget -= n_dec
+                for i in (~decoding).nonzero()[0].tolist():
+                    if budget <= 0:
+                        break
+                    chunk = min(int(need[i]), budget, threshold)
+                    new_all[i] = chunk
+                    budget -= chunk
+                if np.count_nonzero(new_all) == n:
+                    preempted = self._grow_all(run.computed[:n] + new_all)
+                else:
+                    rows = new_all.nonzero()[0]
+                    preempted = self._grow_rows(rows, new_all[rows])
+            if preempted is not None and preempted.any():
                 preempted_any = True
                 # a preempted row's tokens go back to the budget, but vLLM v1 admits nothing new
-                budget += int(new_all[preempted].sum())
+                budget += int(np.add.reduce(new_all[preempted]))
                 run.remove(preempted)
                 new_all = new_all[~preempted]
-            rows = new_all.nonzero()[0]
-            new = new_all[rows]
+            if rows is None:
+                new = new_all
+            else:
+                rows = new_all.nonzero()[0]
+                new = new_all[rows]
 
         if not preempted_any:
             extra_rows: list[int] = []
@@ -58,9 +79,13 @@ class ChunkedScheduler(Scheduler):
             if not self.swapped:
                 budget = self._admit_waiting(now, budget, threshold, extra_rows, extra_new)
             if extra_rows:
-                rows = np.concatenate([rows, np.asarray(extra_rows, dtype=np.int64)])
+                # extra rows are appended rows, in order; they continue 0..k-1 unless one was skipped
+                if rows is None and len(extra_rows) != run.n - len(new):
+                    rows = self._const_views(len(new))[0]
+                if rows is not None:
+                    rows = np.concatenate([rows, np.asarray(extra_rows, dtype=np.int64)])
                 new = np.concatenate([new, np.asarray(extra_new, dtype=np.int64)])
-        return self._make_batch(rows, new)
+        return self._make_batch(rows, new, decode_rows)
 
     def _bring_back_swapped(
         self, now: float, budget: int, threshold: int, rows: list[int], new: list[int]

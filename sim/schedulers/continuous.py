@@ -39,35 +39,52 @@ class ContinuousScheduler(Scheduler):
     def _decode_step(self, now: float, admit: bool) -> Batch:
         run = self.run
         n = run.n
-        rows = np.zeros(0, dtype=np.int64)
+        # rows None: the step's rows are 0..len(new)-1, every running row in table order, of
+        # which the first decode_rows decode one token (the common step, on whole-table views)
+        rows: np.ndarray | None = np.zeros(0, dtype=np.int64)
         new = np.zeros(0, dtype=np.int64)
+        decode_rows = 0
         budget = self.max_num_batched_tokens
         preempted_any = False
         if n:
-            new_all = run.tokens[:n] - run.computed[:n]
-            order = new_all.nonzero()[0]
-            # decodes are one token each; a row still owing more (swapped back mid-prompt) is rare
-            keep = np.cumsum(new_all[order]) <= budget
-            if len(keep):
-                keep[0] = True  # the oldest row always runs, even if it alone exceeds the budget
-            sched = order[keep]
-            sel = np.zeros(n, dtype=np.int64)
-            sel[sched] = new_all[sched]
-            budget -= int(sel.sum())
-            preempted = self._grow_rows(sched, sel[sched])
-            if preempted.any():
-                preempted_any = True
-                run.remove(preempted)
-                sel = sel[~preempted]
-            rows = sel.nonzero()[0]
-            new = sel[rows]
+            tokens = run.tokens[:n]
+            new_all = tokens - run.computed[:n]
+            if n <= budget and np.count_nonzero(new_all == 1) == n:
+                # every row decodes and all fit: the oldest-first cut below would keep them all
+                budget -= n
+                preempted = self._grow_all(tokens)
+                if preempted is not None and preempted.any():
+                    preempted_any = True
+                    run.remove(preempted)
+                rows, new, decode_rows = None, self._const_views(run.n)[1], run.n
+            else:
+                order = new_all.nonzero()[0]
+                # decodes are one token each; a row still owing more (swapped back mid-prompt) is rare
+                keep = np.cumsum(new_all[order]) <= budget
+                if len(keep):
+                    keep[0] = True  # the oldest row always runs, even if it alone exceeds the budget
+                sched = order[keep]
+                sel = np.zeros(n, dtype=np.int64)
+                sel[sched] = new_all[sched]
+                budget -= int(sel.sum())
+                preempted = self._grow_rows(sched, sel[sched])
+                if preempted.any():
+                    preempted_any = True
+                    run.remove(preempted)
+                    sel = sel[~preempted]
+                rows = sel.nonzero()[0]
+                new = sel[rows]
         if admit and not preempted_any and not self.swapped and budget > 0:
             self._bring_back_swapped(now)
             extra_rows, extra_new = self._admit_prompts(now, budget)
             if extra_rows:
-                rows = np.concatenate([rows, np.asarray(extra_rows, dtype=np.int64)])
+                # admitted rows are appended in order; they continue 0..k-1 unless a swap-in came between
+                if rows is None and len(extra_rows) != run.n - len(new):
+                    rows = self._const_views(len(new))[0]
+                if rows is not None:
+                    rows = np.concatenate([rows, np.asarray(extra_rows, dtype=np.int64)])
                 new = np.concatenate([new, np.asarray(extra_new, dtype=np.int64)])
-        return self._make_batch(rows, new)
+        return self._make_batch(rows, new, decode_rows)
 
     def _admit_prompts(self, now: float, budget: int) -> tuple[list[int], list[int]]:
         """Admit whole prompts, oldest first, while seats, budget and blocks (watermark) allow."""
