@@ -163,6 +163,13 @@ def _add_calibrate(sub) -> None:  # noqa: ANN001 - argparse's private subparsers
     cal.set_defaults(fn=cmd_calibrate)
 
 
+def _out_help(sp: argparse.ArgumentParser, text: str) -> None:
+    """Reword the shared --out option's help for one command."""
+    for action in sp._actions:
+        if "--out" in action.option_strings:
+            action.help = text
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="servesim", description="Simulate and measure LLM serving schedulers.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -187,9 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="engine presets to compare, NAME or NAME:VARIANT, e.g. vllm-v1,tensorrt-llm:MAX_UTILIZATION "
                               "(default: every preset and variant)")
     engines.add_argument("--no-plots", action="store_true", help="skip the latency-CDF overlay")
-    for action in engines._actions:
-        if "--out" in action.option_strings:
-            action.help = "output folder (default: results/NAME-engines)"
+    _out_help(engines, "output folder (default: results/NAME-engines)")
     _add_planning_commands(sub, scenario_cmd)
     val = scenario_cmd("validate", "run the scenario live, simulate the identical workload, report relative errors",
                        cmd_validate)
@@ -199,9 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="exit 1 when |error| exceeds PCT %%: a key (p90_ttft_ms=8) or a family for its p50 and "
                           "p90 (ttft, tpot, itl, e2e), comma-separated or repeated")
     val.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    for action in val._actions:
-        if "--out" in action.option_strings:
-            action.help = "output folder (default: results/NAME-validate)"
+    _out_help(val, "output folder (default: results/NAME-validate)")
     _add_calibrate(sub)
     return p
 

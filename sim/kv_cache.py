@@ -31,6 +31,20 @@ class KVStats:
     prefix_queries: int  # cacheable blocks looked up
 
 
+def _take_free(table: list[int], free: list[int], need: int) -> None:
+    """Move ``need`` blocks from the end of the free list onto ``table``, in pop order.
+
+    Whole blocks off the free list at once (ref counts matter only with prefix caching).
+    """
+    if need == 1:
+        table.append(free.pop())
+    else:
+        taken = free[-need:]
+        del free[-need:]
+        taken.reverse()
+        table.extend(taken)
+
+
 class BlockManager:
     """Owns ``num_blocks`` device blocks of ``block_size`` tokens and ``num_host_blocks`` host blocks."""
 
@@ -137,14 +151,7 @@ class BlockManager:
             return False
         if table is None:
             table = self._tables[request.request_id] = []
-        # fast path: whole blocks off the free list at once (ref counts matter only with caching)
-        if need == 1:
-            table.append(free.pop())
-        else:
-            taken = free[-need:]
-            del free[-need:]
-            taken.reverse()
-            table.extend(taken)
+        _take_free(table, free, need)
         return True
 
     def allocate_each(self, requests: list[Request], num_tokens: list[int]) -> int:
@@ -171,13 +178,7 @@ class BlockManager:
                 return j  # without prefix caching there is nothing to evict: allocate would fail
             if table is None:
                 table = tables[req.request_id] = []
-            if need == 1:
-                table.append(free.pop())
-            else:
-                taken = free[-need:]
-                del free[-need:]
-                taken.reverse()
-                table.extend(taken)
+            _take_free(table, free, need)
         return -1
 
     def _take_block(self) -> int:

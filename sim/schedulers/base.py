@@ -289,15 +289,7 @@ class Scheduler:
         if int(need.sum()) > self.kv.num_free_blocks:
             need_by_row = np.zeros(n, dtype=np.int64)
             need_by_row[rows] = need
-            # Recount after each victim: a prefix-shared block freed by a victim stays in use.
-            while int(need_by_row[~preempted].sum()) > self.kv.num_free_blocks:
-                candidates = ~preempted
-                candidates[:protect] = False
-                if not candidates.any():
-                    break
-                v = self._pick_victim(candidates)
-                preempted[v] = True
-                self._preempt_row(v)
+            self._preempt_until_fits(need_by_row, preempted, protect)
         todo = (need > 0).nonzero()[0]
         if len(todo) == 0:
             return preempted
@@ -313,6 +305,21 @@ class Scheduler:
         grown = rows[todo][kept]
         run.nblocks[grown] = (want[kept] + bs - 1) // bs
         return preempted
+
+    def _preempt_until_fits(self, need_by_row: np.ndarray, preempted: np.ndarray, protect: int) -> None:
+        """Preempt victims (marked in ``preempted``) until the unpreempted rows' block needs fit.
+
+        Recounts after each victim: a prefix-shared block freed by a victim stays in use. Rows
+        below ``protect`` are never victims; stops when no candidate is left.
+        """
+        while int(need_by_row[~preempted].sum()) > self.kv.num_free_blocks:
+            candidates = ~preempted
+            candidates[:protect] = False
+            if not candidates.any():
+                break
+            v = self._pick_victim(candidates)
+            preempted[v] = True
+            self._preempt_row(v)
 
     def _grow_all(self, want: np.ndarray, protect: int = 0) -> np.ndarray | None:
         """``_grow_rows`` for a step that schedules every running row, row i up to ``want[i]`` tokens.
@@ -337,15 +344,7 @@ class Scheduler:
             preempted = np.zeros(n, dtype=bool)
             need_by_row = np.zeros(n, dtype=np.int64)
             need_by_row[todo] = [b - h for b, h in zip(blocks, held, strict=True)]
-            # Recount after each victim: a prefix-shared block freed by a victim stays in use.
-            while int(need_by_row[~preempted].sum()) > kv.num_free_blocks:
-                candidates = ~preempted
-                candidates[:protect] = False
-                if not candidates.any():
-                    break
-                v = self._pick_victim(candidates)
-                preempted[v] = True
-                self._preempt_row(v)
+            self._preempt_until_fits(need_by_row, preempted, protect)
         reqs = run.reqs
         if preempted is None:
             failed = kv.allocate_each([reqs[i] for i in rows], tokens)
@@ -440,14 +439,7 @@ class Scheduler:
                 i = int(rows[j])
                 self.kv.cache_computed_blocks(run.reqs[i], int(run.computed[i]))
         done = srows[run.out[srows] >= run.out_len[srows]]
-        finished: list[Request] = []
-        if len(done):
-            for i in done.tolist():
-                req = run.sync(i)
-                self._retire(req, now)
-                finished.append(req)
-            self._on_rows_finished(done)
-        return StepOutput(finished, itl, len(first))
+        return StepOutput(self._finish_rows(done, now), itl, len(first))
 
     def _update_prefix(self, batch: Batch, now: float) -> StepOutput:
         """``update`` for a batch whose slots are 0..k-1: whole-table slices, no fancy indexing."""
@@ -482,14 +474,19 @@ class Scheduler:
         if self.kv.enable_prefix_caching:
             for i in (new > 1).nonzero()[0].tolist():
                 self.kv.cache_computed_blocks(run.reqs[i], int(run.computed[i]))
+        return StepOutput(self._finish_rows(done, now), itl, len(first))
+
+    def _finish_rows(self, done: np.ndarray, now: float) -> list[Request]:
+        """Retire the running rows ``done`` (finished this step) and return their requests."""
         finished: list[Request] = []
         if len(done):
+            run = self.run
             for i in done.tolist():
                 req = run.sync(i)
                 self._retire(req, now)
                 finished.append(req)
             self._on_rows_finished(done)
-        return StepOutput(finished, itl, len(first))
+        return finished
 
     def _retire(self, req: Request, now: float) -> None:
         req.state = RequestState.FINISHED
