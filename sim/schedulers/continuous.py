@@ -74,9 +74,10 @@ class ContinuousScheduler(Scheduler):
                     sel = sel[~preempted]
                 rows = sel.nonzero()[0]
                 new = sel[rows]
-        if admit and not preempted_any and not self.swapped and budget > 0:
+        if admit and not preempted_any and budget > 0:
+            # swapped requests come back (they decode from the next step) before any new prompt
             self._bring_back_swapped(now)
-            extra_rows, extra_new = self._admit_prompts(now, budget)
+            extra_rows, extra_new = self._admit_prompts(now, budget) if not self.swapped else ([], [])
             if extra_rows:
                 # admitted rows are appended in order; they continue 0..k-1 unless a swap-in came between
                 if rows is None and len(extra_rows) != run.n - len(new):
