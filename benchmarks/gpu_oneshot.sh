@@ -12,8 +12,21 @@
 # and start the command with:
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD/.gpu-src
 # Budget: ~2 min kernels, ~6 min calibration (--rounds 8) on an H200.
+#
+# Every setting has an environment override; a CPU smoke run of the plumbing (no GPU needed):
+#   OUT=/tmp/gpu_smoke DEVICE=cpu BACKEND=torch MODEL=tiny DTYPE=float32 HARDWARE=cpu-2core \
+#     GRID="--quick --max-num-seqs 4 --max-tokens 32 --max-context 32" ROUNDS=1 KERNELS="--cpu-smoke" \
+#     TRITON_INTERPRET=1 bash benchmarks/gpu_oneshot.sh
 set -euo pipefail
 OUT=${OUT:-results/gpu}
+DEVICE=${DEVICE:-cuda}
+BACKEND=${BACKEND:-triton}
+MODEL=${MODEL:-llama-3.1-8b}
+DTYPE=${DTYPE:-bfloat16}
+HARDWARE=${HARDWARE:-h200}
+GRID=${GRID:---max-num-seqs 256 --max-tokens 8192 --max-context 2048}
+KERNELS=${KERNELS:-}
+PROFILE="$OUT/${HARDWARE}-${MODEL}-${BACKEND}.json"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 # servesim's package dirs (sim/, kernels/, calibration/) as the servesim namespace without pip install -e
@@ -24,11 +37,12 @@ if ! python3 -c "import servesim.sim" 2>/dev/null; then
 fi
 {
   nvidia-smi || true
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
-  python3 benchmarks/gpu_kernels.py --out "$OUT"
-  python3 -m servesim.sim.cli calibrate --model llama-3.1-8b --backend triton --device cuda --dtype bfloat16 \
-    --max-num-seqs 256 --max-tokens 8192 --max-context 2048 --rounds "${ROUNDS:-8}" --quiet \
-    --out "$OUT/h200-llama-3.1-8b-triton.json"
-  python3 benchmarks/roofline_vs_profile.py --profile "$OUT/h200-llama-3.1-8b-triton.json" \
-    --model llama-3.1-8b --hardware h200 | tee "$OUT/roofline_vs_profile.txt"
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__,
+torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
+  python3 benchmarks/gpu_kernels.py $KERNELS --out "$OUT"
+  # shellcheck disable=SC2086  # GRID is a list of flags
+  python3 -m servesim.sim.cli calibrate --model "$MODEL" --backend "$BACKEND" --device "$DEVICE" --dtype "$DTYPE" \
+    $GRID --rounds "${ROUNDS:-8}" --quiet --out "$PROFILE"
+  python3 benchmarks/roofline_vs_profile.py --profile "$PROFILE" --model "$MODEL" --hardware "$HARDWARE" \
+    | tee "$OUT/roofline_vs_profile.txt"
 } 2>&1 | tee "$OUT/log.txt"
