@@ -11,7 +11,7 @@
 #     --platform manylinux_2_17_x86_64 -d .whl simpy pydantic pydantic-core annotated-types typing-inspection
 # and start the command with:
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD/.gpu-src
-# Budget: ~2 min kernels, ~6 min calibration (--rounds 8) on an H200.
+# Budget (estimated, not yet measured): ~2 min kernels, ~6 min calibration (542 shapes, ROUNDS=5) on an H200.
 #
 # Every setting has an environment override; a CPU smoke run of the plumbing (no GPU needed):
 #   OUT=/tmp/gpu_smoke DEVICE=cpu BACKEND=torch MODEL=tiny DTYPE=float32 HARDWARE=cpu-2core \
@@ -42,7 +42,7 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
   python3 benchmarks/gpu_kernels.py $KERNELS --out "$OUT"
   # shellcheck disable=SC2086  # GRID is a list of flags
   python3 -m servesim.sim.cli calibrate --model "$MODEL" --backend "$BACKEND" --device "$DEVICE" --dtype "$DTYPE" \
-    $GRID --rounds "${ROUNDS:-8}" --quiet --out "$PROFILE"
+    $GRID --rounds "${ROUNDS:-5}" --quiet --out "$PROFILE"
   python3 benchmarks/roofline_vs_profile.py --profile "$PROFILE" --model "$MODEL" --hardware "$HARDWARE" \
     | tee "$OUT/roofline_vs_profile.txt"
 } 2>&1 | tee "$OUT/log.txt"
