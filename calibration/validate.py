@@ -21,6 +21,7 @@ import datetime as dt
 import difflib
 import math
 import re
+import statistics
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -136,6 +137,23 @@ def error_table(live: Mapping[str, Any], sim: Mapping[str, Any],
     return pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
 
 
+def median_summary(summaries: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Each metric's median over several runs' summaries (the one summary when there is one)."""
+    out: dict[str, float] = {}
+    for m in METRICS:
+        values = [float(x) for x in (s.get(m) for s in summaries) if x is not None and not math.isnan(float(x))]
+        out[m] = statistics.median(values) if values else math.nan
+    return out
+
+
+def spread_pct(values: Sequence[float]) -> float:
+    """100 * (max - min) / median of the finite values; nan with fewer than two or a zero median."""
+    v = [float(x) for x in values if x is not None and math.isfinite(float(x))]
+    if len(v) < 2 or statistics.median(v) == 0:
+        return math.nan
+    return 100 * (max(v) - min(v)) / statistics.median(v)
+
+
 def failures(table: pd.DataFrame) -> list[str]:
     """One line per failing metric: ``p90_tpot_ms: error +12.3% exceeds 3%``."""
     out = []
@@ -161,6 +179,10 @@ def _cells(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     head = ["metric", "unit", "live", "sim", "error %", "max %", "result"]
     body = [[r.metric, r.unit, _num(r.live), _num(r.sim), _pct(r.error_pct), _pct(r.max_error_pct, False), r.status]
             for r in table.itertuples()]
+    if "live_spread_pct" in table.columns:  # repeated live runs: their range, the measurement's noise floor
+        head.append("live spread %")
+        for row, spread in zip(body, table["live_spread_pct"], strict=True):
+            row.append(_pct(spread, False))
     return head, body
 
 
@@ -177,7 +199,7 @@ def format_table(table: pd.DataFrame) -> str:
 
 def format_markdown(table: pd.DataFrame) -> str:
     head, body = _cells(table)
-    align = ["---", "---", *["---:"] * 4, "---", *["---:"] * (len(head) - 7)]
+    align = ["---", "---", *["---:"] * 4, "---", *["---:"] * (len(head) - 7)]  # + live spread
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
     lines += ["| " + " | ".join(c or " " for c in row) + " |" for row in body]
     return "\n".join(lines)
@@ -258,7 +280,11 @@ def step_check(live: RunResult, cost_model: Any) -> dict[str, dict[str, float]]:
 def format_step_check(check: Mapping[str, Mapping[str, float]]) -> str:
     if not check:
         return "step check: not available (more than one replica)"
-    parts = [f"{k} {v['bias_pct']:+.1f} % over {v['steps']} steps" for k, v in check.items()]
+    def runs(v: Mapping[str, Any]) -> str:
+        by_run = v.get("bias_pct_by_run")
+        return f" (live runs: {', '.join(f'{b:+.1f}' for b in by_run)} %)" if by_run else ""
+
+    parts = [f"{k} {v['bias_pct']:+.1f} % over {v['steps']} steps{runs(v)}" for k, v in check.items()]
     return "step check, cost model vs the live steps' own shapes (predicted / measured - 1): " + "; ".join(parts)
 
 
@@ -305,8 +331,16 @@ def validate(
     progress: bool | None = None,
     plots: bool = True,
     log: Callable[[str], None] | None = print,
+    repeats: int = 1,
 ) -> ValidationResult:
-    """Run ``sc`` live, simulate the identical workload, write the run folder; see the module docstring."""
+    """Run ``sc`` live, simulate the identical workload, write the run folder; see the module docstring.
+
+    ``repeats`` > 1 runs the live side that many times on the same requests: the table's live
+    column is then each metric's median over the runs and ``live_spread_pct`` its range
+    (max - min) / median, the noise floor any simulation error should be read against.
+    """
+    if repeats < 1:
+        raise ScenarioError(f"--repeats must be >= 1, got {repeats}")
     thresholds = parse_max_error(max_error)  # bad syntax fails before the minute-long live run
     template = sim_scenario(sc, profile)
     build_cost_model(template.cost_model, get_model(sc.model), get_hardware(sc.hardware), sc.tensor_parallel)
@@ -320,12 +354,16 @@ def validate(
     requests = validation_requests(sc)
     before = _signature(requests)
     span = max((r.arrival_time for r in requests), default=0.0)
-    say(f"[1/2] live: {len(requests)} requests on {sc.model} ({sc.live.backend} on {sc.live.device}, "
-        f"arrivals over {span:.1f} s) ...")
-    live = run_live(sc, requests, progress=progress)
-    write_results(live, out / "live", plots=plots)
-    say(f"      live done in {live.wall_s:.1f} s wall; {live.kv.num_blocks} KV blocks "
-        f"(+{live.kv.num_host_blocks} host)")
+    lives: list[RunResult] = []
+    for k in range(repeats):
+        which = f" (run {k + 1} of {repeats})" if repeats > 1 else ""
+        say(f"[1/2] live{which}: {len(requests)} requests on {sc.model} ({sc.live.backend} on {sc.live.device}, "
+            f"arrivals over {span:.1f} s) ...")
+        lives.append(run_live(sc, requests, progress=progress))  # run_live resets the requests' progress
+        write_results(lives[-1], out / ("live" if k == 0 else f"live-{k + 1}"), plots=plots)
+        say(f"      live done in {lives[-1].wall_s:.1f} s wall; {lives[-1].kv.num_blocks} KV blocks "
+            f"(+{lives[-1].kv.num_host_blocks} host)")
+    live = lives[0]
 
     sc_sim = sim_scenario(sc, profile, live.kv)
     planned = plan_kv(sc_sim)
@@ -342,9 +380,16 @@ def validate(
     check_same_workload(live, sim)
     write_results(sim, out / "sim", plots=plots)
 
-    table = error_table(live.summary, sim.summary, thresholds)
-    steps = step_check(live, build_cost_model(sc_sim.cost_model, get_model(sc.model), get_hardware(sc.hardware),
-                                              sc.tensor_parallel))
+    live_summary = median_summary([lv.summary for lv in lives])
+    table = error_table(live_summary, sim.summary, thresholds)
+    if repeats > 1:
+        table["live_spread_pct"] = [spread_pct([lv.summary.get(m, math.nan) for lv in lives]) for m in METRICS]
+    cost_model = build_cost_model(sc_sim.cost_model, get_model(sc.model), get_hardware(sc.hardware),
+                                  sc.tensor_parallel)
+    checks = [step_check(lv, cost_model) for lv in lives]
+    steps = checks[0]
+    if repeats > 1 and all(checks):
+        steps = {k: {**v, "bias_pct_by_run": [c[k]["bias_pct"] for c in checks if k in c]} for k, v in steps.items()}
     commit, dirty = _servesim_commit()
     provenance = {
         "scenario": sc.name,
@@ -363,6 +408,7 @@ def validate(
         "kv_num_host_blocks": live.kv.num_host_blocks,
         "kv_block_size": live.kv.block_size,
         "live_wall_s": live.wall_s,
+        "live_repeats": repeats,
         "sim_wall_s": sim.wall_s,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "servesim_commit": commit,

@@ -112,7 +112,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
           f"sim cost model: {'profile ' + args.profile if args.profile else sc.cost_model.type}", flush=True)
     result = validate(sc, out, profile=args.profile, max_error=args.max_error, source=args.scenario,
                       overrides=args.set, progress=False if args.quiet else None, plots=not args.no_plots,
-                      log=lambda msg: print(msg, flush=True))
+                      log=lambda msg: print(msg, flush=True), repeats=args.repeats)
     print(f"relative error (sim - live) / live, {result.provenance['num_requests']} requests, "
           f"{result.provenance['kv_num_blocks']} KV blocks on both sides:")
     print(format_table(result.table))
@@ -204,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="exit 1 when |error| exceeds PCT %%: a key (p90_ttft_ms=8) or a family for its p50 and "
                           "p90 (ttft, tpot, itl, e2e), comma-separated or repeated")
     val.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    val.add_argument("--repeats", type=int, default=1, metavar="N",
+                     help="run the live side N times on the same requests: the live column is each metric's "
+                          "median and a 'live spread %%' column its range (1)")
     _out_help(val, "output folder (default: results/NAME-validate)")
     _add_calibrate(sub)
     return p

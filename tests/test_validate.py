@@ -238,3 +238,34 @@ def test_a_generous_threshold_passes_and_the_profile_drives_the_simulation(tmp_p
     assert check["predicted_s"] == pytest.approx(float((2e-3 + 5e-5 * it["num_tokens"]).sum()), rel=1e-9)
     assert check["measured_s"] == pytest.approx(float(it["duration"].sum()), rel=1e-9)
     assert "step check" in stdout
+
+
+def test_median_summary_and_spread_are_the_median_and_range_over_runs():
+    from servesim.calibration.validate import median_summary, spread_pct
+
+    runs = [{"median_tpot_ms": 10.0, "p90_tpot_ms": 20.0}, {"median_tpot_ms": 14.0, "p90_tpot_ms": None},
+            {"median_tpot_ms": 11.0, "p90_tpot_ms": 22.0}]
+    med = median_summary(runs)
+    assert med["median_tpot_ms"] == 11.0 and med["p90_tpot_ms"] == 21.0 and math.isnan(med["p99_tpot_ms"])
+    assert spread_pct([10.0, 14.0, 11.0]) == pytest.approx(100 * 4 / 11)
+    assert math.isnan(spread_pct([5.0])) and math.isnan(spread_pct([0.0, 0.0]))
+
+
+def test_repeated_live_runs_report_their_median_and_spread(tmp_path, capsys):
+    pytest.importorskip("torch")
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(tiny_raw()))
+    out = tmp_path / "run"
+    assert main(["validate", str(path), "--out", str(out), "--quiet", "--no-plots", "--repeats", "2"]) == 0
+    stdout = capsys.readouterr().out
+    assert "run 2 of 2" in stdout and "live spread %" in stdout
+    doc = json.loads((out / "validation.json").read_text())
+    assert doc["provenance"]["live_repeats"] == 2
+    runs = [json.loads((out / d / "summary.json").read_text()) for d in ("live", "live-2")]
+    by = {r["metric"]: r for r in doc["metrics"]}
+    for m in ("median_tpot_ms", "p90_e2el_ms"):
+        a, b = runs[0][m], runs[1][m]
+        assert by[m]["live"] == pytest.approx((a + b) / 2)  # the median of two runs
+        assert by[m]["live_spread_pct"] == pytest.approx(100 * abs(a - b) / ((a + b) / 2))
+    assert len(doc["step_check"]["all"]["bias_pct_by_run"]) == 2
+    assert main(["validate", str(path), "--out", str(tmp_path / "bad"), "--quiet", "--repeats", "0"]) == 2
