@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import re
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from tqdm import tqdm
 
 from . import fit as fitting
 from .grid import GridSpec, build_grid
+from .validate import servesim_commit
 
 QUICK_ROUNDS, DEFAULT_ROUNDS = 3, 25
 DECODE_REPEAT = 2  # decode shapes are timed twice per round: the noisiest relative to their length
@@ -60,21 +60,6 @@ def default_profile_path(opts: CalibrateOptions) -> Path:
         tag = re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
     suffix = "" if opts.backend == "torch" and opts.device == "cpu" else f"-{opts.backend}"
     return Path("calibration/profiles") / f"{tag}-{opts.model}{suffix}.json"
-
-
-def _commit() -> tuple[str | None, bool | None]:
-    """(HEAD commit, whether tracked files differ from it) of the servesim checkout, or Nones."""
-    here = Path(__file__).resolve().parent
-    try:
-        head = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=5, check=False)
-        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None, None
-    if head.returncode != 0:
-        return None, None
-    return head.stdout.strip() or None, bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
 
 
 def _check(opts: CalibrateOptions) -> None:
@@ -165,7 +150,7 @@ def calibrate(opts: CalibrateOptions) -> dict[str, Any]:
 
     path = Path(opts.out) if opts.out else default_profile_path(opts)
     info = device_info(opts.device)
-    commit, dirty = _commit()
+    commit, dirty = servesim_commit()
     provenance = {
         **info, "backend": opts.backend, "model": opts.model, "dtype": opts.dtype, "block_size": opts.block_size,
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "servesim_commit": commit,

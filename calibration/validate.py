@@ -288,7 +288,7 @@ def format_step_check(check: Mapping[str, Mapping[str, float]]) -> str:
     return "step check, cost model vs the live steps' own shapes (predicted / measured - 1): " + "; ".join(parts)
 
 
-def _servesim_commit() -> tuple[str | None, bool | None]:
+def servesim_commit() -> tuple[str | None, bool | None]:
     """(commit, dirty) of the servesim checkout this module runs from; (None, None) if not a checkout."""
     here = Path(__file__).resolve()
 
@@ -343,7 +343,9 @@ def validate(
         raise ScenarioError(f"--repeats must be >= 1, got {repeats}")
     thresholds = parse_max_error(max_error)  # bad syntax fails before the minute-long live run
     template = sim_scenario(sc, profile)
-    build_cost_model(template.cost_model, get_model(sc.model), get_hardware(sc.hardware), sc.tensor_parallel)
+    # built now so a missing or bad profile fails before the live run; the step check reuses it
+    cost_model = build_cost_model(template.cost_model, get_model(sc.model), get_hardware(sc.hardware),
+                                  sc.tensor_parallel)
     try:
         from servesim.kernels.live import run_live
     except ImportError as e:  # torch is an optional extra
@@ -384,13 +386,11 @@ def validate(
     table = error_table(live_summary, sim.summary, thresholds)
     if repeats > 1:
         table["live_spread_pct"] = [spread_pct([lv.summary.get(m, math.nan) for lv in lives]) for m in METRICS]
-    cost_model = build_cost_model(sc_sim.cost_model, get_model(sc.model), get_hardware(sc.hardware),
-                                  sc.tensor_parallel)
     checks = [step_check(lv, cost_model) for lv in lives]
     steps = checks[0]
     if repeats > 1 and all(checks):
         steps = {k: {**v, "bias_pct_by_run": [c[k]["bias_pct"] for c in checks if k in c]} for k, v in steps.items()}
-    commit, dirty = _servesim_commit()
+    commit, dirty = servesim_commit()
     provenance = {
         "scenario": sc.name,
         "scenario_file": source,
