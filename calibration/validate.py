@@ -255,7 +255,10 @@ def step_check(live: RunResult, cost_model: Any) -> dict[str, dict[str, float]]:
     seconds in total, and their ratio - 1 (the cost model's bias on exactly the steps live ran).
 
     This separates the two ways a simulation can miss: a wrong step cost shows here; a right step
-    cost with different dynamics (other batches formed, a queue that tipped) does not.
+    cost with different dynamics (other batches formed, a queue that tipped) does not. When the
+    live run recorded its executor's own seconds, two more entries split "all" into ``forward``
+    (the executor: input preparation and the model) and ``engine_loop`` (the rest of the step:
+    scheduling, metrics, the event loop), against the cost model's ``loop_overhead``.
     """
     from servesim.sim.cost_model import classify_step
 
@@ -263,17 +266,30 @@ def step_check(live: RunResult, cost_model: Any) -> dict[str, dict[str, float]]:
     durations = live.iterations_df["duration"].to_numpy()
     if shapes is None or len(shapes) != len(durations):
         return {}
+    forward = live.step_forward_s
+    loop_model = getattr(cost_model, "loop_overhead", None)
+    split = forward is not None and len(forward) == len(durations) and loop_model is not None
     acc: dict[str, list[float]] = {}
-    for (q, ctx), d in zip(shapes, durations, strict=True):
+
+    def add(key: str, measured: float, predicted: float) -> None:
+        a = acc.setdefault(key, [0, 0.0, 0.0])
+        a[0] += 1
+        a[1] += measured
+        a[2] += predicted
+
+    for i, ((q, ctx), d) in enumerate(zip(shapes, durations, strict=True)):
         regime = classify_step(q)
         if regime == "empty":
             continue
-        for key in (regime, "all"):
-            a = acc.setdefault(key, [0, 0.0, 0.0])
-            a[0] += 1
-            a[1] += float(d)
-            a[2] += float(cost_model.iteration_time(q, ctx))
-    return {k: {"steps": int(n), "measured_s": m, "predicted_s": p, "bias_pct": 100 * (p / m - 1)}
+        p = float(cost_model.iteration_time(q, ctx))
+        add(regime, float(d), p)
+        add("all", float(d), p)
+        if split:
+            loop_p = float(loop_model(len(q)))
+            add("forward", float(forward[i]), p - loop_p)
+            add("engine_loop", float(d) - float(forward[i]), loop_p)
+    return {k: {"steps": int(n), "measured_s": m, "predicted_s": p,
+                "bias_pct": 100 * (p / m - 1) if m > 0 else math.nan}
             for k, (n, m, p) in acc.items()}
 
 

@@ -40,6 +40,7 @@ class LiveExecutor:
         self.last_forward_s = 0.0
         self.num_steps = 0
         self.shapes: list[tuple[np.ndarray, np.ndarray]] = []  # each step's rows, for validate's step check
+        self.seconds: list[float] = []  # each step's executor time (the forward and its input preparation)
 
     def run(self, batch: Batch) -> float:
         t0 = time.perf_counter()
@@ -54,6 +55,7 @@ class LiveExecutor:
         for req, tok in zip(sampling, tokens, strict=True):
             req.output_token_ids.append(tok)
         self.last_forward_s = time.perf_counter() - t0
+        self.seconds.append(self.last_forward_s)
         self.num_steps += 1
         return self.last_forward_s
 
@@ -133,4 +135,5 @@ def run_live(sc: Scenario, requests: list[Request] | None = None, progress: bool
     result = finish_run(sc, "live", requests, recorder, kv, time.perf_counter() - t0)
     if len(parts) == 1:
         result.step_shapes = parts[0][1].shapes
+        result.step_forward_s = np.asarray(parts[0][1].seconds)
     return result

@@ -268,6 +268,10 @@ class RooflineCostModel:
         comm = self._ar_fixed + tokens * self._ar_per_token
         return linear + attn + comm + swap + self.step_overhead_s + n * self.per_seq_overhead_s
 
+    def loop_overhead(self, rows: int) -> float:
+        """Seconds of host (scheduler, engine loop) time that ``iteration_time`` adds to a step."""
+        return self.step_overhead_s + rows * self.per_seq_overhead_s
+
     def describe(self) -> dict[str, Any]:
         """The constants behind the predictions (rates in FLOP/s and bytes/s, times in seconds)."""
         return {
@@ -397,6 +401,10 @@ class FittedCostModel:
         prefill, measured GEMMs): then only ``iteration_time`` (the rows), not ``step_time`` (the
         step's sums), can price a step."""
         return self._extras
+
+    def loop_overhead(self, rows: int) -> float:
+        """Seconds of engine-loop work (outside the executor) that ``iteration_time`` adds to a step."""
+        return self._step_s + self._per_seq_s * rows
 
     def iteration_time(self, q_lens: np.ndarray, ctx_lens: np.ndarray, swap_bytes: float = 0.0) -> float:
         """Seconds for one step: coef[regime] . step_features + overheads + swap."""

@@ -88,6 +88,8 @@ class RunResult:
     wall_s: float
     # live mode, one replica: the (q_lens, ctx_lens) rows of every executed step, in order
     step_shapes: list[tuple[np.ndarray, np.ndarray]] | None = None
+    # ... and the executor's own seconds of each (the forward); the rest of a step is the engine loop
+    step_forward_s: np.ndarray | None = None
 
     def header(self) -> dict[str, Any]:
         """Run metadata that goes first in summary.json (nothing here may vary between equal runs)."""

@@ -138,6 +138,16 @@ def test_a_profile_with_row_level_terms_is_priced_from_the_rows():
     assert expected > without.iteration_time(batch.num_new_tokens, batch.num_context_tokens)  # row terms priced
 
 
+def test_loop_overhead_is_the_part_of_a_step_outside_the_features(llama8b_h100):
+    zero = {r: [0.0] * 13 for r in ("decode", "prefill", "mixed")}
+    cm = FittedCostModel(zero, tile_tokens=16, overhead={"step_s": 1e-4, "per_seq_s": 2e-6})
+    q, ctx = arr(1, 1, 1), arr(9, 30, 4)
+    assert cm.loop_overhead(3) == pytest.approx(1e-4 + 3 * 2e-6)
+    assert cm.iteration_time(q, ctx) == pytest.approx(cm.loop_overhead(3))  # no feature terms: overhead only
+    roof = RooflineCostModel(*llama8b_h100, step_overhead_s=1e-3, per_seq_overhead_s=1e-5)
+    assert roof.loop_overhead(4) == pytest.approx(1.04e-3)
+
+
 def test_empty_step_has_zero_features():
     assert not step_features(arr(), arr()).any()
     assert classify_step(arr()) == "empty"

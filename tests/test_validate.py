@@ -237,6 +237,12 @@ def test_a_generous_threshold_passes_and_the_profile_drives_the_simulation(tmp_p
     assert check["steps"] == len(it)
     assert check["predicted_s"] == pytest.approx(float((2e-3 + 5e-5 * it["num_tokens"]).sum()), rel=1e-9)
     assert check["measured_s"] == pytest.approx(float(it["duration"].sum()), rel=1e-9)
+    # ... split into the executor's own seconds and the engine loop around it (this profile has no loop term)
+    fwd, loop = doc["step_check"]["forward"], doc["step_check"]["engine_loop"]
+    assert fwd["steps"] == loop["steps"] == len(it)
+    assert fwd["measured_s"] + loop["measured_s"] == pytest.approx(check["measured_s"], rel=1e-9)
+    assert 0 < loop["measured_s"] < fwd["measured_s"]
+    assert fwd["predicted_s"] == pytest.approx(check["predicted_s"], rel=1e-9) and loop["predicted_s"] == 0
     assert "step check" in stdout
 
 
