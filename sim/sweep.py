@@ -2,7 +2,8 @@
 
 Every point is the scenario with its overrides applied to the raw YAML and validated like
 ``--set``; a point whose values do not validate, or whose run fails, becomes a row with
-``status = "failed"`` and its one-line ``error``, and the rest of the sweep goes on. Rows are in
+``status = "failed"`` and its one-line ``error``, and the rest of the sweep goes on; when no
+point validates (a misspelt key fails them all) the sweep stops before running anything. Rows are in
 grid order (the first ``--grid`` varies slowest), so the table is the same whichever backend ran
 it and in whatever order the workers finished. Everything in a row except ``wall_s`` (seconds the
 run took on its worker, see ``WALL_COLUMNS``) is a pure function of the scenario and its seed.
@@ -115,6 +116,11 @@ def run_sweep(raw: dict[str, Any], axes: Sequence[GridAxis], base_overrides: Seq
             scenarios.append(None)
             errors.append(str(e).splitlines()[0])
     todo = [i for i, s in enumerate(scenarios) if s is not None]
+    if not todo:
+        # a misspelt grid key (or a base scenario that does not validate) fails every point: say so
+        # once, before any worker starts, instead of a table of identical failures
+        raise ScenarioError(f"sweep: none of the {len(points)} grid points is a valid scenario; the first: "
+                            f"{errors[0]}")
     with TaskRunner(backend, workers=workers, ray_address=ray_address, progress=progress, desc="sweep") as runner:
         outcomes = runner.map(run_point, [scenarios[i] for i in todo])
     by_index = dict(zip(todo, outcomes, strict=True))

@@ -82,6 +82,18 @@ def test_a_failing_point_keeps_its_row_and_error_and_the_rest_run():
     assert (df.loc[df["status"] == "ok", "completed"] == 40).all()
 
 
+def test_a_grid_where_no_point_validates_fails_up_front_naming_the_bad_key(capsys, tmp_path: Path):
+    with pytest.raises(ScenarioError, match=r"none of the 4 grid points.*scheduler\.max_num_seq\b"):
+        sweep(grid=["scheduler.type=continuous,chunked", "scheduler.max_num_seq=4,8"])
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(RAW))
+    code = main(["sweep", str(path), "--grid", "scheduler.max_num_seq=4,8", "--workers", "1", "--quiet",
+                 "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code != 0 and "max_num_seq" in err and "Traceback" not in err
+    assert not (tmp_path / "out" / "sweep.parquet").exists()
+
+
 def test_sweep_cli_writes_parquet_csv_and_plot_and_exit_status_says_a_point_failed(capsys, tmp_path: Path):
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(RAW))
