@@ -95,6 +95,20 @@ class Scenario(BaseModel):
         self.scheduler = apply_preset_defaults(self.scheduler, get_hardware(self.hardware), self.model, self.kv_cache)
         return self
 
+    @field_validator("slo", mode="before")
+    @classmethod
+    def _known_slo_keys(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            for key in v:
+                if key not in ("ttft_ms", "tpot_ms", "e2el_ms"):
+                    hint = (". A per-token ITL target is a percentile term: servesim plan --slo p99_itl_ms=..."
+                            if str(key).endswith("itl_ms") else "")
+                    close = difflib.get_close_matches(str(key), ["ttft_ms", "tpot_ms", "e2el_ms"], n=1)
+                    hint = f" (did you mean '{close[0]}'?)" if close and not hint else hint
+                    raise ValueError(f"unknown key {key!r}; the per-request targets (vLLM's --goodput keys) are "
+                                     f"ttft_ms, tpot_ms and e2el_ms{hint}")
+        return v
+
     @field_validator("slo")
     @classmethod
     def _positive_slo(cls, v: dict[str, float]) -> dict[str, float]:

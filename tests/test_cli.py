@@ -138,6 +138,16 @@ def test_every_slo_key_the_schema_accepts_runs_or_is_a_one_line_error(capsys, sc
         _assert_one_line_error(code, err, "itl_ms")
 
 
+def test_an_unknown_slo_key_names_the_accepted_ones_and_where_itl_targets_go(capsys, scenario_file: Path,
+                                                                            tmp_path: Path):
+    code, _, err = _run(capsys, str(scenario_file), "--set", "slo.itl_ms=100", "--quiet", "--no-plots",
+                        "--out", str(tmp_path / "o"))
+    _assert_one_line_error(code, err, "itl_ms", "ttft_ms, tpot_ms and e2el_ms", "p99_itl_ms")
+    code, _, err = _run(capsys, str(scenario_file), "--set", "slo.ttft=100", "--quiet", "--no-plots",
+                        "--out", str(tmp_path / "o"))
+    _assert_one_line_error(code, err, "'ttft'", "did you mean 'ttft_ms'")
+
+
 def test_prompt_longer_than_kv_cache_is_rejected_with_one_warning_line(capsys, scenario_file: Path,
                                                                       tmp_path: Path):
     out = tmp_path / "o"
