@@ -27,7 +27,6 @@ decrease (throughput, goodput, attainment). A regression is *flagged* when both 
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 import warnings
@@ -39,6 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .hints import did_you_mean
 from .parallel import TaskRunner
 from .scenario import Scenario, ScenarioError
 
@@ -70,8 +70,7 @@ def parse_fail_on(items: Sequence[str], known: Sequence[str]) -> list[FailOn]:
                                 "e.g. p99_tpot_ms=+5%")
         metric = m.group("metric")
         if metric not in known:
-            close = difflib.get_close_matches(metric, list(known), n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            hint = did_you_mean(metric, known)
             raise ScenarioError(f"--fail-on {item!r}: unknown metric '{metric}'{hint}; summary keys such as "
                                 "p99_tpot_ms, mean_ttft_ms, request_goodput")
         out.append(FailOn(metric, 1 if m.group("sign") == "+" else -1, float(m.group("margin"))))
@@ -191,8 +190,7 @@ def compare(baseline: Scenario, candidate: Scenario, seeds: int = 10, fail_on: S
     wanted = list(metrics) if metrics else [*DEFAULT_METRICS, *(SLO_METRICS if baseline.slo else ())]
     unknown = [m for m in wanted if m not in known]
     if unknown:
-        close = difflib.get_close_matches(unknown[0], known, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        hint = did_you_mean(unknown[0], known)
         raise ScenarioError(f"--metrics: unknown summary key '{unknown[0]}'{hint}")
     wanted += [m for m in rules if m not in wanted]
     cand, notes = same_workload(baseline, candidate)

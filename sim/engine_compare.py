@@ -23,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from .hints import did_you_mean
 from .scenario import Scenario, ScenarioError, read_scenario_file, scenario_from_dict
 from .schedulers.engine_presets import PRESETS
 from .simulate import RunResult, simulate, write_results
@@ -64,7 +65,8 @@ def parse_presets(text: str | None) -> list[PresetChoice]:
         name, _, value = item.partition(":")
         cls = PRESETS.get(name)
         if cls is None:
-            raise ScenarioError(f"--presets: unknown engine preset {name!r}; choose from: {', '.join(PRESETS)}")
+            raise ScenarioError(f"--presets: unknown engine preset {name!r}{did_you_mean(name, PRESETS)}; "
+                                f"choose from: {', '.join(PRESETS)}")
         knobs: dict[str, Any] = {"preset": name}
         if value:
             if cls.VARIANT_KNOB is None:

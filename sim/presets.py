@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .hints import did_you_mean
+
 GiB = 1024**3
 MiB = 1024**2
 
@@ -166,7 +168,8 @@ def _lookup(table: dict, name: str, what: str):
     try:
         return table[name]
     except (KeyError, TypeError):
-        raise PresetError(f"unknown {what} {name!r}; choose one of: {', '.join(sorted(table))}") from None
+        raise PresetError(f"unknown {what} {name!r}{did_you_mean(name, table)}; choose one of: "
+                          f"{', '.join(sorted(table))}") from None
 
 
 def get_model(name: str) -> ModelConfig:

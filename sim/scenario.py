@@ -7,7 +7,6 @@ are applied to the raw YAML before validation, so they are checked the same way.
 
 from __future__ import annotations
 
-import difflib
 import math
 import types
 import typing
@@ -19,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, Tag, ValidationError, field_v
 
 from .cluster import ClusterConfig
 from .cost_model import CostModelConfig
+from .hints import did_you_mean
 from .presets import HARDWARE, MODELS, get_hardware
 from .schedulers import SchedulerConfig
 from .schedulers.engine_presets import BUILTIN_TAG, SchedulerSection, apply_preset_defaults
@@ -78,14 +78,15 @@ class Scenario(BaseModel):
     @classmethod
     def _known_model(cls, v: str) -> str:
         if v not in MODELS:
-            raise ValueError(f"unknown model preset '{v}'; allowed: {', '.join(MODELS)}")
+            raise ValueError(f"unknown model preset '{v}'{did_you_mean(v, MODELS)}; allowed: {', '.join(MODELS)}")
         return v
 
     @field_validator("hardware")
     @classmethod
     def _known_hardware(cls, v: str) -> str:
         if v not in HARDWARE:
-            raise ValueError(f"unknown hardware preset '{v}'; allowed: {', '.join(HARDWARE)}")
+            raise ValueError(f"unknown hardware preset '{v}'{did_you_mean(v, HARDWARE)}; allowed: "
+                             f"{', '.join(HARDWARE)}")
         return v
 
     @model_validator(mode="after")
@@ -103,8 +104,7 @@ class Scenario(BaseModel):
                 if key not in ("ttft_ms", "tpot_ms", "e2el_ms"):
                     hint = (". A per-token ITL target is a percentile term: servesim plan --slo p99_itl_ms=..."
                             if str(key).endswith("itl_ms") else "")
-                    close = difflib.get_close_matches(str(key), ["ttft_ms", "tpot_ms", "e2el_ms"], n=1)
-                    hint = f" (did you mean '{close[0]}'?)" if close and not hint else hint
+                    hint = hint or did_you_mean(key, ["ttft_ms", "tpot_ms", "e2el_ms"])
                     raise ValueError(f"unknown key {key!r}; the per-request targets (vLLM's --goodput keys) are "
                                      f"ttft_ms, tpot_ms and e2el_ms{hint}")
         return v
@@ -186,9 +186,7 @@ def format_validation_error(err: ValidationError) -> str:
         allowed = _fields_at(Scenario, first["loc"][:-1])
         msg = f"unknown field '{loc[-1]}'"
         if allowed:
-            close = difflib.get_close_matches(loc[-1], allowed, n=1)
-            if close:
-                msg += f" (did you mean '{close[0]}'?)"
+            msg += did_you_mean(loc[-1], allowed)
             msg += f"; allowed here: {', '.join(allowed)}"
     elif kind == "missing":
         msg = "required field is missing"

@@ -18,7 +18,6 @@ A TPOT target is met by requests with a single output token (they have no TPOT),
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from .hints import did_you_mean
 from .metrics import LogHistogram
 from .scenario import ScenarioError
 
@@ -66,8 +66,7 @@ def parse_term(key: str, target: float) -> SloTerm:
     m = _TERM.match(key.strip())
     if m is None or m.group("metric") not in METRIC_COLUMNS:
         metric = m.group("metric") if m else key
-        close = difflib.get_close_matches(metric, list(METRIC_COLUMNS), n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        hint = did_you_mean(metric, METRIC_COLUMNS)
         raise SloError(
             f"SLO term {key!r}: expected [pNN_|median_|mean_]METRIC_ms with METRIC one of "
             f"{', '.join(METRIC_COLUMNS)}{hint}"

@@ -110,3 +110,11 @@ def test_head_counts_that_do_not_split_are_rejected():
         kv_heads_per_rank(get_model("llama-3.1-8b"), 3)
     with pytest.raises(PresetError, match="gpu_memory_utilization"):
         num_kv_blocks(get_model("tiny"), get_hardware("cpu-2core"), 1, 1.5, 16)
+
+
+def test_did_you_mean_prefers_the_choice_a_name_begins_then_the_closest_then_nothing():
+    from servesim.sim.hints import did_you_mean
+
+    assert did_you_mean("h100", ["a100-80g", "h100-sxm", "h200"]) == " (did you mean 'h100-sxm'?)"
+    assert did_you_mean("max_num_seq", ["max_num_seqs", "policy"]) == " (did you mean 'max_num_seqs'?)"
+    assert did_you_mean("zzz", ["max_num_seqs", "policy"]) == ""

@@ -40,6 +40,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, model_validator
 
+from ..hints import did_you_mean
 from ..kv_cache import BlockManager
 from ..presets import GiB, HardwareConfig
 from .base import Scheduler, SchedulerConfig
@@ -111,7 +112,7 @@ class EnginePreset(BaseModel):
             elif key == "type":
                 hint = "a preset picks its own scheduler; drop 'type'"
             else:
-                hint = "not a knob of this preset"
+                hint = did_you_mean(key, allowed).strip(" ()") or "not a knob of this preset"
             raise ValueError(f"unknown knob '{key}' for preset {name} ({hint}); its knobs: {', '.join(allowed)}")
         return data
 
@@ -541,7 +542,8 @@ class _UnknownPreset(BaseModel):
     @classmethod
     def _reject(cls, data: Any) -> Any:
         name = data.get("preset") if isinstance(data, dict) else data
-        raise ValueError(f"unknown engine preset {name!r}; choose one of: {', '.join(PRESETS)}")
+        raise ValueError(f"unknown engine preset {name!r}{did_you_mean(name, PRESETS)}; choose one of: "
+                         f"{', '.join(PRESETS)}")
 
 
 def _section_tag(value: Any) -> str:
