@@ -43,6 +43,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=150, help="live steps re-timed per repeat")
     ap.add_argument("--grid-shapes", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--csv", help="also write every re-timed live step (shape, live, re-timed, model seconds) here")
     args = ap.parse_args()
 
     sc = load_scenario(f"scenarios/live-cpu-{args.scheduler}.yaml",
@@ -53,7 +54,7 @@ def main() -> None:
     keys = list(cal.sample(min(args.grid_shapes, len(cal)), random_state=1).index)
     grid = [_shape(*parse_shape(k)) for k in keys]
     rng = np.random.default_rng(0)
-    lines = []
+    lines, per_step = [], []
     for rep in range(args.repeats):
         live = run_live(sc, progress=False)
         steps = [i for i, (q, _) in enumerate(live.step_shapes) if classify_step(q) != "empty"]
@@ -67,6 +68,11 @@ def main() -> None:
                 times[j].append(time_shape(bench, shapes[j], rng))
         del bench
         mean = [float(np.mean(t)) for t in times]
+        for k, i in enumerate(pick):
+            q, ctx = live.step_shapes[i]
+            per_step.append({"repeat": rep + 1, "shape": shapes[k].key, "regime": shapes[k].regime,
+                             "live_s": live.step_forward_s[i], "retimed_s": mean[k],
+                             "model_s": prof.iteration_time(q, ctx) - prof.loop_overhead(len(q))})
         now_cal = np.median([mean[len(pick) + k] / cal.loc[key, "seconds"] for k, key in enumerate(keys)])
         for regime in ("decode", "prefill", "mixed", "all"):
             idx = [k for k, i in enumerate(pick) if regime == "all" or shapes[k].regime == regime]
@@ -81,6 +87,8 @@ def main() -> None:
                           "model/live": np.median(model / live_fwd), "live ms": 1e3 * np.median(live_fwd)})
         print(pd.DataFrame(lines[-4:]).to_string(index=False, float_format=lambda x: f"{x:.3f}"), flush=True)
     table = pd.DataFrame(lines)
+    if args.csv:
+        pd.DataFrame(per_step).to_csv(args.csv, index=False)
     print(f"\n{args.scheduler} at {args.rate} req/s, {args.requests} requests, profile {path.name}; "
           "medians of per-step ratios")
     cells = [[f"{v:.3f}" if isinstance(v, float) else str(v) for v in row] for row in table.itertuples(index=False)]
