@@ -43,6 +43,9 @@ class ModelConfig:
     rms_norm_eps: float
     dtype_bytes: int = 2
     qkv_bias: bool = False
+    # Qwen3: an RMSNorm over each head's q and k (2 x head_dim weights per layer). Counted in the
+    # parameters; the live model (kernels/model.py) does not apply it, a negligible cost.
+    qk_norm: bool = False
 
     @property
     def layer_matmul_params(self) -> int:
@@ -61,6 +64,8 @@ class ModelConfig:
         per_layer = self.layer_matmul_params + 2 * self.hidden_size
         if self.qkv_bias:
             per_layer += (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+        if self.qk_norm:
+            per_layer += 2 * self.head_dim
         lm_head = 0 if self.tie_word_embeddings else self.embedding_params
         return self.embedding_params + self.num_layers * per_layer + self.hidden_size + lm_head
 
@@ -107,6 +112,11 @@ MODELS: dict[str, ModelConfig] = {
     "llama-3.2-1b": _llama("llama-3.2-1b", 16, 2048, 32, 8, 8192, head_dim=64, tie_word_embeddings=True),
     # huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json: 8.030 B params.
     "llama-3.1-8b": _llama("llama-3.1-8b", 32, 4096, 32, 8, 14336),
+    # huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json: as 3.1-8B (8.030 B params),
+    # only its context differs (8192 positions, no rope scaling).
+    "llama-3-8b": _llama("llama-3-8b", 32, 4096, 32, 8, 14336),
+    # huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json: 6.738 B params, MHA (32 KV heads).
+    "llama-2-7b": _llama("llama-2-7b", 32, 4096, 32, 32, 11008, vocab_size=32000, rope_theta=10000.0),
     # huggingface.co/meta-llama/Llama-3.1-70B/blob/main/config.json: 70.55 B params.
     "llama-3.1-70b": _llama("llama-3.1-70b", 80, 8192, 64, 8, 28672),
     # huggingface.co/mistralai/Mistral-7B-v0.3/blob/main/config.json (v0.3: vocab 32768, theta 1e6,
@@ -115,6 +125,10 @@ MODELS: dict[str, ModelConfig] = {
     # huggingface.co/Qwen/Qwen2.5-7B/blob/main/config.json: 7.616 B params, bias on q/k/v only.
     "qwen2.5-7b": _llama("qwen2.5-7b", 28, 3584, 28, 4, 18944, vocab_size=152064, rope_theta=1e6,
                          rms_norm_eps=1e-6, qkv_bias=True),
+    # huggingface.co/Qwen/Qwen3-32B/blob/main/config.json: 32.76 B params; head_dim 128 with 64
+    # heads (q width 8192 > hidden 5120), q/k RMSNorm, no qkv bias, untied lm head.
+    "qwen3-32b": _llama("qwen3-32b", 64, 5120, 64, 8, 25600, head_dim=128, vocab_size=151936,
+                        rope_theta=1e6, rms_norm_eps=1e-6, qk_norm=True),
     # Live mode on the 2-core CPU: small enough for ~100 tokens/s in fp32 PyTorch.
     "tiny": ModelConfig("tiny", num_layers=4, hidden_size=256, num_heads=8, num_kv_heads=2, head_dim=32,
                         intermediate_size=768, vocab_size=4096, tie_word_embeddings=False,
@@ -146,6 +160,12 @@ class HardwareConfig:
 # 46068 MiB L40S), the figure vLLM's gpu_memory_utilization scales. PCIe effective is ~80% of
 # one direction of x16 (Gen4 32 GB/s, Gen5 64 GB/s). NVLink: half the bidirectional total
 # (A100 600 GB/s, H100/H200 900 GB/s); L40S has no NVLink, so TP all-reduces cross PCIe.
+# RTX PRO 6000 Blackwell Server Edition (nvidia.com/en-us/data-center/rtx-pro-6000-blackwell-server-edition):
+# 96 GB GDDR7 (97887 MiB in nvidia-smi), 1792 GB/s, 4 PFLOPS FP4 with sparsity -> 2 dense FP4,
+# 0.5 dense BF16 (FP32 accumulate at full rate on this professional card); PCIe Gen5, no NVLink.
+# RTX 4090 (Ada Lovelace whitepaper, appendix table): 24 GB GDDR6X (24564 MiB), 1008 GB/s,
+# 165.2 TFLOP/s dense BF16 with FP32 accumulate (GeForce runs FP32 accumulate at half rate);
+# PCIe Gen4, no NVLink (and no peer-to-peer), so TP all-reduces cross PCIe through the host.
 HARDWARE: dict[str, HardwareConfig] = {
     "a100-80g": HardwareConfig("a100-80g", peak_flops=312e12, hbm_bandwidth=2.039e12,
                                memory_bytes=81920 * MiB, pcie_bandwidth=25e9, interconnect_bandwidth=300e9),
@@ -155,6 +175,10 @@ HARDWARE: dict[str, HardwareConfig] = {
                            memory_bytes=143771 * MiB, pcie_bandwidth=50e9, interconnect_bandwidth=450e9),
     "l40s": HardwareConfig("l40s", peak_flops=362e12, hbm_bandwidth=864e9,
                            memory_bytes=46068 * MiB, pcie_bandwidth=25e9, interconnect_bandwidth=25e9),
+    "rtx-pro-6000": HardwareConfig("rtx-pro-6000", peak_flops=503.8e12, hbm_bandwidth=1.792e12,
+                                   memory_bytes=97887 * MiB, pcie_bandwidth=50e9, interconnect_bandwidth=50e9),
+    "rtx-4090": HardwareConfig("rtx-4090", peak_flops=165.2e12, hbm_bandwidth=1.008e12,
+                               memory_bytes=24564 * MiB, pcie_bandwidth=25e9, interconnect_bandwidth=25e9),
     # This machine (2 AMD EPYC cores, AVX2 FMA): fp32 PyTorch matmuls reach a few tens of GFLOP/s
     # and a stream copy ~10 GB/s. Rough on purpose: calibration/profiles/cpu-tiny.json replaces it.
     # memory_bytes is the slice of host RAM live mode may use for weights + KV, not the whole RAM.

@@ -21,6 +21,10 @@ from servesim.sim.presets import (
     ("llama-3.1-70b", 70_553_706_496),
     ("mistral-7b", 7_248_023_552),
     ("qwen2.5-7b", 7_615_616_512),
+    ("llama-3-8b", 8_030_261_248),
+    ("llama-2-7b", 6_738_415_616),
+    # Qwen3-32B's model card: 32.8 B parameters, 31.2 B without the two embedding tables.
+    ("qwen3-32b", 32_762_123_264),
 ])
 def test_param_count_matches_published_checkpoint(name, published):
     assert get_model(name).num_params == published
@@ -61,7 +65,8 @@ def test_unknown_names_raise_preset_error_listing_the_choices():
 def test_every_hardware_preset_has_positive_figures():
     for hw in HARDWARE.values():
         assert min(hw.peak_flops, hw.hbm_bandwidth, hw.memory_bytes, hw.pcie_bandwidth) > 0
-    assert set(MODELS) >= {"llama-3.2-1b", "llama-3.1-8b", "llama-3.1-70b", "mistral-7b", "qwen2.5-7b", "tiny"}
+    assert {"rtx-pro-6000", "rtx-4090"} <= set(HARDWARE)
+    assert set(MODELS) >= {"llama-3-8b", "llama-2-7b", "qwen3-32b", "llama-3.2-1b", "llama-3.1-8b", "llama-3.1-70b", "mistral-7b", "qwen2.5-7b", "tiny"}
 
 
 def test_llama_8b_on_h100_gets_vllm_like_block_count():

@@ -55,6 +55,9 @@ from .retracting import RetractingScheduler
 CONTEXT_LENGTH: dict[str, int] = {
     "llama-3.2-1b": 131072,
     "llama-3.1-8b": 131072,
+    "llama-3-8b": 8192,
+    "llama-2-7b": 4096,
+    "qwen3-32b": 40960,
     "llama-3.1-70b": 131072,
     "mistral-7b": 32768,
     "qwen2.5-7b": 131072,
