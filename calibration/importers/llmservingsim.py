@@ -21,7 +21,8 @@ Frames returned (SI units):
   chunk of ``prefill_chunk`` new tokens over ``kv_prefill`` cached ones, plus ``n_decode`` decode
   rows each with ``kv_decode`` cached tokens, in one kernel call)
 - per_sequence: ``op, sequences, seconds``
-- skew: ``regime, n, nb, skew, pc, kp, kvs, kv_big, kv_mean, t_mean_s, t_max_s, t_skew_s``
+- skew: ``regime, n, nb, skew, pc, kp, kvs, kv_big, kv_mean, t_mean_s, t_max_s, t_skew_s``, per
+  call: the file sums ``measurement_iterations`` timed calls, so ``read_profile`` divides by it
 - v0 layers: ``op, tokens, kv_cache, tp, seconds``
 """
 
@@ -153,9 +154,15 @@ def read_profile(path: str | Path, tp: list[int] | None = None) -> LLMServingSim
     prof = LLMServingSimProfile(path, meta, {})
     for t in degrees:
         d = path / f"tp{t}"
+        skew = read_skew(d / "skew.csv") if (d / "skew.csv").is_file() else None
+        if skew is not None:
+            # the profiler's skew pass sums its timed iterations (skew.py `_measure`): its times
+            # are meta.yaml's measurement_iterations x one call (2.97x attention.csv at the same shape)
+            iters = int(meta.get("measurement_iterations", 1) or 1)
+            for c in ("t_mean_s", "t_max_s", "t_skew_s"):
+                skew[c] = skew[c] / iters
         tables = {"dense": read_dense(d / "dense.csv"), "attention": read_attention(d / "attention.csv"),
-                  "per_sequence": read_per_sequence(d / "per_sequence.csv"),
-                  "skew": read_skew(d / "skew.csv") if (d / "skew.csv").is_file() else None}
+                  "per_sequence": read_per_sequence(d / "per_sequence.csv"), "skew": skew}
         what = {"dense": "one decoder layer's token-linear ops vs tokens (us, per rank)",
                 "attention": "one layer's attention: prefill chunk over cached context + decode rows (us)",
                 "per_sequence": "lm_head and sampler vs sequences (us, per rank)",
