@@ -126,9 +126,9 @@ def run_import(opts: ImportOptions, log: Callable[[str], None] = lambda _m: None
         link.update(bandwidth=opts.link_bandwidth, source="--link-bandwidth")
     if opts.link_latency_us is not None:
         link.update(latency_s=opts.link_latency_us * 1e-6, source=link["source"] + "; --link-latency-us")
-    if opts.fmt == "llmservingsim":
-        if len(opts.paths) != 1:
-            raise SourceError("--format llmservingsim takes one profile folder (the one holding meta.yaml)")
+    if opts.fmt == "llmservingsim" and Path(opts.paths[0]).is_dir():
+        if len(opts.paths) != 1 or opts.extra:
+            raise SourceError("an LLMServingSim profile folder (the one holding meta.yaml) is imported alone")
         allreduce = allreduce_link(model, opts.tp, link["bandwidth"], link["latency_s"], link["source"])
         asm, att_rows, skew = assemble_llmservingsim(opts.paths[0], model, opts.hardware, opts.tp, allreduce)
     else:
@@ -176,7 +176,7 @@ def format_report(profile: dict[str, Any]) -> str:
     for r, e in h.get("steps", {}).items():
         row(f"step, {r}", e)
     for r, e in h.get("attention", {}).items():
-        row(f"attention, {r}", e["table"], e["fit"])
+        row(f"attention, {r}", e.get("table", {}), e.get("fit"))
     if "dense_all_layers" in h:
         row("token ops, all layers summed", h["dense_all_layers"])
     for name, e in h.get("dense_ops", {}).items():

@@ -311,6 +311,9 @@ class Assembly:
     sources: list[dict[str, Any]] = field(default_factory=list)
     assembly_notes: list[str] = field(default_factory=list)
     held_out: dict[str, Any] = field(default_factory=dict)
+    attention_check: dict[str, Any] | None = None  # held-out attention errors found while assembling
+    # per-sequence ops measured on another grid: (x, y) to hold out from; None = an estimate
+    seq_native: dict[str, Any] = field(default_factory=dict)
 
 
 def check_tables(asm: Assembly, attention_rows: pd.DataFrame | None, skew: pd.DataFrame | None,
@@ -320,27 +323,32 @@ def check_tables(asm: Assembly, attention_rows: pd.DataFrame | None, skew: pd.Da
                             "holdout_fraction": HOLDOUT, "seed": SEED}
     xs = np.asarray(asm.dense_tokens, dtype=float)
     dense = {}
-    layer_sum_meas, layer_sum_pred, held_x = None, None, None
+    layer_sum_meas, layer_sum_pred = None, None
     for name, op in asm.dense_ops.items():
-        ys = np.asarray(op["seconds"])
-        chk, hx, pred = check_curve(xs, ys)
+        # a table resampled from another source's grid is checked on that source's own points
+        nx, ny = op.pop("native", (xs, np.asarray(op["seconds"])))
+        nx, ny = np.asarray(nx, dtype=float), np.asarray(ny, dtype=float)
+        chk, _hx, pred = check_curve(nx, ny)
         dense[name] = {"table": chk.table, "fit": chk.fit, "chosen": chk.method}
         if chk.method == "fit":
-            op["seconds"] = tabulate_fit(xs, ys).tolist()
+            op["seconds"] = (token_features(xs) @ nnls_relative(token_features(nx), ny)).tolist()
             op["method"] = "physics fit (NNLS: const, tokens, 64-padded tokens)"
-        if len(hx):
+        if len(pred) and len(nx) == len(xs) and np.array_equal(nx, xs):
             w = op["count"] * (asm.model.num_layers if op["per"] == "layer" else 1)
-            meas = ys[split_mask(len(xs))] * w
+            meas = ny[split_mask(len(nx))] * w
             layer_sum_meas = meas if layer_sum_meas is None else layer_sum_meas + meas
             layer_sum_pred = pred * w if layer_sum_pred is None else layer_sum_pred + pred * w
-            held_x = hx
     held["dense_ops"] = dense
     if layer_sum_meas is not None:
         held["dense_all_layers"] = ape_summary(layer_sum_pred, layer_sum_meas)
     sx = np.asarray(asm.seq_sequences, dtype=float)
     seq = {}
     for name, ys in asm.seq_ops.items():
-        chk, _, _ = check_curve(sx, np.asarray(ys))
+        native = asm.seq_native.get(name, (sx, np.asarray(ys)))
+        if native is None:  # an estimate, not a measurement: nothing to hold out
+            seq[name] = {"table": {"n": 0}, "fit": {"n": 0}, "chosen": "estimate"}
+            continue
+        chk, _, _ = check_curve(np.asarray(native[0], dtype=float), np.asarray(native[1], dtype=float))
         seq[name] = {"table": chk.table, "fit": chk.fit, "chosen": chk.method}
     held["per_sequence_ops"] = seq
     table = AttentionGrid(asm.grid.axes, asm.grid.seconds)
@@ -351,9 +359,10 @@ def check_tables(asm: Assembly, attention_rows: pd.DataFrame | None, skew: pd.Da
         fit_better = [r for r, e in att_err.items()
                       if e["fit"].get("p90_ape", math.inf) < e["table"].get("p90_ape", math.inf)]
         held["attention_chosen"] = "table" if not fit_better else f"table (the fit wins only for {fit_better})"
+    if asm.attention_check:
+        held["attention"] = asm.attention_check
     if skew is not None and len(skew):
         asm.skew, held["skew"] = fit_skew(skew, table)
-    del held_x
     asm.held_out = held
 
 
