@@ -215,10 +215,14 @@ def attention_features(pc: np.ndarray, kp: np.ndarray, n: np.ndarray, kv: np.nda
 def check_attention(grid: Grid, att: pd.DataFrame, seed: int = SEED) -> tuple[dict[str, Any], pd.DataFrame]:
     """Held-out APE per regime of the table and of a per-regime NNLS fit.
 
-    A seeded ``HOLDOUT`` of the measured points is removed, the grid is rebuilt (and gap-filled)
+    A seeded ``HOLDOUT`` of the measured points of each regime is removed, the grid is rebuilt (and gap-filled)
     from the rest on the same axes, and both predict the removed points.
     """
-    held = split_mask(len(att), seed=seed, keep_ends=False)
+    regime = attention_regime(att["prefill_chunk"].to_numpy(), att["n_decode"].to_numpy())
+    held = np.zeros(len(att), dtype=bool)
+    for r in ("decode", "prefill", "mixed"):  # stratified, so a small regime is tested too
+        idx = np.flatnonzero(regime == r)
+        held[idx] = split_mask(len(idx), seed=seed, keep_ends=False)
     train, test = att.loc[~held].reset_index(drop=True), att.loc[held].reset_index(drop=True)
     table = AttentionGrid(grid.axes, attention_grid(train, grid.axes).seconds)
     cols = [test[a].to_numpy() for a in ATTENTION_AXES]
