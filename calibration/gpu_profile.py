@@ -45,6 +45,8 @@ SEED = 0
 TILE = 64
 # Decode batch-size buckets of the skew alpha (upper edges), as LLMServingSim buckets them.
 SKEW_N_EDGES = (2, 4, 8, 16, 32, 64, 128, 256, 1 << 20)
+SKEW_RATIO_EDGES = (0.05, 0.15, 0.4, 0.7, 1.01)  # (mean - min) / (max - min) of the decode contexts
+SKEW_KV_EDGES = (1024, 4096, 16384, 1 << 30)  # the longest decode context
 
 
 # ---- error summaries ----
@@ -249,46 +251,55 @@ def check_attention(grid: Grid, att: pd.DataFrame, seed: int = SEED) -> tuple[di
 # ---- skew ----
 
 
+def skew_buckets(n: np.ndarray, ratio: np.ndarray, kv_max: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Bucket indices (n, ratio, longest context) of decode batches, as ``SkewAlpha`` looks them up."""
+    return (np.searchsorted(np.asarray(SKEW_N_EDGES), n), np.searchsorted(np.asarray(SKEW_RATIO_EDGES), ratio),
+            np.searchsorted(np.asarray(SKEW_KV_EDGES), kv_max))
+
+
 def fit_skew(skew: pd.DataFrame, grid: AttentionGrid, seed: int = SEED) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(profile ``skew`` section, held-out errors). alpha per (pure/mixed, n bucket) by least squares
-    of t_skew - t_mean on t_max - t_mean over a seeded 80 % of the rows."""
+    """(profile ``skew`` section, held-out errors). alpha per (pure/mixed, rows, ratio, longest
+    context) bucket by least squares of t_skew - t_mean on t_max - t_mean over a seeded 80 % of the
+    rows; a bucket with fewer than 3 training rows takes its (pure/mixed, rows) bucket's alpha."""
     df = skew[(skew["t_max_s"] > skew["t_mean_s"])].reset_index(drop=True)
     held = split_mask(len(df), seed=seed, keep_ends=False)
-    bucket = np.searchsorted(np.asarray(SKEW_N_EDGES), df["n"].to_numpy())
-    mixed = (df["pc"] > 0).to_numpy()
+    nb, rb, kb = skew_buckets(df["n"].to_numpy(), (df["nb"] / df["n"]).to_numpy(), df["kv_big"].to_numpy())
+    mixed = (df["pc"] > 0).to_numpy().astype(int)
     dy = (df["t_skew_s"] - df["t_mean_s"]).to_numpy()
     dx = (df["t_max_s"] - df["t_mean_s"]).to_numpy()
-    alphas = {False: [], True: []}
-    for is_mixed in (False, True):
-        for b in range(len(SKEW_N_EDGES)):
-            m = (~held) & (bucket == b) & (mixed == is_mixed)
-            a = float(np.dot(dy[m], dx[m]) / np.dot(dx[m], dx[m])) if m.sum() >= 3 else math.nan
-            alphas[is_mixed].append(a)
-    for is_mixed in (False, True):  # an empty bucket takes its neighbour's alpha, else 0
-        vals = alphas[is_mixed]
-        for i, v in enumerate(vals):
-            if math.isnan(v):
-                known = [(abs(i - j), w) for j, w in enumerate(vals) if not math.isnan(w)]
-                vals[i] = min(known)[1] if known else 0.0
-        alphas[is_mixed] = [round(min(max(v, -1.0), 2.0), 4) for v in vals]
-    alpha = np.where(mixed, np.take(alphas[True], bucket), np.take(alphas[False], bucket))
+    shape = (2, len(SKEW_N_EDGES), len(SKEW_RATIO_EDGES), len(SKEW_KV_EDGES))
+
+    def ls(m: np.ndarray) -> float:
+        return float(np.dot(dy[m], dx[m]) / np.dot(dx[m], dx[m])) if m.sum() >= 3 else math.nan
+
+    coarse = np.zeros(shape[:2])
+    for g in range(2):
+        for i in range(shape[1]):
+            a = ls((~held) & (mixed == g) & (nb == i))
+            coarse[g, i] = 0.0 if math.isnan(a) else a
+    alpha = np.zeros(shape)
+    for g, i, j, k in np.ndindex(shape):
+        a = ls((~held) & (mixed == g) & (nb == i) & (rb == j) & (kb == k))
+        alpha[g, i, j, k] = coarse[g, i] if math.isnan(a) else a
+    alpha = np.clip(np.round(alpha, 4), -1.0, 2.0)
+    a_row = alpha[mixed, nb, rb, kb]
     te = held
     meas = df.loc[te, "t_skew_s"].to_numpy()
-    # the skew model alone (measured uniform-batch times) and the whole attention model (grid times)
-    alone = df.loc[te, "t_mean_s"].to_numpy() + alpha[te] * dx[te]
+    alone = df.loc[te, "t_mean_s"].to_numpy() + a_row[te] * dx[te]
     rows = df.loc[te]
     g_mean = np.array([grid(pc, kp, n, kvm) for pc, kp, n, kvm in
                        zip(rows["pc"], rows["kp"], rows["n"], rows["kv_mean"], strict=True)])
     g_max = np.array([grid(pc, kp, n, kvb) for pc, kp, n, kvb in
                       zip(rows["pc"], rows["kp"], rows["n"], rows["kv_big"], strict=True)])
-    full = g_mean + alpha[te] * (g_max - g_mean)
+    full = g_mean + a_row[te] * (g_max - g_mean)
     errors = {"skew_alpha_measured_uniform": ape_summary(alone, meas),
               "skew_mean_context_only": ape_summary(df.loc[te, "t_mean_s"].to_numpy(), meas),
               "skew_full_model": ape_summary(full, meas),
               "uniform_mean_context_grid": ape_summary(g_mean, df.loc[te, "t_mean_s"].to_numpy()),
               "uniform_max_context_grid": ape_summary(g_max, df.loc[te, "t_max_s"].to_numpy())}
-    section = {"n_edges": list(SKEW_N_EDGES), "alpha_pure": alphas[False], "alpha_mixed": alphas[True],
-               "fitted_on": int((~held).sum())}
+    section = {"n_edges": list(SKEW_N_EDGES), "ratio_edges": list(SKEW_RATIO_EDGES), "kv_edges": list(SKEW_KV_EDGES),
+               "alpha": alpha.tolist(), "fitted_on": int((~held).sum()),
+               "ratio": "(mean - shortest) / (longest - shortest) decode context: nb/n for the profiled two-level batches"}
     return section, errors
 
 

@@ -55,11 +55,12 @@ def fabricate_llmservingsim(root: Path, model: str = "meta-llama/Llama-3.1-8B") 
     (folder / "tp1" / "attention.csv").write_text("\n".join(rows) + "\n")
     skew = ["regime,n,nb,ratio,skew,pc,kp,kvs,kv_big,kv_mean,t_mean_us,t_max_us,t_skew_us,alpha"]
     for n in (2, 4, 8):
-        for kvs in (16, 64, 256):
-            big, nb = 4 * kvs, 1
-            mean = (big + (n - 1) * kvs) // n
-            tm, tx = attn_s(0, 0, n, mean) * 3e6, attn_s(0, 0, n, big) * 3e6  # the file sums 3 calls
-            skew.append(f"pure,{n},{nb},0.5,4.0,0,0,{kvs},{big},{mean},{tm},{tx},{tm + 0.5 * (tx - tm)},0.5")
+        for nb in sorted({1, n // 2}):
+            for kvs in (16, 32, 64, 128, 256):
+                big = 4 * kvs
+                mean = (nb * big + (n - nb) * kvs) // n
+                tm, tx = attn_s(0, 0, n, mean) * 3e6, attn_s(0, 0, n, big) * 3e6  # the file sums 3 calls
+                skew.append(f"pure,{n},{nb},{nb / n},4.0,0,0,{kvs},{big},{mean},{tm},{tx},{tm + 0.5 * (tx - tm)},0.5")
     (folder / "tp1" / "skew.csv").write_text("\n".join(skew) + "\n")
     return folder
 
@@ -181,6 +182,9 @@ def test_unequal_decode_contexts_cost_between_mean_and_max(fake_profile):
     skewed = model.iteration_time(q, np.array([16, 16, 16, 592], dtype=I64))  # same mean context
     longest = model.iteration_time(q, np.full(4, 592, dtype=I64))
     assert even < skewed < longest
+    # the fabricated batches sit halfway between their mean and longest context: alpha = 0.5
+    mean_t = model.iteration_time(q, np.full(4, 160, dtype=I64))
+    assert skewed - mean_t == pytest.approx(0.5 * (longest - mean_t), rel=0.05)
 
 
 def test_a_second_prefill_row_adds_its_own_chunk(fake_profile):
