@@ -13,8 +13,9 @@ built from:
 
 Each component is also fitted the physical way (non-negative least squares on relative error over
 features: a constant, tokens, tile-padded tokens for GEMMs; rows, KV tokens, query-key pairs for
-attention) and scored on the same held-out points. The profile keeps whichever predicts the
-held-out points better (by p90 APE) and stores both scores. A *step* error per regime (decode,
+attention) and scored on the same held-out points. The fit replaces the table (tabulated on the
+table's grid) only when its held-out median and p90 APE are both lower; both scores are stored.
+A *step* error per regime (decode,
 prefill, mixed) composes each held-out attention shape with its token and sequence costs.
 """
 
@@ -98,7 +99,12 @@ class CurveCheck:
 
     @property
     def method(self) -> str:
-        return "fit" if self.fit.get("p90_ape", math.inf) < self.table.get("p90_ape", math.inf) else "table"
+        return "fit" if fit_wins(self.table, self.fit) else "table"
+
+
+def fit_wins(table: dict[str, Any], fit: dict[str, Any]) -> bool:
+    """The physics fit replaces the table only when its held-out median AND p90 APE are both lower."""
+    return all(fit.get(k, math.inf) < table.get(k, math.inf) for k in ("median_ape", "p90_ape"))
 
 
 def check_curve(xs: np.ndarray, ys: np.ndarray, seed: int = SEED) -> tuple[CurveCheck, np.ndarray, np.ndarray]:
@@ -248,6 +254,19 @@ def check_attention(grid: Grid, att: pd.DataFrame, seed: int = SEED) -> tuple[di
     return out, test.assign(regime=reg_h, predicted=pred_t)
 
 
+def tabulate_attention_fit(grid: Grid, att: pd.DataFrame, regime: str) -> None:
+    """Replace the grid's ``regime`` points by the NNLS fit to every measured point of that regime."""
+    reg = attention_regime(att["prefill_chunk"].to_numpy(), att["n_decode"].to_numpy())
+    m = reg == regime
+    coef = nnls_relative(attention_features(*(att.loc[m, a].to_numpy() for a in ATTENTION_AXES)),
+                         att.loc[m, "seconds"].to_numpy())
+    mesh = np.meshgrid(*(np.asarray(grid.axes[a], dtype=float) for a in ATTENTION_AXES), indexing="ij")
+    pc, n = mesh[0], mesh[2]
+    on = (attention_regime(pc, n) == regime) & ((pc > 0) | (n > 0)) & ((n == 0) | (mesh[3] > 0))
+    fitted = attention_features(*(x[on] for x in mesh)) @ coef
+    grid.seconds[on] = np.maximum(fitted, 1e-7)
+
+
 # ---- skew ----
 
 
@@ -334,7 +353,7 @@ class Assembly:
 def check_tables(asm: Assembly, attention_rows: pd.DataFrame | None, skew: pd.DataFrame | None,
                  log: Callable[[str], None] = lambda _m: None) -> None:
     """Fill ``asm.held_out`` (and choose table vs fit per curve); fits alpha when ``skew`` is given."""
-    held: dict[str, Any] = {"method": "table unless the physics fit has the lower held-out p90 APE",
+    held: dict[str, Any] = {"method": "table unless the physics fit has both the lower held-out median and p90 APE",
                             "holdout_fraction": HOLDOUT, "seed": SEED}
     xs = np.asarray(asm.dense_tokens, dtype=float)
     dense = {}
@@ -371,9 +390,10 @@ def check_tables(asm: Assembly, attention_rows: pd.DataFrame | None, skew: pd.Da
         att_err, scored = check_attention(asm.grid, attention_rows)
         held["attention"] = att_err
         held["steps"] = step_errors(asm, scored)
-        fit_better = [r for r, e in att_err.items()
-                      if e["fit"].get("p90_ape", math.inf) < e["table"].get("p90_ape", math.inf)]
-        held["attention_chosen"] = "table" if not fit_better else f"table (the fit wins only for {fit_better})"
+        chosen = {r: "fit" if fit_wins(e["table"], e["fit"]) else "table" for r, e in att_err.items()}
+        for r in (r for r, c in chosen.items() if c == "fit"):
+            tabulate_attention_fit(asm.grid, attention_rows, r)
+        held["attention_chosen"] = chosen
     if asm.attention_check:
         held["attention"] = asm.attention_check
     if skew is not None and len(skew):
