@@ -240,6 +240,16 @@ def test_calibrate_import_of_another_model_is_one_line_exit_2(tmp_path, capsys):
     assert "'Qwen/Qwen3-32B'" in err and "'llama-3.1-8b'" in err
 
 
+def test_a_source_whose_layer_shape_is_not_the_preset_is_refused(tmp_path):
+    folder = fabricate_llmservingsim(tmp_path)
+    meta = folder / "meta.yaml"
+    meta.write_text(meta.read_text().replace("engine_effective: {enforce_eager: true}",
+                                             "engine_effective: {hf_overrides: {num_attention_heads: 16}}"))
+    with pytest.raises(ProfileError, match="num_attention_heads = 16 at tp1 means 16 .* llama-3.1-8b has 32"):
+        run_import(ImportOptions("llmservingsim", [str(folder)], "llama-3.1-8b", "rtx-pro-6000", 1,
+                                 out=str(tmp_path / "p.json")))
+
+
 @pytest.mark.parametrize(("field", "model", "hardware", "tp"), [
     ("model", "llama-3-8b", "rtx-pro-6000", 1),
     ("hardware", "llama-3.1-8b", "h100-sxm", 1),
