@@ -395,8 +395,8 @@ def validate(
     lives: list[RunResult] = []
     for k in range(repeats):
         which = f" (run {k + 1} of {repeats})" if repeats > 1 else ""
-        say(f"[1/{phases}] live{which}: {len(requests)} requests on {sc.model} ({sc.live.backend} on {sc.live.device}, "
-            f"arrivals over {span:.1f} s) ...")
+        say(f"[1/{phases}] live{which}: {len(requests)} requests on {sc.model} ({sc.live.backend} on "
+            f"{sc.live.device}, arrivals over {span:.1f} s) ...")
         lives.append(run_live(sc, requests, progress=progress))  # run_live resets the requests' progress
         write_results(lives[-1], out / ("live" if k == 0 else f"live-{k + 1}"), plots=plots)
         say(f"      live done in {lives[-1].wall_s:.1f} s wall; {lives[-1].kv.num_blocks} KV blocks "
@@ -490,7 +490,7 @@ def write_validation(result: ValidationResult, plots: bool = True) -> Path:
           "Error = (sim - live) / live.", "", format_markdown(t), "", format_step_check(result.step_check), ""]
     if result.dynamics is not None:
         md += ["```", format_dynamics(result.dynamics), "```", ""]
-    if result.thresholds:
+    if result.thresholds or result.dynamics is not None:
         md += ["**passed**" if result.passed else "**failed**: " + "; ".join(result.failed), ""]
     md += [f"servesim {p['servesim_commit'] or 'commit unknown'}{' (dirty)' if p['servesim_dirty'] else ''}, "
            f"{p['date']}", ""]

@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import sys
 import time
+import types
 from dataclasses import replace
 
 import numpy as np
@@ -67,10 +69,13 @@ class SleepingExecutor:
         return seconds
 
 
-def recorded_run(sc, env, executor):  # noqa: ANN001, ANN201
+def recorded_run(sc, env, executor, requests=None):  # noqa: ANN001, ANN201
     """One replica of ``sc`` on ``env``; the RunResult carries its steps as a live run's does."""
     kv = plan_kv(sc)
-    requests = generate_requests(sc.workload, sc.seed)
+    if requests is None:
+        requests = generate_requests(sc.workload, sc.seed)
+    for r in requests:
+        r.reset_progress()
     rec = RowRecorder(executor)
     recorder, _ = run_replicas(env, sc, requests, lambda _r: (build_scheduler(sc, kv), rec), False)
     run = finish_run(sc, "live", requests, recorder, kv, 0.0)
@@ -78,9 +83,9 @@ def recorded_run(sc, env, executor):  # noqa: ANN001, ANN201
     return run, requests
 
 
-def simulated_run(sc):  # noqa: ANN001, ANN201
+def simulated_run(sc, requests=None):  # noqa: ANN001, ANN201
     cost = build_cost_model(sc.cost_model, get_model(sc.model), get_hardware(sc.hardware), sc.tensor_parallel)
-    run, requests = recorded_run(sc, simpy.Environment(), SimExecutor(cost, plan_kv(sc).block_bytes))
+    run, requests = recorded_run(sc, simpy.Environment(), SimExecutor(cost, plan_kv(sc).block_bytes), requests)
     return sc, run, requests
 
 
@@ -230,7 +235,53 @@ def test_replay_steps_with_what_it_cannot_replay_exits_2_before_running(tmp_path
     assert not out.exists()
 
 
-# ---- live, the four live-cpu scenarios (slow: about 20 s of real time each) --------------------------
+def stand_in_for_live_mode(monkeypatch, **scheduler):  # noqa: ANN001
+    """``run_live`` replaced by a recorded simulation (no torch); ``scheduler`` overrides give the stand-in
+    an engine loop that decides differently from the simulator's."""
+    def run_live(sc, requests, progress=None):  # noqa: ANN001, ANN202
+        sc = sc.model_copy(update={"scheduler": sc.scheduler.model_copy(update=scheduler)})
+        return simulated_run(sc, requests)[1]
+
+    monkeypatch.setitem(sys.modules, "servesim.kernels.live", types.SimpleNamespace(run_live=run_live))
+
+
+def validate_cli(tmp_path, capsys):  # noqa: ANN001, ANN201
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(scenario().model_dump(mode="json", exclude_none=True)))
+    out = tmp_path / "out"
+    rc = main(["validate", str(path), "--out", str(out), "--replay-steps", "--quiet", "--no-plots"])
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err, out
+
+
+def test_validate_replay_steps_passes_and_writes_the_replay_when_the_loops_agree(tmp_path, capsys, monkeypatch):
+    stand_in_for_live_mode(monkeypatch)
+    rc, stdout, err, out = validate_cli(tmp_path, capsys)
+    assert rc == 0, err
+    assert "[3/3] replay" in stdout and "dynamics check" in stdout and "identical" in stdout
+    doc = json.loads((out / "validation.json").read_text())
+    assert doc["passed"] and doc["dynamics"]["passed"] and doc["dynamics"]["max_abs_e2e_diff_s"] == 0.0
+    assert (out / "replay" / "requests.parquet").is_file()
+    assert "identical" in (out / "validation.md").read_text()
+
+
+def test_validate_replay_steps_fails_at_the_first_step_another_loop_decided_differently(tmp_path, capsys,
+                                                                                       monkeypatch):
+    stand_in_for_live_mode(monkeypatch, max_num_seqs=2)  # the "live" loop admits fewer requests at once
+    rc, stdout, err, out = validate_cli(tmp_path, capsys)
+    assert rc == 1
+    doc = json.loads((out / "validation.json").read_text())
+    d = doc["dynamics"]["divergence"]
+    assert not doc["passed"] and d is not None
+    assert len(d["sim_rows"]) > len(d["live_rows"]) == 2  # the first step where the simulator ran more rows
+    assert f"DIVERGED at step {d['step']}" in stdout
+    fail = [line for line in err.splitlines() if "FAIL dynamics" in line]
+    assert len(fail) == 1 and f"at step {d['step']}, request {d['request_id']}" in fail[0]
+    assert not (out / "replay").exists()
+    assert "**failed**" in (out / "validation.md").read_text()
+
+
+# ---- live, the four live-cpu scenarios (slow: 15-60 s each, depending on the load) -----------------
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["static", "continuous", "chunked", "kv-pressure"])
 def test_live_cpu_scenarios_replay_to_identical_ttft_and_e2e(tmp_path, name):
@@ -238,7 +289,7 @@ def test_live_cpu_scenarios_replay_to_identical_ttft_and_e2e(tmp_path, name):
     import pandas as pd
 
     out = tmp_path / name
-    n = 40
+    n = 24  # a dozen seconds of arrivals; the live run is most of the test's time
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(io.StringIO()):
         rc = main(["validate", f"scenarios/live-cpu-{name}.yaml", "--set", f"workload.num_requests={n}",
