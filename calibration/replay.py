@@ -103,7 +103,7 @@ class ReplayExecutor:
         sim_rows = _rows(np.fromiter((r.request_id for r in batch.requests), dtype=np.int64, count=batch.size),
                          batch.num_new_tokens, batch.num_context_tokens)
         if k >= len(trace):
-            raise _Diverged(Divergence(k, f"the simulation runs a step {k} that live never ran",
+            raise _Diverged(Divergence(k, f"the simulation runs step {k}, which live never ran",
                                        sim_rows[0][0] if sim_rows else None, None, now, None, sim_rows))
         live_rows, live_start = trace.rows(k), float(trace.start[k])
         if sim_rows != live_rows:
@@ -143,6 +143,7 @@ class DynamicsCheck:
         return self.divergence is None
 
     def to_dict(self) -> dict:
+        """Plain values for validation.json (``to_json`` writes an unmeasured nan difference as null)."""
         d = self.divergence
         return {"passed": self.passed, "steps": self.num_steps, "steps_replayed": self.num_replayed,
                 "requests_compared": self.num_requests, "max_abs_ttft_diff_s": self.max_ttft_diff_s,
@@ -153,7 +154,7 @@ class DynamicsCheck:
 
 
 def check_dynamics(sc: Scenario, requests: list[Request], trace: StepTrace, reference: pd.DataFrame,
-                 tolerance_s: float = TOLERANCE_S, progress: bool | None = False) -> DynamicsCheck:
+                   tolerance_s: float = TOLERANCE_S, progress: bool | None = False) -> DynamicsCheck:
     """Simulate ``requests`` under ``sc`` (one replica, the live run's KV cache) with each step taking
     its duration in ``trace``, and compare every request's TTFT and E2E with ``reference`` (the
     live run's ``requests_df``). Resets the requests' progress first."""
