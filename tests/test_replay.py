@@ -281,7 +281,7 @@ def test_validate_replay_steps_fails_at_the_first_step_another_loop_decided_diff
     assert "**failed**" in (out / "validation.md").read_text()
 
 
-# ---- live, the four live-cpu scenarios (slow: 15-60 s each, depending on the load) -----------------
+# ---- live, the four live-cpu scenarios (slow: 30-80 s each measured at load 9 on 2 cores) ----------
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["static", "continuous", "chunked", "kv-pressure"])
 def test_live_cpu_scenarios_replay_to_identical_ttft_and_e2e(tmp_path, name):
