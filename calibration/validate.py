@@ -13,6 +13,10 @@ Each reported metric gets a relative error ``(sim - live) / live`` in percent. O
 run folder: ``validation.json`` (provenance, thresholds, rows), ``validation.csv``,
 ``validation.md``, the overlaid live-vs-sim CDFs ``cdf_ttft.png``, ``cdf_tpot.png``,
 ``cdf_itl.png``, ``cdf_e2e.png``, and the two run folders ``live/`` and ``sim/``.
+
+``replay_steps`` adds the dynamics check of ``calibration/replay.py``: the live run's own step
+durations replayed into a third run of the same requests (folder ``replay/``), which must
+reproduce every request's TTFT and E2E; where it does not, the first divergence is a failure.
 """
 
 from __future__ import annotations
@@ -29,6 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from servesim.calibration.replay import (
+    DynamicsCheck,
+    StepTrace,
+    check_dynamics,
+    divergence_line,
+    format_dynamics,
+)
 from servesim.sim.cost_model import CostModelConfig, build_cost_model, resolve_profile_path
 from servesim.sim.metrics import to_json
 from servesim.sim.presets import get_hardware, get_model, kv_block_bytes
@@ -331,6 +342,7 @@ class ValidationResult:
     out: Path
     failed: list[str] = field(default_factory=list)
     step_check: dict[str, dict[str, float]] = field(default_factory=dict)
+    dynamics: DynamicsCheck | None = None  # --replay-steps
 
     @property
     def passed(self) -> bool:
@@ -348,15 +360,22 @@ def validate(
     plots: bool = True,
     log: Callable[[str], None] | None = print,
     repeats: int = 1,
+    replay_steps: bool = False,
 ) -> ValidationResult:
     """Run ``sc`` live, simulate the identical workload, write the run folder; see the module docstring.
 
     ``repeats`` > 1 runs the live side that many times on the same requests: the table's live
     column is then each metric's median over the runs and ``live_spread_pct`` its range
     (max - min) / median, the noise floor any simulation error should be read against.
+    ``replay_steps`` replays the live run's steps into the simulation (the dynamics check).
     """
     if repeats < 1:
         raise ScenarioError(f"--repeats must be >= 1, got {repeats}")
+    if replay_steps and repeats > 1:
+        raise ScenarioError(f"--replay-steps replays one live run, its own steps; drop --repeats {repeats}")
+    if replay_steps and sc.cluster.num_replicas > 1:
+        raise ScenarioError(f"--replay-steps replays one replica's steps; cluster.num_replicas is "
+                            f"{sc.cluster.num_replicas} (use --set cluster.num_replicas=1)")
     thresholds = parse_max_error(max_error)  # bad syntax fails before the minute-long live run
     template = sim_scenario(sc, profile)
     # built now so a missing or bad profile fails before the live run; the step check reuses it
@@ -368,6 +387,7 @@ def validate(
         raise ScenarioError(f"validate needs the kernels extra (pip install -e '.[kernels]'): {e}") from None
     say = log or (lambda _msg: None)
     out = Path(out_dir)
+    phases = 3 if replay_steps else 2
 
     requests = validation_requests(sc)
     before = _signature(requests)
@@ -375,8 +395,8 @@ def validate(
     lives: list[RunResult] = []
     for k in range(repeats):
         which = f" (run {k + 1} of {repeats})" if repeats > 1 else ""
-        say(f"[1/2] live{which}: {len(requests)} requests on {sc.model} ({sc.live.backend} on {sc.live.device}, "
-            f"arrivals over {span:.1f} s) ...")
+        say(f"[1/{phases}] live{which}: {len(requests)} requests on {sc.model} ({sc.live.backend} on "
+            f"{sc.live.device}, arrivals over {span:.1f} s) ...")
         lives.append(run_live(sc, requests, progress=progress))  # run_live resets the requests' progress
         write_results(lives[-1], out / ("live" if k == 0 else f"live-{k + 1}"), plots=plots)
         say(f"      live done in {lives[-1].wall_s:.1f} s wall; {lives[-1].kv.num_blocks} KV blocks "
@@ -392,11 +412,18 @@ def validate(
     _check_clean(requests)
     if _signature(requests) != before:
         raise RuntimeError("validate: the live run changed the workload's requests (a servesim bug)")
-    say(f"[2/2] sim: the same {len(requests)} requests, cost model {sc_sim.cost_model.type}"
+    say(f"[2/{phases}] sim: the same {len(requests)} requests, cost model {sc_sim.cost_model.type}"
         f"{f' ({profile})' if profile else ''} ...")
     sim = simulate(sc_sim, requests=requests, progress=progress)
     check_same_workload(live, sim)
     write_results(sim, out / "sim", plots=plots)
+    dynamics = None
+    if replay_steps:
+        say(f"[3/3] replay: the same {len(requests)} requests, each of the live run's {len(live.iterations_df)} "
+            "steps taking its measured duration ...")
+        dynamics = check_dynamics(sc_sim, requests, StepTrace.of_run(live), live.requests_df)
+        if dynamics.run is not None:
+            write_results(dynamics.run, out / "replay", plots=False)
 
     live_summary = median_summary([lv.summary for lv in lives])
     table = error_table(live_summary, sim.summary, thresholds)
@@ -430,7 +457,10 @@ def validate(
         "servesim_commit": commit,
         "servesim_dirty": dirty,
     }
-    result = ValidationResult(table, provenance, thresholds, live, sim, out, failures(table), steps)
+    failed = failures(table)
+    if dynamics is not None and not dynamics.passed:
+        failed.append(divergence_line(dynamics))
+    result = ValidationResult(table, provenance, thresholds, live, sim, out, failed, steps, dynamics)
     write_validation(result, plots=plots)
     return result
 
@@ -450,6 +480,7 @@ def write_validation(result: ValidationResult, plots: bool = True) -> Path:
         "failed": result.failed,
         "metrics": rows,
         "step_check": result.step_check,
+        **({"dynamics": result.dynamics.to_dict()} if result.dynamics is not None else {}),
     }))
     p = result.provenance
     md = [f"# Validation: {p['scenario']} (seed {p['seed']})", "",
@@ -457,7 +488,9 @@ def write_validation(result: ValidationResult, plots: bool = True) -> Path:
           f"and simulated (cost model {p['sim_cost_model']}{', ' + p['profile'] if p['profile'] else ''}), "
           f"{p['kv_num_blocks']} KV blocks of {p['kv_block_size']} tokens on both sides. "
           "Error = (sim - live) / live.", "", format_markdown(t), "", format_step_check(result.step_check), ""]
-    if result.thresholds:
+    if result.dynamics is not None:
+        md += ["```", format_dynamics(result.dynamics), "```", ""]
+    if result.thresholds or result.dynamics is not None:
         md += ["**passed**" if result.passed else "**failed**: " + "; ".join(result.failed), ""]
     md += [f"servesim {p['servesim_commit'] or 'commit unknown'}{' (dirty)' if p['servesim_dirty'] else ''}, "
            f"{p['date']}", ""]

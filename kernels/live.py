@@ -40,12 +40,14 @@ class LiveExecutor:
         self.last_forward_s = 0.0
         self.num_steps = 0
         self.shapes: list[tuple[np.ndarray, np.ndarray]] = []  # each step's rows, for validate's step check
+        self.request_ids: list[np.ndarray] = []  # ... and whose they are, for its dynamics check (--replay-steps)
         self.seconds: list[float] = []  # each step's executor time (the forward and its input preparation)
 
     def run(self, batch: Batch) -> float:
         t0 = time.perf_counter()
         self.shapes.append((batch.num_new_tokens.copy(), batch.num_context_tokens.copy()))
         requests = batch.requests
+        self.request_ids.append(np.fromiter((r.request_id for r in requests), dtype=np.int64, count=len(requests)))
         tables = [self.kv.block_table(r) for r in requests]
         tokens = self.runner.execute(batch, tables)
         if self.cuda:
@@ -136,4 +138,5 @@ def run_live(sc: Scenario, requests: list[Request] | None = None, progress: bool
     if len(parts) == 1:
         result.step_shapes = parts[0][1].shapes
         result.step_forward_s = np.asarray(parts[0][1].seconds)
+        result.step_request_ids = parts[0][1].request_ids
     return result

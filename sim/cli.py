@@ -98,6 +98,7 @@ def cmd_engines(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from servesim.calibration.replay import format_dynamics
     from servesim.calibration.validate import (
         format_step_check,
         format_table,
@@ -112,13 +113,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
           f"sim cost model: {'profile ' + args.profile if args.profile else sc.cost_model.type}", flush=True)
     result = validate(sc, out, profile=args.profile, max_error=args.max_error, source=args.scenario,
                       overrides=args.set, progress=False if args.quiet else None, plots=not args.no_plots,
-                      log=lambda msg: print(msg, flush=True), repeats=args.repeats)
+                      log=lambda msg: print(msg, flush=True), repeats=args.repeats, replay_steps=args.replay_steps)
     print(f"relative error (sim - live) / live, {result.provenance['num_requests']} requests, "
           f"{result.provenance['kv_num_blocks']} KV blocks on both sides:")
     print(format_table(result.table))
     print(format_step_check(result.step_check))
+    if result.dynamics is not None:
+        print(format_dynamics(result.dynamics))
     plots = "" if args.no_plots else ", cdf_{ttft,tpot,itl,e2e}.png"
-    print(f"results in {out}/ (validation.json, validation.csv, validation.md{plots}, live/, sim/)")
+    replay = ", replay/" if result.dynamics is not None and result.dynamics.run is not None else ""
+    print(f"results in {out}/ (validation.json, validation.csv, validation.md{plots}, live/, sim/{replay})")
     for line in result.failed:
         print(f"servesim validate: FAIL {line}", file=sys.stderr)
     return 1 if result.failed else 0
@@ -240,6 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--repeats", type=int, default=1, metavar="N",
                      help="run the live side N times on the same requests: the live column is each metric's "
                           "median and a 'live spread %%' column its range (1)")
+    val.add_argument("--replay-steps", action="store_true",
+                     help="dynamics check: replay the live run's measured step durations into a simulation of the "
+                          "same requests; exit 1 unless every TTFT and E2E matches, naming the first step that differs")
     _out_help(val, "output folder (default: results/NAME-validate)")
     _add_calibrate(sub)
     return p

@@ -90,6 +90,8 @@ class RunResult:
     step_shapes: list[tuple[np.ndarray, np.ndarray]] | None = None
     # ... and the executor's own seconds of each (the forward); the rest of a step is the engine loop
     step_forward_s: np.ndarray | None = None
+    # ... and the request id of each row (validate's dynamics check replays these steps)
+    step_request_ids: list[np.ndarray] | None = None
 
     def header(self) -> dict[str, Any]:
         """Run metadata that goes first in summary.json (nothing here may vary between equal runs)."""
