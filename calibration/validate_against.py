@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,7 @@ REFERENCE_COLUMN = "llmservingsim_error_pct"
 TABLE_ATTRS = {"labels": {"live": "measured"}, "extra_columns": {REFERENCE_COLUMN: "llmservingsim error %"}}
 VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 TRACE_FILE = "workload.csv"
+ASYNC_DEFAULT_SINCE = (0, 14)  # vLLM release from which async scheduling is on unless disabled
 
 
 @dataclass
@@ -93,6 +95,16 @@ def vllm_kv_blocks(model: str, hardware: str, tp: int, block_size: int, max_num_
     return num_kv_blocks(m, get_hardware(hardware), tp, gpu_memory_utilization, block_size, reserve)
 
 
+def async_by_default(vllm_version: str | None) -> bool:
+    """Whether a vLLM release schedules asynchronously when not told otherwise.
+
+    vLLM PR #27614 ("Enable async scheduling by default") landed around the turn of 2025/26; by
+    the dates of the PRs around it the first release with it is 0.14. Unknown versions: False.
+    """
+    m = re.match(r"^v?(\d+)\.(\d+)", str(vllm_version or ""))
+    return m is not None and (int(m[1]), int(m[2])) >= ASYNC_DEFAULT_SINCE
+
+
 def scenario_dict(run: MeasuredRun, base: dict[str, Any] | None = None, profile: str | None = None,
                   overrides: Sequence[str] = ()) -> tuple[dict[str, Any], list[str]]:
     """The raw scenario (before validation) that simulates ``run``, and notes on what was filled in.
@@ -114,6 +126,10 @@ def scenario_dict(run: MeasuredRun, base: dict[str, Any] | None = None, profile:
     if sched.get("preset") != "vllm-v1":
         sched = {}
     raw["scheduler"] = {**sched, "preset": "vllm-v1", **run.scheduler}
+    if "async_scheduling" not in raw["scheduler"]:
+        raw["scheduler"]["async_scheduling"] = async_by_default(run.vllm_version)
+        notes.append(f"async_scheduling {raw['scheduler']['async_scheduling']}: vLLM "
+                     f"{run.vllm_version or '(version unknown)'}'s default")
     kv = dict(raw.get("kv_cache") or {})
     kv.update(run.kv_cache)
     kv.setdefault("block_size", 16)  # vLLM V1's defaults, for a run that does not record them

@@ -286,3 +286,11 @@ def test_shipped_runs_measure_what_llmservingsims_own_summary_says():
         # ours, from the aligned arrival, is never shorter
         assert (run.requests["ttft"].to_numpy() * 1e3 >= q - 1e-6).all()
         assert not math.isnan(s["request_throughput"])
+
+
+@pytest.mark.parametrize("version, on", [("0.19.0", True), ("0.14.1", True), ("v0.13.0", False), ("0.8.5", False),
+                                         (None, False), ("unknown", False)])
+def test_runs_of_recent_vllm_schedule_asynchronously(version, on):
+    from servesim.calibration.validate_against import async_by_default
+
+    assert async_by_default(version) is on

@@ -179,6 +179,12 @@ class VllmV1Preset(EnginePreset):
     long_prefill_token_threshold: int = Field(0, ge=0, description="cap on one request's prefill tokens per step")
     max_model_len: int | None = Field(None, ge=1)
     policy: Literal["fcfs", "priority"] = "fcfs"
+    # vLLM's --async-scheduling (vllm/v1/core/sched/async_scheduler.py; EngineCore.step_with_batch_queue
+    # keeps two batches in flight): the CPU schedules step n+1 while the GPU runs step n, so a request
+    # arriving during step n is first scheduled into step n+2, and host time overlaps device time.
+    # vLLM turns it on when left unset since PR #27614 ("Enable async scheduling by default", late
+    # 2025; on in 0.19); off here so scenarios of earlier releases keep their meaning.
+    async_scheduling: bool = False
 
     @property
     def preemption_mode(self) -> str:
