@@ -208,24 +208,32 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     df["source_line"] = [rows[i]["_line"] for i in order]
 
     hw_source, tp = _llmservingsim_gpu(root)
+    hardware = meta.get("hardware") if isinstance(meta.get("hardware"), dict) else {}
+    hw_source = hardware.get("device_name") or hw_source  # newer bench runs record torch's device name
     if hw_source is None:  # the folder is named <GPU>-<model>
         hw_source = root.name.split("-")[0] if "-" in root.name else None
     tp = kwargs.get("tensor_parallel_size") or tp or 1
     if kwargs.get("data_parallel_size", 1) not in (1, None):
         raise RunFileError(f"{meta_path}: data_parallel_size {kwargs['data_parallel_size']} is not modelled "
                            "by validate --against (one engine only)")
+    # newer bench runs also record what vLLM resolved: the KV cache it allocated and its scheduler config
+    resolved = meta.get("resolved_config") if isinstance(meta.get("resolved_config"), dict) else {}
+    sched_cfg = resolved.get("scheduler_config") if isinstance(resolved.get("scheduler_config"), dict) else {}
+    model_cfg = resolved.get("model_config") if isinstance(resolved.get("model_config"), dict) else {}
     scheduler = {"max_num_seqs": kwargs["max_num_seqs"], "max_num_batched_tokens": kwargs["max_num_batched_tokens"]}
-    if kwargs.get("max_model_len"):
-        scheduler["max_model_len"] = kwargs["max_model_len"]
+    max_len = kwargs.get("max_model_len") or model_cfg.get("max_model_len")
+    if isinstance(max_len, int):
+        scheduler["max_model_len"] = max_len
+    if isinstance(sched_cfg.get("async_scheduling"), bool):
+        scheduler["async_scheduling"] = sched_cfg["async_scheduling"]
     kv: dict[str, Any] = {}
     cache = meta.get("kv_cache") if isinstance(meta.get("kv_cache"), dict) else {}
     for ours, theirs in (("num_blocks", "num_gpu_blocks"), ("block_size", "block_size"),
-                         ("enable_prefix_caching", "enable_prefix_caching")):
+                         ("enable_prefix_caching", "enable_prefix_caching"),
+                         ("gpu_memory_utilization", "gpu_memory_utilization")):
         value = cache.get(theirs, kwargs.get(theirs))
         if value is not None:
             kv[ours] = value
-    if "gpu_memory_utilization" in kwargs:
-        kv["gpu_memory_utilization"] = kwargs["gpu_memory_utilization"]
     missing = [k for k in ("num_blocks", "block_size", "enable_prefix_caching") if k not in kv]
     if missing:
         notes.append(f"meta.json does not record {', '.join(missing)}: vLLM V1's defaults are used (block size 16, "

@@ -294,3 +294,25 @@ def test_runs_of_recent_vllm_schedule_asynchronously(version, on):
     from servesim.calibration.validate_against import async_by_default
 
     assert async_by_default(version) is on
+
+
+def test_a_run_that_records_what_vllm_resolved_is_simulated_with_it(tmp_path):
+    meta = {"kv_cache": {"num_gpu_blocks": 900, "block_size": 32, "enable_prefix_caching": False,
+                         "gpu_memory_utilization": 0.8},
+            "hardware": {"device_name": "NVIDIA H100 80GB HBM3", "device_count": 1},
+            "resolved_config": {"scheduler_config": {"async_scheduling": False},
+                                "model_config": {"max_model_len": 4096}}}
+    folder = write_run(tmp_path / "run", isolated_requests(), gpu="RTX4090", meta_extra=meta)
+    run = read_run(folder)
+    assert run.hardware == "h100-sxm"  # torch's device name wins over the cluster config
+    assert run.kv_cache == {"num_blocks": 900, "block_size": 32, "enable_prefix_caching": False,
+                            "gpu_memory_utilization": 0.8}
+    assert run.scheduler["async_scheduling"] is False and run.scheduler["max_model_len"] == 4096
+    assert not any("num_blocks" in n for n in run.notes)
+    code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots",
+                           "--quiet", *CONSTANT)
+    assert code == 0, err
+    prov = json.loads((tmp_path / "o" / "validation.json").read_text())["provenance"]
+    assert (prov["kv_num_blocks"], prov["kv_block_size"], prov["enable_prefix_caching"]) == (900, 32, False)
+    sc = load_scenario(tmp_path / "o" / "sim" / "scenario.yaml")
+    assert sc.scheduler.async_scheduling is False
