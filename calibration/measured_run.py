@@ -86,6 +86,7 @@ class MeasuredRun:
     requests: pd.DataFrame  # REQUEST_COLUMNS, one row per served request, sorted by arrival
     itl_hist: LogHistogram | None  # per-token gaps, when the run recorded them
     vllm_version: str | None = None
+    data_parallel: int = 1  # engines behind vLLM's data-parallel coordinator
     clock: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # what the run lacks and how it was filled in
     reference: dict[str, dict[str, float]] = field(default_factory=dict)  # metric -> LLMServingSim's figures
@@ -183,7 +184,10 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
             raise RunFileError(f"{meta_path}: missing field 'engine_kwargs.{key}' (an integer)")
     notes: list[str] = []
 
-    rows = _read_jsonl(root / "requests.jsonl")
+    rows, unrecorded = _read_jsonl(root / "requests.jsonl")
+    if unrecorded:
+        notes.append(f"{unrecorded} requests have no timestamps at all (vLLM returned no metrics for them): "
+                     "left out of both sides")
     cols = {k: np.array([r[k] for r in rows], dtype=np.float64) for k in LLMSERVINGSIM_FIELDS}
     sched = np.array([r.get("scheduled_ts", math.nan) for r in rows], dtype=np.float64)
     order = np.argsort(cols["arrival_time"], kind="stable")
@@ -213,9 +217,9 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     if hw_source is None:  # the folder is named <GPU>-<model>
         hw_source = root.name.split("-")[0] if "-" in root.name else None
     tp = kwargs.get("tensor_parallel_size") or tp or 1
-    if kwargs.get("data_parallel_size", 1) not in (1, None):
-        raise RunFileError(f"{meta_path}: data_parallel_size {kwargs['data_parallel_size']} is not modelled "
-                           "by validate --against (one engine only)")
+    dp = kwargs.get("data_parallel_size") or 1
+    if not isinstance(dp, int) or dp < 1:
+        raise RunFileError(f"{meta_path}: engine_kwargs.data_parallel_size must be a positive integer, got {dp!r}")
     # newer bench runs also record what vLLM resolved: the KV cache it allocated and its scheduler config
     resolved = meta.get("resolved_config") if isinstance(meta.get("resolved_config"), dict) else {}
     sched_cfg = resolved.get("scheduler_config") if isinstance(resolved.get("scheduler_config"), dict) else {}
@@ -244,15 +248,18 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
         name=root.name, path=root, format="llmservingsim", model_source=str(model_source),
         model=model_preset(model_source), hardware_source=hw_source,
         hardware=hardware_preset(hw_source) if hw_source else None, tensor_parallel=int(tp), scheduler=scheduler,
-        kv_cache=kv, requests=df, itl_hist=None, vllm_version=meta.get("vllm_version"), clock=clock, notes=notes,
+        kv_cache=kv, requests=df, itl_hist=None, vllm_version=meta.get("vllm_version"), data_parallel=dp,
+        clock=clock, notes=notes,
         reference=reference, reference_source=str(ref_path) if reference else None,
     )
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """The request lines, and how many lines had no timestamps at all (a request vLLM kept no metrics for)."""
     if not path.is_file():
         raise RunFileError(f"{path}: file not found")
     rows = []
+    unrecorded = 0
     with path.open() as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -264,6 +271,9 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
             if not isinstance(row, dict):
                 raise RunFileError(f"{path}:{lineno}: expected a JSON object per line")
             where = f"{path}:{lineno}"
+            if all(name in row and row[name] is None for name in LLMSERVINGSIM_FIELDS[2:]):
+                unrecorded += 1
+                continue
             for name in LLMSERVINGSIM_FIELDS:
                 if name not in row:
                     raise RunFileError(f"{where}: missing field '{name}'")
@@ -275,8 +285,8 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
                                    "last_token_ts)")
             rows.append({**row, "_line": lineno})
     if not rows:
-        raise RunFileError(f"{path}: no requests")
-    return rows
+        raise RunFileError(f"{path}: no requests with timestamps")
+    return rows, unrecorded
 
 
 def _llmservingsim_gpu(root: Path) -> tuple[str | None, int | None]:

@@ -118,7 +118,10 @@ def scenario_dict(run: MeasuredRun, base: dict[str, Any] | None = None, profile:
     raw["name"] = raw.get("name") or f"against-{run.name}"
     raw.pop("output_dir", None)
     raw["workload"] = {"trace": {"format": "csv", "path": f"../{TRACE_FILE}"}}
-    raw["cluster"] = {"num_replicas": 1}
+    # vLLM's data-parallel coordinator sends each request to the engine with the fewest waiting and
+    # running requests; least_outstanding is that rule
+    raw["cluster"] = ({"num_replicas": 1} if run.data_parallel == 1 else
+                      {"num_replicas": run.data_parallel, "router": "least_outstanding"})
     for key, value in (("model", run.model), ("hardware", run.hardware), ("tensor_parallel", run.tensor_parallel)):
         if value is not None:
             raw[key] = value
@@ -247,9 +250,10 @@ def validate_against(
     table[REFERENCE_COLUMN] = [run.reference.get(m, {}).get("error_pct", math.nan) for m in METRICS]
     table.attrs.update(TABLE_ATTRS)
     peak = peak_kv_blocks(run, sc.kv_cache.block_size)
-    if peak > sc.kv_cache.num_blocks:
-        notes.append(f"the run held up to {peak} KV blocks by its timestamps, more than the {sc.kv_cache.num_blocks} "
-                     "simulated: the block count is too small (or the run preempted)")
+    capacity = sc.kv_cache.num_blocks * sc.cluster.num_replicas
+    if peak > capacity:
+        notes.append(f"the run held up to {peak} KV blocks by its timestamps, more than the {capacity} simulated: "
+                     "the block count is too small (or the run preempted)")
     commit, dirty = servesim_commit()
     provenance = {
         "run": str(run.path), "format": run.format, "vllm_version": run.vllm_version,

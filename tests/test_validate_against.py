@@ -316,3 +316,27 @@ def test_a_run_that_records_what_vllm_resolved_is_simulated_with_it(tmp_path):
     assert (prov["kv_num_blocks"], prov["kv_block_size"], prov["enable_prefix_caching"]) == (900, 32, False)
     sc = load_scenario(tmp_path / "o" / "sim" / "scenario.yaml")
     assert sc.scheduler.async_scheduling is False
+
+
+def test_a_request_vllm_kept_no_metrics_for_is_left_out_with_a_note(tmp_path):
+    rows = isolated_requests()
+    rows.insert(1, {"request_id": "lost", "input_toks": 50, "output_toks": 4, "arrival_time": None,
+                    "queued_ts": None, "scheduled_ts": None, "first_token_ts": None, "last_token_ts": None})
+    run = read_run(write_run(tmp_path / "run", rows))
+    assert len(run.requests) == 4 and "lost" not in set(run.requests["source_id"])
+    assert any("1 requests have no timestamps" in n for n in run.notes)
+    rows[2]["first_token_ts"] = None  # one timestamp missing is a broken line, not an unrecorded request
+    with pytest.raises(RunFileError, match=r"requests\.jsonl:3: field 'first_token_ts' must be a finite number"):
+        read_run(write_run(tmp_path / "run2", rows))
+
+
+def test_data_parallel_engines_become_replicas_behind_a_least_outstanding_router(tmp_path):
+    folder = write_run(tmp_path / "run", isolated_requests())
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["engine_kwargs"]["data_parallel_size"] = 2
+    (folder / "meta.json").write_text(json.dumps(meta))
+    code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots",
+                           "--quiet", *CONSTANT)
+    assert code == 0, err
+    sc = load_scenario(tmp_path / "o" / "sim" / "scenario.yaml")
+    assert sc.cluster.num_replicas == 2 and sc.cluster.router == "least_outstanding"
