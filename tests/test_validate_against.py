@@ -340,3 +340,17 @@ def test_data_parallel_engines_become_replicas_behind_a_least_outstanding_router
     assert code == 0, err
     sc = load_scenario(tmp_path / "o" / "sim" / "scenario.yaml")
     assert sc.cluster.num_replicas == 2 and sc.cluster.router == "least_outstanding"
+
+
+def test_a_vllm_bench_json_needs_its_gpu_and_then_compares_itl_too(tmp_path):
+    path = bench_json(tmp_path / "bench.json")
+    code, _, err = run_cli("validate", "--against", str(path), "--out", str(tmp_path / "o"), "--no-plots")
+    assert code == 2 and "the run does not name its GPU" in err and "--set hardware=" in err
+    code, out, err = run_cli("validate", "--against", str(path), "--out", str(tmp_path / "o"), "--quiet",
+                             "--set", "hardware=h100-sxm", *CONSTANT)
+    assert code == 0, err
+    report = json.loads((tmp_path / "o" / "validation.json").read_text())
+    rows = {r["metric"]: r for r in report["metrics"]}
+    assert report["provenance"]["itl"] == "measured" and rows["mean_itl_ms"]["live"] == pytest.approx(16.0)
+    assert rows["mean_itl_ms"]["sim"] == pytest.approx(STEP * 1e3)
+    assert (tmp_path / "o" / "cdf_itl.png").is_file()
