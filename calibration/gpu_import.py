@@ -60,6 +60,20 @@ def check_model_matches(source_model: str, model: ModelConfig, where: str) -> No
         raise SourceError(f"{where} measures model {source_model!r}, but --model is {model.name!r}")
 
 
+def check_layer_shape(meta: dict[str, Any], model: ModelConfig, where: str) -> None:
+    """meta.yaml's hf_overrides are those of the last TP degree profiled (the layer shrunk to one
+    rank's shard): times that degree they must give the preset's shape, else the preset is not the
+    model that was measured."""
+    over = (meta.get("engine_effective") or {}).get("hf_overrides") or {}
+    tp = max(int(t) for t in meta.get("tp_degrees") or [1])
+    want = {"num_attention_heads": model.num_heads, "num_key_value_heads": model.num_kv_heads,
+            "intermediate_size": model.intermediate_size, "vocab_size": model.vocab_size}
+    for key, value in want.items():
+        if key in over and int(over[key]) * tp != value:
+            raise SourceError(f"{where}/meta.yaml: hf_overrides.{key} = {over[key]} at tp{tp} means {int(over[key]) * tp} "
+                              f"for the whole model, but preset {model.name} has {value}")
+
+
 def allreduce_link(model: ModelConfig, tp: int, bandwidth: float, latency_s: float, source: str) -> dict[str, Any]:
     """A ring all-reduce over a link: two per decoder layer (after O and down) and one after the
     vocabulary-parallel embedding, each of the step's hidden states."""
@@ -75,6 +89,7 @@ def assemble_llmservingsim(folder: str | Path, model: ModelConfig, hardware: str
     """(assembly, attention rows, skew rows) from an LLMServingSim profile folder at one TP degree."""
     prof = llmservingsim.read_profile(folder, tp=[tp])
     check_model_matches(prof.model, model, str(folder))
+    check_layer_shape(prof.meta, model, str(folder))
     t = prof.tp[tp]
     dense = t.dense.pivot_table(index="tokens", columns="op", values="seconds", aggfunc="median").sort_index()
     ops = gp.dense_ops_for(model, dense.columns)

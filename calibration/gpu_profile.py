@@ -13,8 +13,9 @@ built from:
 
 Each component is also fitted the physical way (non-negative least squares on relative error over
 features: a constant, tokens, tile-padded tokens for GEMMs; rows, KV tokens, query-key pairs for
-attention) and scored on the same held-out points. The profile keeps whichever predicts the
-held-out points better (by p90 APE) and stores both scores. A *step* error per regime (decode,
+attention) and scored on the same held-out points. The fit replaces the table (tabulated on the
+table's grid) only when its held-out median and p90 APE are both lower; both scores are stored.
+A *step* error per regime (decode,
 prefill, mixed) composes each held-out attention shape with its token and sequence costs.
 """
 
@@ -45,6 +46,8 @@ SEED = 0
 TILE = 64
 # Decode batch-size buckets of the skew alpha (upper edges), as LLMServingSim buckets them.
 SKEW_N_EDGES = (2, 4, 8, 16, 32, 64, 128, 256, 1 << 20)
+SKEW_RATIO_EDGES = (0.05, 0.15, 0.4, 0.7, 1.01)  # (mean - min) / (max - min) of the decode contexts
+SKEW_KV_EDGES = (1024, 4096, 16384, 1 << 30)  # the longest decode context
 
 
 # ---- error summaries ----
@@ -96,7 +99,12 @@ class CurveCheck:
 
     @property
     def method(self) -> str:
-        return "fit" if self.fit.get("p90_ape", math.inf) < self.table.get("p90_ape", math.inf) else "table"
+        return "fit" if fit_wins(self.table, self.fit) else "table"
+
+
+def fit_wins(table: dict[str, Any], fit: dict[str, Any]) -> bool:
+    """The physics fit replaces the table only when its held-out median AND p90 APE are both lower."""
+    return all(fit.get(k, math.inf) < table.get(k, math.inf) for k in ("median_ape", "p90_ape"))
 
 
 def check_curve(xs: np.ndarray, ys: np.ndarray, seed: int = SEED) -> tuple[CurveCheck, np.ndarray, np.ndarray]:
@@ -246,49 +254,71 @@ def check_attention(grid: Grid, att: pd.DataFrame, seed: int = SEED) -> tuple[di
     return out, test.assign(regime=reg_h, predicted=pred_t)
 
 
+def tabulate_attention_fit(grid: Grid, att: pd.DataFrame, regime: str) -> None:
+    """Replace the grid's ``regime`` points by the NNLS fit to every measured point of that regime."""
+    reg = attention_regime(att["prefill_chunk"].to_numpy(), att["n_decode"].to_numpy())
+    m = reg == regime
+    coef = nnls_relative(attention_features(*(att.loc[m, a].to_numpy() for a in ATTENTION_AXES)),
+                         att.loc[m, "seconds"].to_numpy())
+    mesh = np.meshgrid(*(np.asarray(grid.axes[a], dtype=float) for a in ATTENTION_AXES), indexing="ij")
+    pc, n = mesh[0], mesh[2]
+    on = (attention_regime(pc, n) == regime) & ((pc > 0) | (n > 0)) & ((n == 0) | (mesh[3] > 0))
+    fitted = attention_features(*(x[on] for x in mesh)) @ coef
+    grid.seconds[on] = np.maximum(fitted, 1e-7)
+
+
 # ---- skew ----
 
 
+def skew_buckets(n: np.ndarray, ratio: np.ndarray, kv_max: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Bucket indices (n, ratio, longest context) of decode batches, as ``SkewAlpha`` looks them up."""
+    return (np.searchsorted(np.asarray(SKEW_N_EDGES), n), np.searchsorted(np.asarray(SKEW_RATIO_EDGES), ratio),
+            np.searchsorted(np.asarray(SKEW_KV_EDGES), kv_max))
+
+
 def fit_skew(skew: pd.DataFrame, grid: AttentionGrid, seed: int = SEED) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(profile ``skew`` section, held-out errors). alpha per (pure/mixed, n bucket) by least squares
-    of t_skew - t_mean on t_max - t_mean over a seeded 80 % of the rows."""
+    """(profile ``skew`` section, held-out errors). alpha per (pure/mixed, rows, ratio, longest
+    context) bucket by least squares of t_skew - t_mean on t_max - t_mean over a seeded 80 % of the
+    rows; a bucket with fewer than 3 training rows takes its (pure/mixed, rows) bucket's alpha."""
     df = skew[(skew["t_max_s"] > skew["t_mean_s"])].reset_index(drop=True)
     held = split_mask(len(df), seed=seed, keep_ends=False)
-    bucket = np.searchsorted(np.asarray(SKEW_N_EDGES), df["n"].to_numpy())
-    mixed = (df["pc"] > 0).to_numpy()
+    nb, rb, kb = skew_buckets(df["n"].to_numpy(), (df["nb"] / df["n"]).to_numpy(), df["kv_big"].to_numpy())
+    mixed = (df["pc"] > 0).to_numpy().astype(int)
     dy = (df["t_skew_s"] - df["t_mean_s"]).to_numpy()
     dx = (df["t_max_s"] - df["t_mean_s"]).to_numpy()
-    alphas = {False: [], True: []}
-    for is_mixed in (False, True):
-        for b in range(len(SKEW_N_EDGES)):
-            m = (~held) & (bucket == b) & (mixed == is_mixed)
-            a = float(np.dot(dy[m], dx[m]) / np.dot(dx[m], dx[m])) if m.sum() >= 3 else math.nan
-            alphas[is_mixed].append(a)
-    for is_mixed in (False, True):  # an empty bucket takes its neighbour's alpha, else 0
-        vals = alphas[is_mixed]
-        for i, v in enumerate(vals):
-            if math.isnan(v):
-                known = [(abs(i - j), w) for j, w in enumerate(vals) if not math.isnan(w)]
-                vals[i] = min(known)[1] if known else 0.0
-        alphas[is_mixed] = [round(min(max(v, -1.0), 2.0), 4) for v in vals]
-    alpha = np.where(mixed, np.take(alphas[True], bucket), np.take(alphas[False], bucket))
+    shape = (2, len(SKEW_N_EDGES), len(SKEW_RATIO_EDGES), len(SKEW_KV_EDGES))
+
+    def ls(m: np.ndarray) -> float:
+        return float(np.dot(dy[m], dx[m]) / np.dot(dx[m], dx[m])) if m.sum() >= 3 else math.nan
+
+    coarse = np.zeros(shape[:2])
+    for g in range(2):
+        for i in range(shape[1]):
+            a = ls((~held) & (mixed == g) & (nb == i))
+            coarse[g, i] = 0.0 if math.isnan(a) else a
+    alpha = np.zeros(shape)
+    for g, i, j, k in np.ndindex(shape):
+        a = ls((~held) & (mixed == g) & (nb == i) & (rb == j) & (kb == k))
+        alpha[g, i, j, k] = coarse[g, i] if math.isnan(a) else a
+    alpha = np.clip(np.round(alpha, 4), -1.0, 2.0)
+    a_row = alpha[mixed, nb, rb, kb]
     te = held
     meas = df.loc[te, "t_skew_s"].to_numpy()
-    # the skew model alone (measured uniform-batch times) and the whole attention model (grid times)
-    alone = df.loc[te, "t_mean_s"].to_numpy() + alpha[te] * dx[te]
+    alone = df.loc[te, "t_mean_s"].to_numpy() + a_row[te] * dx[te]
     rows = df.loc[te]
     g_mean = np.array([grid(pc, kp, n, kvm) for pc, kp, n, kvm in
                        zip(rows["pc"], rows["kp"], rows["n"], rows["kv_mean"], strict=True)])
     g_max = np.array([grid(pc, kp, n, kvb) for pc, kp, n, kvb in
                       zip(rows["pc"], rows["kp"], rows["n"], rows["kv_big"], strict=True)])
-    full = g_mean + alpha[te] * (g_max - g_mean)
+    full = g_mean + a_row[te] * (g_max - g_mean)
     errors = {"skew_alpha_measured_uniform": ape_summary(alone, meas),
               "skew_mean_context_only": ape_summary(df.loc[te, "t_mean_s"].to_numpy(), meas),
               "skew_full_model": ape_summary(full, meas),
               "uniform_mean_context_grid": ape_summary(g_mean, df.loc[te, "t_mean_s"].to_numpy()),
               "uniform_max_context_grid": ape_summary(g_max, df.loc[te, "t_max_s"].to_numpy())}
-    section = {"n_edges": list(SKEW_N_EDGES), "alpha_pure": alphas[False], "alpha_mixed": alphas[True],
-               "fitted_on": int((~held).sum())}
+    section = {"n_edges": list(SKEW_N_EDGES), "ratio_edges": list(SKEW_RATIO_EDGES), "kv_edges": list(SKEW_KV_EDGES),
+               "alpha": alpha.tolist(), "fitted_on": int((~held).sum()),
+               "ratio": "(mean - shortest) / (longest - shortest) decode context: nb/n for the profiled two-level batches"}
     return section, errors
 
 
@@ -323,7 +353,7 @@ class Assembly:
 def check_tables(asm: Assembly, attention_rows: pd.DataFrame | None, skew: pd.DataFrame | None,
                  log: Callable[[str], None] = lambda _m: None) -> None:
     """Fill ``asm.held_out`` (and choose table vs fit per curve); fits alpha when ``skew`` is given."""
-    held: dict[str, Any] = {"method": "table unless the physics fit has the lower held-out p90 APE",
+    held: dict[str, Any] = {"method": "table unless the physics fit has both the lower held-out median and p90 APE",
                             "holdout_fraction": HOLDOUT, "seed": SEED}
     xs = np.asarray(asm.dense_tokens, dtype=float)
     dense = {}
@@ -360,9 +390,10 @@ def check_tables(asm: Assembly, attention_rows: pd.DataFrame | None, skew: pd.Da
         att_err, scored = check_attention(asm.grid, attention_rows)
         held["attention"] = att_err
         held["steps"] = step_errors(asm, scored)
-        fit_better = [r for r, e in att_err.items()
-                      if e["fit"].get("p90_ape", math.inf) < e["table"].get("p90_ape", math.inf)]
-        held["attention_chosen"] = "table" if not fit_better else f"table (the fit wins only for {fit_better})"
+        chosen = {r: "fit" if fit_wins(e["table"], e["fit"]) else "table" for r, e in att_err.items()}
+        for r in (r for r, c in chosen.items() if c == "fit"):
+            tabulate_attention_fit(asm.grid, attention_rows, r)
+        held["attention_chosen"] = chosen
     if asm.attention_check:
         held["attention"] = asm.attention_check
     if skew is not None and len(skew):

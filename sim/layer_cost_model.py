@@ -19,9 +19,10 @@ decode rows inside a mixed step are not priced as a separate decode kernel (on t
 it as follows:
 
 - decode rows (q == 1): ``n_decode`` = their count, ``kv_decode`` their mean context; unequal
-  contexts add ``alpha x (A(max context) - A(mean context))``, alpha per batch-size bucket and
-  per pure/mixed step fitted to LLMServingSim's ``skew.csv`` (how far a skewed batch sits between
-  its mean and its longest row);
+  contexts add ``alpha x (A(max context) - A(mean context))``, alpha per bucket of (pure or mixed
+  step, rows, where the mean sits between the shortest and longest context, longest context)
+  fitted to LLMServingSim's ``skew.csv`` (how far a skewed batch sits between its mean and its
+  longest row);
 - the prefill row with the most query-key pairs is the table's chunk; every further prefill row
   adds its own prefill-only time less the table's smallest prefill (the launch it shares).
 
@@ -215,21 +216,28 @@ def _pairs(q: float, ctx: float) -> float:
 
 
 class SkewAlpha:
-    """alpha(n, mixed): where a decode batch with unequal contexts sits between its mean-context and
-    its max-context time, per batch-size bucket (``n_edges``: upper edges, ascending)."""
+    """alpha: where a decode batch with unequal contexts sits between its mean-context and its
+    longest-context time, per bucket of (pure or mixed step, decode rows, ratio = (mean - shortest)
+    / (longest - shortest), longest context); ``*_edges`` are ascending upper edges."""
 
-    def __init__(self, n_edges: Sequence[float], pure: Sequence[float], mixed: Sequence[float]) -> None:
-        self.edges = _axis("skew.n_edges", n_edges)
-        self.pure = [float(a) for a in pure]
-        self.mixed = [float(a) for a in mixed]
-        if len(self.pure) != len(self.edges) or len(self.mixed) != len(self.edges):
-            raise ProfileError("skew.alpha_pure and skew.alpha_mixed need one value per n_edges bucket")
-        if not all(math.isfinite(a) and -1.0 <= a <= 2.0 for a in (*self.pure, *self.mixed)):
+    def __init__(self, section: Mapping[str, Any]) -> None:
+        self.n_edges = _axis("skew.n_edges", section["n_edges"])
+        self.ratio_edges = _axis("skew.ratio_edges", section["ratio_edges"])
+        self.kv_edges = _axis("skew.kv_edges", section["kv_edges"])
+        arr = np.asarray(section["alpha"], dtype=float)
+        shape = (2, len(self.n_edges), len(self.ratio_edges), len(self.kv_edges))
+        if arr.shape != shape:
+            raise ProfileError(f"skew.alpha has shape {arr.shape}, the edges need {shape}")
+        if not (np.isfinite(arr).all() and (arr >= -1).all() and (arr <= 2).all()):
             raise ProfileError("skew alphas must be finite numbers in [-1, 2]")
+        self.alpha = arr.tolist()
 
-    def __call__(self, n: int, mixed: bool) -> float:
-        i = min(bisect.bisect_left(self.edges, n), len(self.edges) - 1)
-        return (self.mixed if mixed else self.pure)[i]
+    def __call__(self, n: int, mixed: bool, mean: float, shortest: float, longest: float) -> float:
+        ratio = (mean - shortest) / (longest - shortest)
+        i = min(bisect.bisect_left(self.n_edges, n), len(self.n_edges) - 1)
+        j = min(bisect.bisect_left(self.ratio_edges, ratio), len(self.ratio_edges) - 1)
+        k = min(bisect.bisect_left(self.kv_edges, longest), len(self.kv_edges) - 1)
+        return self.alpha[mixed][i][j][k]
 
 
 class LayerCostModel:
@@ -262,7 +270,7 @@ class LayerCostModel:
         att = p["attention"]
         self.attention = AttentionGrid(att.get("axes", {}), att.get("seconds"))
         sk = p.get("skew")
-        self.alpha = SkewAlpha(sk["n_edges"], sk["alpha_pure"], sk["alpha_mixed"]) if sk else None
+        self.alpha = SkewAlpha(sk) if sk else None
         ov = dict(p.get("overhead") or {})
         self._step_s = float(ov.get("step_s") or 0.0)
         self._per_seq_s = float(ov.get("per_seq_s") or 0.0)
@@ -298,7 +306,7 @@ class LayerCostModel:
             if self.alpha is not None and n > 1:
                 top = float(ctx.max())
                 if top > mean:
-                    a = self.alpha(n, False)
+                    a = self.alpha(n, False, mean, float(ctx.min()), top)
                     if a:
                         t += a * (grid(0, 0, n, top) - t)
             return self._layers * t
@@ -310,9 +318,10 @@ class LayerCostModel:
             mean = sums[4] / n_dec - 1.0
             t = grid(pc, kp, n_dec, mean)
             if self.alpha is not None and n_dec > 1:
-                top = float(ctx[dec].max())
+                dctx = ctx[dec]
+                top = float(dctx.max())
                 if top > mean:
-                    a = self.alpha(n_dec, True)
+                    a = self.alpha(n_dec, True, mean, float(dctx.min()), top)
                     if a:
                         t += a * (grid(pc, kp, n_dec, top) - t)
         else:
