@@ -9,7 +9,9 @@ preset             scheduler class and blocks                   knobs (engine na
 =================  ===========================================  ====================================
 vllm-v1            ChunkedScheduler (decodes, partial chunks,   max_num_seqs, max_num_batched_tokens,
                    waiting chunks; no admission in a step       long_prefill_token_threshold,
-                   that preempted; recompute newest/priority)   max_model_len, policy
+                   that preempted; recompute newest/priority;   max_model_len, policy,
+                   async_scheduling: the Replica loop admits    async_scheduling
+                   a step late, host time overlaps the device)
 vllm-v0            ContinuousScheduler (prefill_first, whole    max_num_seqs, max_num_batched_tokens,
                    prompts, 1% watermark, recompute or swap)    max_model_len, policy, preemption_mode
 hf-transformers    ComposedScheduler (fifo: decodes, partial,   scheduler_type, max_batch_tokens,
