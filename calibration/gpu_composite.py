@@ -81,7 +81,8 @@ def assemble_composite(opts: Any, model: ModelConfig, link: dict[str, Any]) -> t
             mlp = df[df["tp"] == tp]
             if mlp.empty:
                 raise SourceError(f"{path}: no rows for tensor parallel {tp} (has {sorted(set(df['tp']))})")
-            mlp_dims = pd.read_csv(path, usecols=["n_embd", "n_expanded_embd", "n_head", "vocab_size"]).iloc[0]
+            mlp_dims = pd.read_csv(path, usecols=["n_embd", "n_expanded_embd", "n_head", "n_kv_head"]).iloc[0]
+            mlp_path = path
             provs.append(prov)
         else:
             kind, _gpu, q_heads, kv_heads, dim, file_tp = inference_sim.heads(path)
@@ -100,6 +101,16 @@ def assemble_composite(opts: Any, model: ModelConfig, link: dict[str, Any]) -> t
     v0_same_model = v0 is not None and model.name == "llama-3.1-8b"
     if v0 is not None and not v0_same_model:
         raise SourceError(f"the LLMServingSim v0 layers.csv measures Llama-3.1-8B, not {model.name}")
+
+    if mlp is not None:  # Vidur's layer shape: its hidden size for any op, all of it for its GEMMs
+        shape = {k: int(mlp_dims[k]) for k in ("n_embd", "n_expanded_embd", "n_head", "n_kv_head")}
+        ours = {"n_embd": model.hidden_size, "n_expanded_embd": model.intermediate_size, "n_head": model.num_heads,
+                "n_kv_head": model.num_kv_heads}
+        need = ("n_embd",) if v0_same_model else tuple(ours)
+        bad = [k for k in need if shape[k] != ours[k]]
+        if bad:
+            raise SourceError(f"{mlp_path}: measures a layer with {bad[0]} = {shape[bad[0]]}, {model.name} has "
+                              f"{ours[bad[0]]}" + ("" if v0_same_model else " (its GEMMs would be another model's)"))
 
     # ---- token ops ----
     if v0_same_model:

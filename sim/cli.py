@@ -204,10 +204,10 @@ def _add_calibrate(sub) -> None:  # noqa: ANN001 - argparse's private subparsers
                      help="format of PATH")
     imp.add_argument("--with", dest="import_with", action="append", default=[], metavar="FORMAT:PATH",
                      help="another source combined in, e.g. inference-sim:mha_decode_h100_32-8-128-tp1.csv (repeatable)")
-    imp.add_argument("--model", dest="import_model", required=True, help="model preset the source measured")
-    imp.add_argument("--hardware", dest="import_hardware", required=True, help="hardware preset of the source's GPU")
-    imp.add_argument("--tp", dest="import_tp", type=int, default=1, help="tensor-parallel degree (1)")
-    imp.add_argument("--out", dest="import_out", help="profile JSON (default calibration/profiles/HW-MODEL-tpN.json)")
+    imp.add_argument("--model", dest="import_model", required=True, metavar="M", help="model preset the source measured")
+    imp.add_argument("--hardware", dest="import_hardware", required=True, metavar="H", help="hardware preset of the source's GPU")
+    imp.add_argument("--tp", dest="import_tp", type=int, default=1, metavar="N", help="tensor-parallel degree (1)")
+    imp.add_argument("--out", dest="import_out", metavar="P", help="profile JSON (default calibration/profiles/HW-MODEL-tpN.json)")
     imp.add_argument("--step-overhead-us", type=float, default=0.0, help="host time per step, us (0)")
     imp.add_argument("--per-seq-overhead-us", type=float, default=0.0, help="host time per row, us (0)")
     imp.add_argument("--link-bandwidth", type=float, default=None, metavar="BYTES_PER_S",

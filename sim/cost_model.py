@@ -10,6 +10,10 @@ Three models share the interface ``iteration_time(q_lens, ctx_lens, swap_bytes=0
 - ``FittedCostModel``: non-negative coefficients fitted to measured steps (``calibration/fit.py``).
 - ``ConstantCostModel``: closed form, for tests.
 
+A GPU profile built from published kernel tables (format ``servesim-gpu-profile/1``) loads as
+``LayerCostModel`` (``sim/layer_cost_model.py``): ``build_cost_model`` picks the class from the
+profile file's ``format``.
+
 Both real models use the same physical terms, ``step_features`` (names in ``FEATURE_NAMES``):
 
 =====================  =========================================================  ==============

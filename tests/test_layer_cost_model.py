@@ -295,3 +295,65 @@ def test_llmservingsim_profiles_meet_the_step_error_target(name):
     steps = json.loads((PROFILES / name).read_text())["held_out_error"]["steps"]
     for regime, e in steps.items():
         assert e["median_ape"] <= 0.03 and e["p90_ape"] <= 0.08, (regime, e)
+
+
+# ---- a composite profile (Vidur token ops + inference-sim attention) ----
+
+
+def fabricate_composite(root: Path) -> tuple[Path, Path, Path]:
+    """Vidur mlp.csv (ms) for a Llama-2-7B-shaped layer and inference-sim decode/prefill files (us)."""
+    mlp = root / "compute" / "h100" / "meta-llama" / "Llama-2-7b-hf" / "mlp.csv"
+    mlp.parent.mkdir(parents=True)
+    ops = ["emb", "input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
+           "mlp_up_proj", "mlp_act", "mlp_down_proj", "add"]
+    head = ",".join(f"time_stats.{op}.median" for op in ops)
+    lines = [head + ",n_head,n_kv_head,n_embd,n_expanded_embd,vocab_size,num_tokens,num_tensor_parallel_workers"]
+    for t in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512):
+        lines.append(",".join(f"{0.01 + 0.0001 * t * (i + 1):.6f}" for i in range(len(ops)))
+                     + f",32,32,4096,11008,32000,{t},1")
+    mlp.write_text("\n".join(lines) + "\n")
+    dec = root / "mha_decode_h100_32-32-128-tp1.csv"
+    dec.write_text("dtype,kv_dtype,batch_size,kv_len,latency_us,mfu\n" + "".join(
+        f"bf16,bf16,{b},{kv},{20 + 0.002 * b * kv},0\n" for b in (1, 2, 4, 8, 16) for kv in (1024, 2048, 4096, 8192)))
+    pre = root / "mha_prefill_h100_32-32-128.csv"
+    pre.write_text("dtype,seq_len,latency_us,mfu\n" + "".join(
+        f"bf16,{s},{25 + 2e-5 * s * (s + 1) / 2},0\n" for s in (1024, 2048, 4096, 8192)))
+    return mlp, dec, pre
+
+
+def test_composite_profile_joins_three_sources_and_says_how(tmp_path, capsys):
+    mlp, dec, pre = fabricate_composite(tmp_path)
+    out = tmp_path / "h100.json"
+    rc = main(["calibrate", "import", "--format", "vidur", str(mlp), "--with", f"inference-sim:{dec}",
+               "--with", f"inference-sim:{pre}", "--model", "llama-2-7b", "--hardware", "h100-sxm", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    data = json.loads(out.read_text())
+    assert {s["repo"] for s in data["provenance"]["sources"]} == {"microsoft/vidur", "inference-sim/inference-sim"}
+    notes = " ".join(data["provenance"]["assembly"])
+    assert "residual add is left out" in notes and "LM head: roofline" in notes and "Sampler: estimate" in notes
+    grid = load_profile(out).attention
+    # decode from the inference-sim grid (a node), prefill from the pairs fit, mixed = sum - shared launch
+    assert grid(0, 0, 4, 2048) == pytest.approx((20 + 0.002 * 4 * 2048) * 1e-6, rel=1e-6)
+    assert grid(2048, 0, 0, 0) == pytest.approx((25 + 2e-5 * 2048 * 2049 / 2) * 1e-6, rel=0.02)
+    shared = min(grid(16, 0, 0, 0), grid(0, 0, 1, 1024))
+    assert grid(1024, 0, 4, 2048) == pytest.approx(grid(1024, 0, 0, 0) + grid(0, 0, 4, 2048) - shared, rel=1e-6)
+
+
+def test_composite_without_attention_labels_the_roofline(tmp_path):
+    mlp, _, _ = fabricate_composite(tmp_path)
+    profile = run_import(ImportOptions("vidur", [str(mlp)], "llama-2-7b", "h100-sxm", 1, out=str(tmp_path / "a.json")))
+    assert "ROOFLINE" in " ".join(profile["provenance"]["assembly"])
+    assert "attention" not in profile["held_out_error"]  # nothing measured, nothing held out
+
+
+def test_vidur_gemms_of_another_model_are_refused(tmp_path):
+    mlp, _, _ = fabricate_composite(tmp_path)
+    with pytest.raises(ProfileError, match="n_expanded_embd = 11008, llama-3-8b has 14336"):
+        run_import(ImportOptions("vidur", [str(mlp)], "llama-3-8b", "h100-sxm", 1, out=str(tmp_path / "c.json")))
+
+
+def test_inference_sim_heads_must_match_the_model(tmp_path):
+    mlp, dec, _ = fabricate_composite(tmp_path)
+    with pytest.raises(ProfileError, match="measures 32 query / 32 KV heads .* llama-3-8b has 32 / 8"):
+        run_import(ImportOptions("vidur", [str(mlp)], "llama-3-8b", "h100-sxm", 1, out=str(tmp_path / "b.json"),
+                                 extra=[f"inference-sim:{dec}"]))
