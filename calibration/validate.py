@@ -194,7 +194,11 @@ def _cells(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
         head.append("live spread %")
         for row, spread in zip(body, table["live_spread_pct"], strict=True):
             row.append(_pct(spread, False))
-    return head, body
+    for col, title in table.attrs.get("extra_columns", {}).items():  # e.g. another simulator's error, same run
+        head.append(title)
+        for row, value in zip(body, table[col], strict=True):
+            row.append(_pct(value))
+    return [table.attrs.get("labels", {}).get(h, h) for h in head], body
 
 
 def format_table(table: pd.DataFrame) -> str:

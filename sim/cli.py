@@ -106,6 +106,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
         validate,
     )
 
+    if args.against:
+        return cmd_validate_against(args)
+    if args.scenario is None:
+        raise UserError("validate needs a SCENARIO to run live, or --against RUN to compare with a measured run")
+    if args.format:
+        raise UserError("--format goes with --against RUN")
     sc = _load(args)
     parse_max_error(args.max_error)  # a bad threshold is a usage error before anything runs
     out = Path(args.out) if args.out else Path("results") / f"{sc.name}-validate"
@@ -123,6 +129,33 @@ def cmd_validate(args: argparse.Namespace) -> int:
     plots = "" if args.no_plots else ", cdf_{ttft,tpot,itl,e2e}.png"
     replay = ", replay/" if result.dynamics is not None and result.dynamics.run is not None else ""
     print(f"results in {out}/ (validation.json, validation.csv, validation.md{plots}, live/, sim/{replay})")
+    for line in result.failed:
+        print(f"servesim validate: FAIL {line}", file=sys.stderr)
+    return 1 if result.failed else 0
+
+
+def cmd_validate_against(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from servesim.calibration.validate import format_table
+    from servesim.calibration.validate_against import validate_against
+
+    if args.repeats != 1:
+        raise UserError("--repeats repeats a live run; a measured run (--against) is what it is")
+    out = Path(args.out) if args.out else Path("results") / f"{Path(args.against).stem}-against"
+    print(f"servesim validate --against {args.against}"
+          f"{f' (scenario {args.scenario})' if args.scenario else ''} | sim cost model: "
+          f"{'profile ' + args.profile if args.profile else 'the scenario/roofline default'}", flush=True)
+    result = validate_against(args.against, out, fmt=args.format, profile=args.profile, scenario_file=args.scenario,
+                              overrides=args.set, max_error=args.max_error, plots=not args.no_plots,
+                              progress=False if args.quiet else None, log=lambda msg: print(msg, flush=True))
+    p = result.provenance
+    for note in p["notes"]:
+        print(f"note: {note}")
+    print(f"relative error (sim - measured) / measured, {p['num_requests']} requests; ITL {p['itl']}:")
+    print(format_table(result.table))
+    plots = "" if args.no_plots else ", cdf_*.png, scatter_requests.png"
+    print(f"results in {out}/ (validation.json, validation.csv, validation.md, per_request.csv{plots}, sim/)")
     for line in result.failed:
         print(f"servesim validate: FAIL {line}", file=sys.stderr)
     return 1 if result.failed else 0
@@ -211,9 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="servesim", description="Simulate and measure LLM serving schedulers.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def scenario_cmd(name: str, help_: str, fn: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+    def scenario_cmd(name: str, help_: str, fn: Callable[[argparse.Namespace], int],
+                     optional: str | None = None) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_, description=help_)
-        sp.add_argument("scenario", help="scenario YAML file")
+        sp.add_argument("scenario", nargs="?" if optional else None, help=optional or "scenario YAML file")
         sp.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
                         help="override a scenario field, e.g. --set scheduler.max_num_seqs=128 (repeatable)")
         sp.add_argument("--out", help="run folder (default: the scenario's output_dir or results/NAME)")
@@ -233,8 +267,14 @@ def build_parser() -> argparse.ArgumentParser:
     engines.add_argument("--no-plots", action="store_true", help="skip the latency-CDF overlay")
     _out_help(engines, "output folder (default: results/NAME-engines)")
     _add_planning_commands(sub, scenario_cmd)
-    val = scenario_cmd("validate", "run the scenario live, simulate the identical workload, report relative errors",
-                       cmd_validate)
+    val = scenario_cmd("validate", "run the scenario live (or read a measured run: --against), simulate the "
+                       "identical workload, report relative errors", cmd_validate,
+                       optional="scenario YAML file (with --against: optional, for what the run does not say)")
+    val.add_argument("--against", metavar="RUN", default=None,
+                     help="no live run: compare with a measured vLLM run (an LLMServingSim run folder or a vllm bench "
+                          "serve --save-detailed JSON), simulated under the vllm-v1 preset")
+    val.add_argument("--format", choices=["llmservingsim", "vllm-bench"], default=None,
+                     help="format of RUN (default: a folder is llmservingsim, a .json file vllm-bench)")
     val.add_argument("--profile", metavar="P", default=None,
                      help="fitted cost-model profile for the simulated side (default: the scenario's cost_model)")
     val.add_argument("--max-error", action="append", default=[], metavar="KEY=PCT,...",
@@ -247,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--replay-steps", action="store_true",
                      help="dynamics check: replay the live run's measured step durations into a simulation of the "
                           "same requests; exit 1 unless every TTFT and E2E matches, naming the first step that differs")
-    _out_help(val, "output folder (default: results/NAME-validate)")
+    _out_help(val, "output folder (default: results/NAME-validate, with --against results/RUN-against)")
     _add_calibrate(sub)
     return p
 

@@ -33,11 +33,17 @@ class Executor(Protocol):
 
 
 class SimExecutor:
-    """Executes a step by asking the cost model how long it takes."""
+    """Executes a step by asking the cost model how long it takes.
 
-    def __init__(self, cost_model: CostModel, kv_block_bytes: float) -> None:
+    ``overlap_host``: the engine prepares the next step on the CPU while the device runs this one
+    (vLLM's async scheduling), so the cost model's host term (``loop_overhead``) and the device
+    time overlap: a step takes the longer of the two instead of their sum.
+    """
+
+    def __init__(self, cost_model: CostModel, kv_block_bytes: float, overlap_host: bool = False) -> None:
         self.cost_model = cost_model
         self.kv_block_bytes = kv_block_bytes
+        self._host = getattr(cost_model, "loop_overhead", None) if overlap_host else None
         # a cost model with step_time reads the Batch's aggregates, computed once per step; one whose
         # features need the rows themselves (a fitted CPU profile) says so with needs_rows
         self._step_time = None if getattr(cost_model, "needs_rows", False) else getattr(cost_model, "step_time", None)
@@ -46,8 +52,13 @@ class SimExecutor:
         swap_blocks = len(batch.swap_out) + len(batch.swap_in)
         swap_bytes = swap_blocks * self.kv_block_bytes if swap_blocks else 0.0
         if self._step_time is not None:
-            return self._step_time(batch.sums, swap_bytes)
-        return self.cost_model.iteration_time(batch.num_new_tokens, batch.num_context_tokens, swap_bytes)
+            t = self._step_time(batch.sums, swap_bytes)
+        else:
+            t = self.cost_model.iteration_time(batch.num_new_tokens, batch.num_context_tokens, swap_bytes)
+        if self._host is not None and t > 0:
+            host = self._host(batch.sums[0])
+            t = max(t - host, host)
+        return t
 
 
 class Recorder(Protocol):  # what the engine needs from sim/metrics.py
@@ -67,6 +78,7 @@ class Replica:
         executor: Executor,
         recorder: Recorder,
         on_done=None,  # callable(Request) -> None, called once per finished or rejected request
+        async_scheduling: bool = False,
     ) -> None:
         self.env = env
         self.replica_id = replica_id
@@ -77,17 +89,33 @@ class Replica:
         self.realtime = isinstance(env, simpy.rt.RealtimeEnvironment)
         self.num_iterations = 0
         self.arrivals_open = True  # the cluster clears this when no request is left to arrive
+        # vLLM's async scheduling: the step after the running one is already scheduled, so a request
+        # arriving during a step reaches the scheduler only after the next step has been chosen
+        self.async_scheduling = async_scheduling
+        self._in_step = False
+        self._arrived: list[Request] = []
         self._wakeup = env.event()
         self.process = env.process(self._loop())
 
     @property
     def num_outstanding(self) -> int:
         s = self.scheduler
-        return s.num_waiting + s.num_running + s.num_swapped
+        return s.num_waiting + s.num_running + s.num_swapped + len(self._arrived)
 
     def submit(self, req: Request) -> None:
         """A request arrives at this replica now."""
         req.replica = self.replica_id
+        if self._in_step and self.async_scheduling:
+            self._arrived.append(req)  # the engine drains its input after scheduling the next step
+            return
+        self._admit(req)
+
+    def _flush_arrived(self) -> None:
+        arrived, self._arrived = self._arrived, []
+        for req in arrived:
+            self._admit(req)
+
+    def _admit(self, req: Request) -> None:
         if not self.scheduler.add(req):
             self._done(req)
             return
@@ -118,6 +146,8 @@ class Replica:
         clock = time.perf_counter
         overhead = 0.0  # live mode: seconds spent in update + schedule around this step
         while True:
+            if self._arrived and not sched.has_unfinished:  # nothing else to schedule: seen at once
+                self._flush_arrived()
             if not sched.has_unfinished:
                 if not self.arrivals_open:
                     return
@@ -126,6 +156,8 @@ class Replica:
                 continue
             t_sched = clock() if realtime else 0.0
             batch = sched.schedule(env.now)
+            if self._arrived:  # arrivals of the step that just ended, seen from the next schedule on
+                self._flush_arrived()
             if batch.is_empty:
                 wake = sched.next_wakeup(env.now)
                 if wake is not None and wake > env.now:
@@ -151,7 +183,9 @@ class Replica:
             if realtime:
                 # the clock advances by what the step really took, scheduling included
                 dt = max(dt, self._wall_now() - start)
+            self._in_step = True
             yield env.timeout(dt)
+            self._in_step = False
             t_upd = clock() if realtime else 0.0
             out = sched.update(batch, env.now)
             self.num_iterations += 1

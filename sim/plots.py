@@ -201,6 +201,45 @@ def plot_cdf_overlay(
     return out
 
 
+def plot_request_scatter(
+    out_path: str | Path,
+    measured: pd.DataFrame,
+    simulated: pd.DataFrame,
+    metrics: Sequence[str] = ("ttft", "e2e"),
+    labels: tuple[str, str] = ("measured", "sim"),
+) -> Path:
+    """Each request's simulated latency against its measured one (ms), one panel per metric.
+
+    Both frames hold the same requests in the same order (request_id); the diagonal is a perfect
+    simulation, points above it were simulated too slow.
+    """
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig = Figure(figsize=(4.5 * len(metrics), 4.3), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(metrics)))
+    for ax, col in zip(axes, metrics, strict=True):
+        x = measured[col].to_numpy(dtype=np.float64) * 1e3
+        y = simulated[col].to_numpy(dtype=np.float64) * 1e3
+        ok = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
+        if ok.any():
+            ax.scatter(x[ok], y[ok], s=8, alpha=0.6)
+            lo, hi = min(x[ok].min(), y[ok].min()), max(x[ok].max(), y[ok].max())
+            ax.plot([lo, hi], [lo, hi], color="grey", lw=1, ls="--", label="sim = measured")
+            if hi / lo > 20:
+                ax.set_xscale("log")
+                ax.set_yscale("log")
+            ax.legend(fontsize="small")
+        else:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+        name = _LABELS.get(col, col)
+        ax.set_title(f"{name} per request")
+        ax.set_xlabel(f"{labels[0]} {name} (ms)")
+        ax.set_ylabel(f"{labels[1]} {name} (ms)")
+        ax.grid(True, which="both", alpha=0.3)
+    fig.savefig(out, dpi=DPI)
+    return out
+
+
 def plot_latency_vs_rate(
     out_path: str | Path,
     rows: pd.DataFrame,

@@ -126,7 +126,8 @@ def run_replicas(
     replicas = []
     for r in range(sc.cluster.num_replicas):
         scheduler, executor = make_replica_parts(r)
-        replicas.append(Replica(env, r, scheduler, executor, recorder))
+        replicas.append(Replica(env, r, scheduler, executor, recorder,
+                                async_scheduling=getattr(sc.scheduler, "async_scheduling", False)))
     cluster = Cluster(env, replicas, sc.cluster.router)
     # The bar shows only on runs longer than ~2 s (tqdm's delay), and never when disabled.
     bar = tqdm(total=len(requests), unit="req", delay=2.0, mininterval=0.5, disable=progress is False,
@@ -154,7 +155,8 @@ def simulate(sc: Scenario, requests: list[Request] | None = None, progress: bool
     env = simpy.Environment()
 
     def parts(_r: int):
-        return build_scheduler(sc, kv), SimExecutor(cost, kv.block_bytes)
+        return build_scheduler(sc, kv), SimExecutor(cost, kv.block_bytes,
+                                                    overlap_host=getattr(sc.scheduler, "async_scheduling", False))
 
     recorder, _ = run_replicas(env, sc, requests, parts, progress)
     return finish_run(sc, "sim", requests, recorder, kv, time.perf_counter() - t0)

@@ -9,7 +9,9 @@ preset             scheduler class and blocks                   knobs (engine na
 =================  ===========================================  ====================================
 vllm-v1            ChunkedScheduler (decodes, partial chunks,   max_num_seqs, max_num_batched_tokens,
                    waiting chunks; no admission in a step       long_prefill_token_threshold,
-                   that preempted; recompute newest/priority)   max_model_len, policy
+                   that preempted; recompute newest/priority;   max_model_len, policy,
+                   async_scheduling: the Replica loop admits    async_scheduling
+                   a step late, host time overlaps the device)
 vllm-v0            ContinuousScheduler (prefill_first, whole    max_num_seqs, max_num_batched_tokens,
                    prompts, 1% watermark, recompute or swap)    max_model_len, policy, preemption_mode
 hf-transformers    ComposedScheduler (fifo: decodes, partial,   scheduler_type, max_batch_tokens,
@@ -179,6 +181,12 @@ class VllmV1Preset(EnginePreset):
     long_prefill_token_threshold: int = Field(0, ge=0, description="cap on one request's prefill tokens per step")
     max_model_len: int | None = Field(None, ge=1)
     policy: Literal["fcfs", "priority"] = "fcfs"
+    # vLLM's --async-scheduling (vllm/v1/core/sched/async_scheduler.py; EngineCore.step_with_batch_queue
+    # keeps two batches in flight): the CPU schedules step n+1 while the GPU runs step n, so a request
+    # arriving during step n is first scheduled into step n+2, and host time overlaps device time.
+    # vLLM turns it on when left unset since PR #27614 ("Enable async scheduling by default", late
+    # 2025; on in 0.19); off here so scenarios of earlier releases keep their meaning.
+    async_scheduling: bool = False
 
     @property
     def preemption_mode(self) -> str:

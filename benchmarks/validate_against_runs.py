@@ -1,0 +1,66 @@
+"""``servesim validate --against`` on every shipped measured run, with its GPU profile and with the roofline.
+
+For each run folder under ``results/validation/gpu/runs/`` (LLMServingSim's real vLLM runs) the
+profile is the one the run's GPU, model and TP name (``calibration/profiles/HW-MODEL-tpN.json``).
+Each comparison's folder goes to ``results/validation/gpu/RUN-COSTMODEL/``; the key figures of all
+of them, beside LLMServingSim's own error on the same run and the issue's targets, go to
+``results/validation/gpu/summary.md``.
+
+    python benchmarks/validate_against_runs.py [--runs DIR] [--out DIR] [--no-plots]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from servesim.calibration.measured_run import read_run
+from servesim.calibration.validate_against import validate_against
+from servesim.sim.cost_model import resolve_profile_path
+
+# |error| targets of issue 13, in percent: p50 and p90 of TPOT and E2E 2 %, of TTFT 5 %
+TARGETS = {f"{s}_{m}_ms": t for m, t in (("ttft", 5.0), ("tpot", 2.0), ("e2el", 2.0)) for s in ("median", "p90")}
+
+
+def row(run_name: str, cost: str, result) -> list[str]:  # noqa: ANN001 - AgainstResult
+    t = result.table.set_index("metric")
+    cells = [run_name, cost]
+    for key, target in TARGETS.items():
+        err, ref = t.loc[key, "error_pct"], t.loc[key, "llmservingsim_error_pct"]
+        ok = abs(err) <= target and (math.isnan(ref) or abs(err) <= abs(ref))
+        cells.append(f"{err:+.2f} ({ref:+.1f}) {'ok' if ok else 'MISS'}")
+    return cells
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", default="results/validation/gpu/runs")
+    ap.add_argument("--out", default="results/validation/gpu")
+    ap.add_argument("--no-plots", action="store_true")
+    args = ap.parse_args()
+    out = Path(args.out)
+    rows = []
+    for folder in sorted(p for p in Path(args.runs).iterdir() if (p / "requests.jsonl").is_file()):
+        run = read_run(folder)
+        profile = f"{run.hardware}-{run.model}-tp{run.tensor_parallel}.json"
+        for cost, prof in (("profile", profile), ("roofline", None)):
+            if prof is not None:
+                resolve_profile_path(prof)  # a missing profile is an error, not a silent roofline
+            result = validate_against(folder, out / f"{folder.name}-{cost}", profile=prof, plots=not args.no_plots,
+                                      log=None, progress=False)
+            rows.append(row(folder.name, cost if prof is None else f"profile {prof}", result))
+            print(" | ".join(rows[-1]), flush=True)
+    head = ["run", "cost model", *(f"{k} ({v:g} %)" for k, v in TARGETS.items())]
+    lines = ["# validate --against: the shipped RTX PRO 6000 runs", "",
+             "Error % of the simulation against the measured vLLM 0.19 run, (LLMServingSim's own error on the same "
+             "run, from its summary file), and `ok` when |error| is within the target in the column head and no "
+             "larger than LLMServingSim's. `python benchmarks/validate_against_runs.py` regenerates this file.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    print(f"summary in {out / 'summary.md'}")
+
+
+if __name__ == "__main__":
+    main()

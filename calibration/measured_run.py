@@ -1,0 +1,423 @@
+"""Readers for measured serving runs: what a real vLLM server did, request by request.
+
+Two formats:
+
+- ``llmservingsim``: a folder as LLMServingSim ships its real vLLM runs (``bench/examples/<GPU>/<model>/``):
+  ``requests.jsonl`` (one request a line: ``input_toks``, ``output_toks``, ``arrival_time`` on the
+  client's wall clock, ``queued_ts``, ``scheduled_ts``, ``first_token_ts``, ``last_token_ts`` on the
+  engine's monotonic clock, seconds), ``meta.json`` (model, vLLM version, engine kwargs), and
+  optionally ``llmservingsim_config.json`` (the GPU) and ``llmservingsim_summary.txt`` (LLMServingSim's
+  own error on the run).
+- ``vllm-bench``: the JSON ``vllm bench serve --save-result --save-detailed`` writes
+  (``vllm/benchmarks/serve.py``): ``input_lens``, ``output_lens``, ``ttfts``, ``itls`` and, in
+  recent versions, ``start_times`` (the client's ``perf_counter`` at send) and ``latencies``; plus
+  ``model_id``, ``request_rate``, ``burstiness``, ``max_concurrency``. It is the client's view only:
+  no engine settings, no GPU.
+
+Clocks. ``arrival_time`` and the engine timestamps come from two clocks with an unknown offset.
+Each request's ``queued_ts - arrival_time`` is that offset plus the request's transport (HTTP,
+tokenisation, IPC) plus the wait until the engine's busy loop next drains its input queue, which
+happens between steps. The smallest of them over the run is the offset plus the bare transport
+of a request that found the engine between steps; every client arrival is moved onto the engine
+clock by that one constant. TTFT and E2E are then measured from that engine-side arrival, like
+the simulator measures them (a request arriving during a step waits for the next one in both).
+LLMServingSim measures from ``queued_ts`` instead, which leaves out the wait for the step
+boundary; both figures are kept (``ttft_from_queued``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from servesim.sim.hints import did_you_mean
+from servesim.sim.metrics import REQUEST_COLUMNS, LogHistogram
+from servesim.sim.presets import HARDWARE, MODELS
+from servesim.sim.scenario import ScenarioError
+
+FORMATS = ("llmservingsim", "vllm-bench")
+LLMSERVINGSIM_FIELDS = ("input_toks", "output_toks", "arrival_time", "queued_ts", "first_token_ts", "last_token_ts")
+
+# Hugging Face ids whose name does not spell the servesim preset after normalising (see model_preset)
+_HF_MODELS = {
+    "mistral-7b-v0.1": "mistral-7b",
+    "mistral-7b-v0.3": "mistral-7b",
+}
+# a GPU name as runs spell it, lower-cased with only letters and digits kept -> hardware preset
+_GPUS = {
+    "rtxpro6000": "rtx-pro-6000",
+    "rtx4090": "rtx-4090",
+    "h100": "h100-sxm",
+    "h200": "h200",
+    "a100": "a100-80g",
+    "l40s": "l40s",
+}
+# LLMServingSim's summary rows -> servesim summary keys
+_REF_FAMILIES = {"TTFT": "ttft", "TPOT": "tpot", "ITL": "itl", "Latency": "e2el"}
+_REF_STATS = {"Mean": "mean", "Median": "median"}
+_REF_ROW = re.compile(r"^(?P<fam>TTFT|TPOT|ITL|Latency)\s+(?P<stat>Mean|Median|P\d+)\s+(?P<real>[-+0-9.eE]+)\s+"
+                      r"(?P<sim>[-+0-9.eE]+)\s+(?P<diff>[-+0-9.eE]+)%\s*$")
+
+
+class RunFileError(ScenarioError):
+    """A measured run file that is missing, malformed or lacks a field; the message is one line (exit 2)."""
+
+
+@dataclass
+class MeasuredRun:
+    """One measured run, with every time on one clock (seconds from the first arrival)."""
+
+    name: str
+    path: Path
+    format: str
+    model_source: str  # the model as the run names it
+    model: str | None  # the servesim preset, None when there is none
+    hardware_source: str | None
+    hardware: str | None
+    tensor_parallel: int | None
+    scheduler: dict[str, Any]  # vllm-v1 preset knobs the run states (engine names)
+    kv_cache: dict[str, Any]  # kv_cache fields the run states
+    requests: pd.DataFrame  # REQUEST_COLUMNS, one row per served request, sorted by arrival
+    itl_hist: LogHistogram | None  # per-token gaps, when the run recorded them
+    vllm_version: str | None = None
+    data_parallel: int = 1  # engines behind vLLM's data-parallel coordinator
+    clock: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what the run lacks and how it was filled in
+    reference: dict[str, dict[str, float]] = field(default_factory=dict)  # metric -> LLMServingSim's figures
+    reference_source: str | None = None
+    arrivals_exact: bool = True  # False when arrivals were drawn from the run's rate (no start times)
+
+
+# ---- names ----------------------------------------------------------------------------------------
+def model_preset(name: str) -> str | None:
+    """The servesim model preset a Hugging Face id (or a path ending in one) names, or None.
+
+    ``meta-llama/Llama-3.1-8B`` -> ``llama-3.1-8b``, ``Qwen/Qwen3-32B`` -> ``qwen3-32b``,
+    ``meta-llama/Meta-Llama-3-8B-Instruct`` -> ``llama-3-8b`` (instruct tunes share the shapes).
+    """
+    base = str(name).rstrip("/").split("/")[-1].lower()
+    for suffix in ("-instruct", "-chat", "-hf"):
+        base = base.removesuffix(suffix)
+    base = base.removeprefix("meta-")
+    base = _HF_MODELS.get(base, base)
+    return base if base in MODELS else None
+
+
+def hardware_preset(name: str) -> str | None:
+    """The servesim hardware preset a GPU name names (``RTXPRO6000``, ``NVIDIA H100 80GB HBM3``), or None."""
+    key = re.sub(r"[^a-z0-9]", "", str(name).lower())
+    if key in HARDWARE:
+        return key
+    hits = [preset for token, preset in _GPUS.items() if token in key]
+    return max(hits, key=len) if len(hits) == 1 else None
+
+
+def unknown_model_message(where: str, name: str) -> str:
+    return (f"{where}: model {name!r} has no servesim preset{did_you_mean(model_preset(name) or name, MODELS)}; "
+            f"give one with --set model=NAME ({', '.join(MODELS)})")
+
+
+def unknown_hardware_message(where: str, name: str | None) -> str:
+    what = f"GPU {name!r} has no servesim hardware preset" if name else "the run does not name its GPU"
+    return f"{where}: {what}; give one with --set hardware=NAME ({', '.join(HARDWARE)})"
+
+
+# ---- shared helpers -------------------------------------------------------------------------------
+def _read_json(path: Path) -> Any:
+    if not path.is_file():
+        raise RunFileError(f"{path}: file not found")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise RunFileError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+
+
+def _number(value: Any, where: str, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise RunFileError(f"{where}: field '{name}' must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _requests_frame(arrival: np.ndarray, scheduled: np.ndarray, first: np.ndarray, finish: np.ndarray,
+                    prompt: np.ndarray, output: np.ndarray) -> pd.DataFrame:
+    """A requests frame like a servesim run's (REQUEST_COLUMNS), times already on one clock."""
+    n = arrival.size
+    out = output.astype(np.int64)
+    ttft, e2e = first - arrival, finish - arrival
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpot = np.where(out > 1, (finish - first) / (out - 1), np.nan)
+    data = {
+        "request_id": np.arange(n, dtype=np.int64), "replica": np.zeros(n, dtype=np.int64),
+        "arrival_time": arrival, "first_scheduled_time": scheduled, "first_token_time": first,
+        "finish_time": finish, "prompt_len": prompt.astype(np.int64), "output_len": out,
+        "num_output_tokens": out, "ttft": ttft, "tpot": tpot, "e2e": e2e, "queueing_delay": scheduled - arrival,
+        "num_preemptions": np.zeros(n, dtype=np.int64), "num_cached_tokens": np.zeros(n, dtype=np.int64),
+        "state": pd.Series(["finished"] * n, dtype=object), "reject_reason": pd.Series([None] * n, dtype=object),
+    }  # fmt: skip
+    return pd.DataFrame({k: data[k] for k in REQUEST_COLUMNS})
+
+
+# ---- LLMServingSim runs ---------------------------------------------------------------------------
+def read_llmservingsim(folder: str | Path) -> MeasuredRun:
+    """Read an LLMServingSim run folder (see the module docstring); ``RunFileError`` names file, line, field."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise RunFileError(f"{root}: not a run folder (expected requests.jsonl and meta.json inside)")
+    meta_path = root / "meta.json"
+    meta = _read_json(meta_path)
+    if not isinstance(meta, dict):
+        raise RunFileError(f"{meta_path}: expected a JSON object")
+    kwargs = meta.get("engine_kwargs")
+    if not isinstance(kwargs, dict):
+        raise RunFileError(f"{meta_path}: missing field 'engine_kwargs' (the engine's arguments)")
+    model_source = meta.get("model") or kwargs.get("model")
+    if not model_source:
+        raise RunFileError(f"{meta_path}: missing field 'model'")
+    for key in ("max_num_seqs", "max_num_batched_tokens"):
+        if not isinstance(kwargs.get(key), int):
+            raise RunFileError(f"{meta_path}: missing field 'engine_kwargs.{key}' (an integer)")
+    notes: list[str] = []
+
+    rows, unrecorded = _read_jsonl(root / "requests.jsonl")
+    if unrecorded:
+        notes.append(f"{unrecorded} requests have no timestamps at all (vLLM returned no metrics for them): "
+                     "left out of both sides")
+    cols = {k: np.array([r[k] for r in rows], dtype=np.float64) for k in LLMSERVINGSIM_FIELDS}
+    sched = np.array([r.get("scheduled_ts", math.nan) for r in rows], dtype=np.float64)
+    order = np.argsort(cols["arrival_time"], kind="stable")
+    cols = {k: v[order] for k, v in cols.items()}
+    sched = sched[order]
+    offsets = cols["queued_ts"] - cols["arrival_time"]
+    offset = float(offsets.min())
+    arrival_engine = cols["arrival_time"] + offset
+    t0 = float(arrival_engine[0])
+    wait = offsets - offset
+    clock = {
+        "alignment": "client arrival + min(queued_ts - arrival_time); TTFT and E2E from that arrival",
+        "offset_s": offset,
+        "queued_after_arrival_ms": {q: float(np.percentile(wait, p) * 1e3)
+                                    for q, p in (("p50", 50), ("p90", 90), ("max", 100))},
+        "engine_t0": t0,
+    }
+    df = _requests_frame(arrival_engine - t0, sched - t0, cols["first_token_ts"] - t0, cols["last_token_ts"] - t0,
+                         cols["input_toks"], cols["output_toks"])
+    df["ttft_from_queued"] = cols["first_token_ts"] - cols["queued_ts"]
+    df["source_id"] = [str(rows[i].get("request_id", i)) for i in order]
+    df["source_line"] = [rows[i]["_line"] for i in order]
+
+    hw_source, tp = _llmservingsim_gpu(root)
+    hardware = meta.get("hardware") if isinstance(meta.get("hardware"), dict) else {}
+    hw_source = hardware.get("device_name") or hw_source  # newer bench runs record torch's device name
+    if hw_source is None:  # the folder is named <GPU>-<model>
+        hw_source = root.name.split("-")[0] if "-" in root.name else None
+    tp = kwargs.get("tensor_parallel_size") or tp or 1
+    dp = kwargs.get("data_parallel_size") or 1
+    if not isinstance(dp, int) or dp < 1:
+        raise RunFileError(f"{meta_path}: engine_kwargs.data_parallel_size must be a positive integer, got {dp!r}")
+    # newer bench runs also record what vLLM resolved: the KV cache it allocated and its scheduler config
+    resolved = meta.get("resolved_config") if isinstance(meta.get("resolved_config"), dict) else {}
+    sched_cfg = resolved.get("scheduler_config") if isinstance(resolved.get("scheduler_config"), dict) else {}
+    model_cfg = resolved.get("model_config") if isinstance(resolved.get("model_config"), dict) else {}
+    scheduler = {"max_num_seqs": kwargs["max_num_seqs"], "max_num_batched_tokens": kwargs["max_num_batched_tokens"]}
+    max_len = kwargs.get("max_model_len") or model_cfg.get("max_model_len")
+    if isinstance(max_len, int):
+        scheduler["max_model_len"] = max_len
+    if isinstance(sched_cfg.get("async_scheduling"), bool):
+        scheduler["async_scheduling"] = sched_cfg["async_scheduling"]
+    kv: dict[str, Any] = {}
+    cache = meta.get("kv_cache") if isinstance(meta.get("kv_cache"), dict) else {}
+    for ours, theirs in (("num_blocks", "num_gpu_blocks"), ("block_size", "block_size"),
+                         ("enable_prefix_caching", "enable_prefix_caching"),
+                         ("gpu_memory_utilization", "gpu_memory_utilization")):
+        value = cache.get(theirs, kwargs.get(theirs))
+        if value is not None:
+            kv[ours] = value
+    missing = [k for k in ("num_blocks", "block_size", "enable_prefix_caching") if k not in kv]
+    if missing:
+        notes.append(f"meta.json does not record {', '.join(missing)}: vLLM V1's defaults are used (block size 16, "
+                     "prefix caching on) and the KV block count is derived from the GPU's memory")
+    ref_path = root / "llmservingsim_summary.txt"
+    reference = read_llmservingsim_summary(ref_path) if ref_path.is_file() else {}
+    return MeasuredRun(
+        name=root.name, path=root, format="llmservingsim", model_source=str(model_source),
+        model=model_preset(model_source), hardware_source=hw_source,
+        hardware=hardware_preset(hw_source) if hw_source else None, tensor_parallel=int(tp), scheduler=scheduler,
+        kv_cache=kv, requests=df, itl_hist=None, vllm_version=meta.get("vllm_version"), data_parallel=dp,
+        clock=clock, notes=notes,
+        reference=reference, reference_source=str(ref_path) if reference else None,
+    )
+
+
+def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """The request lines, and how many lines had no timestamps at all (a request vLLM kept no metrics for)."""
+    if not path.is_file():
+        raise RunFileError(f"{path}: file not found")
+    rows = []
+    unrecorded = 0
+    with path.open() as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise RunFileError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise RunFileError(f"{path}:{lineno}: expected a JSON object per line")
+            where = f"{path}:{lineno}"
+            if all(name in row and row[name] is None for name in LLMSERVINGSIM_FIELDS[2:]):
+                unrecorded += 1
+                continue
+            for name in LLMSERVINGSIM_FIELDS:
+                if name not in row:
+                    raise RunFileError(f"{where}: missing field '{name}'")
+                _number(row[name], where, name)
+            if row["input_toks"] < 1 or row["output_toks"] < 1:
+                raise RunFileError(f"{where}: input_toks and output_toks must be >= 1")
+            if not row["queued_ts"] <= row["first_token_ts"] <= row["last_token_ts"]:
+                raise RunFileError(f"{where}: timestamps out of order (need queued_ts <= first_token_ts <= "
+                                   "last_token_ts)")
+            rows.append({**row, "_line": lineno})
+    if not rows:
+        raise RunFileError(f"{path}: no requests with timestamps")
+    return rows, unrecorded
+
+
+def _llmservingsim_gpu(root: Path) -> tuple[str | None, int | None]:
+    """(GPU name, TP degree) from llmservingsim_config.json, (None, None) when absent."""
+    path = root / "llmservingsim_config.json"
+    if not path.is_file():
+        return None, None
+    cfg = _read_json(path)
+    try:
+        inst = cfg["nodes"][0]["instances"][0]
+        return inst.get("hardware"), inst.get("tp_size")
+    except (KeyError, IndexError, TypeError):
+        return None, None
+
+
+def read_llmservingsim_summary(path: str | Path) -> dict[str, dict[str, float]]:
+    """LLMServingSim's error table (``llmservingsim_summary.txt``) as {servesim key: {real, sim, error_pct}}."""
+    out: dict[str, dict[str, float]] = {}
+    for line in Path(path).read_text().splitlines():
+        m = _REF_ROW.match(line.strip())
+        if m is None:
+            continue
+        stat = _REF_STATS.get(m["stat"], m["stat"].lower())
+        out[f"{stat}_{_REF_FAMILIES[m['fam']]}_ms"] = {
+            "real": float(m["real"]), "sim": float(m["sim"]), "error_pct": float(m["diff"])}
+    return out
+
+
+# ---- vllm bench serve JSON ------------------------------------------------------------------------
+def read_vllm_bench(path: str | Path, seed: int = 0) -> MeasuredRun:
+    """Read ``vllm bench serve --save-result --save-detailed`` output (see the module docstring).
+
+    Without ``start_times`` (vLLM releases before they were saved) the arrivals are unknown: at an
+    infinite ``request_rate`` every request is sent at once (exact); otherwise they are drawn from
+    the benchmark's own process (gamma gaps of shape ``burstiness`` at ``request_rate``, seeded),
+    which matches the traffic but not each request, and ``arrivals_exact`` is False.
+    """
+    p = Path(path)
+    data = _read_json(p)
+    if not isinstance(data, dict):
+        raise RunFileError(f"{p}: expected the JSON object vllm bench serve writes")
+    for name in ("input_lens", "output_lens", "ttfts"):
+        if not isinstance(data.get(name), list):
+            raise RunFileError(f"{p}: missing field '{name}' (run vllm bench serve with --save-result --save-detailed)")
+    n = len(data["input_lens"])
+    latencies = data.get("latencies") or data.get("e2els")
+    if latencies is None and not isinstance(data.get("itls"), list):
+        raise RunFileError(f"{p}: missing field 'latencies' (or 'itls' to add up): the requests' end-to-end times")
+    per_request = {k: data.get(k) for k in ("output_lens", "ttfts", "itls", "start_times", "errors")}
+    per_request["latencies"] = latencies
+    for k, v in per_request.items():
+        if v is not None and len(v) != n:
+            raise RunFileError(f"{p}: field '{k}' has {len(v)} entries, input_lens has {n}")
+    errors = per_request["errors"] or [""] * n
+    ok = [i for i in range(n) if not errors[i]]
+    notes = []
+    if len(ok) < n:
+        notes.append(f"{n - len(ok)} failed requests (non-empty 'errors') left out")
+    if not ok:
+        raise RunFileError(f"{p}: no successful requests")
+
+    def col(name: str, i: int) -> float:
+        return _number(per_request[name][i], f"{p}: request {i}", name)
+
+    prompt = np.array([_number(data["input_lens"][i], f"{p}: request {i}", "input_lens") for i in ok])
+    output = np.array([col("output_lens", i) for i in ok])
+    ttft = np.array([col("ttfts", i) for i in ok])
+    itls = per_request["itls"]
+    if latencies is not None:
+        e2e = np.array([col("latencies", i) for i in ok])
+    else:
+        e2e = ttft + np.array([float(sum(itls[i])) for i in ok])
+    hist = None
+    if isinstance(itls, list):
+        gaps = [x for i in ok for x in (itls[i] or [])]
+        if gaps:
+            hist = LogHistogram()
+            hist.add(np.asarray(gaps, dtype=np.float64))
+    rate = data.get("request_rate", "inf")
+    rate = math.inf if rate in ("inf", None) else float(rate)
+    exact = True
+    if per_request["start_times"] is not None:
+        start = np.array([col("start_times", i) for i in ok])
+    elif math.isinf(rate):
+        start = np.zeros(len(ok))
+        notes.append("no start_times: request_rate inf, every request sent at t = 0")
+    else:
+        burst = float(data.get("burstiness") or 1.0)
+        rng = np.random.default_rng(seed)
+        start = np.concatenate([[0.0], np.cumsum(rng.gamma(burst, 1.0 / (rate * burst), len(ok) - 1))])
+        exact = False
+        notes.append(f"no start_times (vLLM before they were saved): arrivals drawn from gamma gaps, "
+                     f"rate {rate:g}/s, burstiness {burst:g}, seed {seed}: the traffic, not each request")
+    if data.get("max_concurrency"):
+        notes.append(f"max_concurrency {data['max_concurrency']}: the client's own queue is replayed as the "
+                     "measured send times, not as a closed loop")
+    order = np.argsort(start, kind="stable")
+    start, prompt, output, ttft, e2e = (a[order] for a in (start - start.min(), prompt, output, ttft, e2e))
+    df = _requests_frame(start, np.full(len(ok), np.nan), start + ttft, start + e2e, prompt, output)
+    df["source_id"] = [str(ok[i]) for i in order]
+    df["source_line"] = 0  # one JSON document: requests are list positions
+    model_source = str(data.get("model_id") or data.get("tokenizer_id") or "")
+    if not model_source:
+        raise RunFileError(f"{p}: missing field 'model_id'")
+    notes.append("client-side times: TTFT and E2E include the HTTP round trip and detokenisation")
+    return MeasuredRun(
+        name=p.stem, path=p, format="vllm-bench", model_source=model_source, model=model_preset(model_source),
+        hardware_source=data.get("gpu") or data.get("hardware"), hardware=None, tensor_parallel=None,
+        scheduler={}, kv_cache={}, requests=df, itl_hist=hist, clock={"alignment": "client clock (start_times)"},
+        notes=notes, arrivals_exact=exact,
+    )
+
+
+def read_run(path: str | Path, fmt: str | None = None) -> MeasuredRun:
+    """Read a measured run; ``fmt`` None guesses it (a folder: llmservingsim, a .json file: vllm-bench)."""
+    p = Path(path)
+    if fmt is None:
+        if p.is_dir():
+            fmt = "llmservingsim"
+        elif p.suffix == ".json":
+            fmt = "vllm-bench"
+        elif not p.exists():
+            raise RunFileError(f"{p}: not found")
+        else:
+            raise RunFileError(f"{p}: cannot tell the format; give --format ({', '.join(FORMATS)})")
+    if fmt == "llmservingsim":
+        run = read_llmservingsim(p)
+    elif fmt == "vllm-bench":
+        run = read_vllm_bench(p)
+    else:
+        raise RunFileError(f"unknown --format {fmt!r}{did_you_mean(fmt, FORMATS)}; use {' or '.join(FORMATS)}")
+    if run.hardware is None and run.hardware_source:
+        run.hardware = hardware_preset(run.hardware_source)
+    return run

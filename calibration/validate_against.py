@@ -1,0 +1,336 @@
+"""``servesim validate --against RUN``: a measured vLLM run against the simulation of the same workload.
+
+Offline: nothing runs live. The run (``calibration/measured_run.py``) gives each request's arrival
+and lengths and the engine's settings. They become an ordinary scenario, built at the YAML level
+so ``sim/scenario.yaml`` in the output repeats the simulated side with ``servesim run``:
+
+- ``scheduler: {preset: vllm-v1, max_num_seqs, max_num_batched_tokens[, max_model_len]}`` from the
+  run's engine arguments;
+- ``kv_cache``: the run's block size, prefix caching and block count where it records them, else
+  vLLM V1's defaults (16-token blocks, prefix caching on) and the block count vLLM's memory
+  accounting gives on the hardware preset (``gpu_memory_utilization`` x memory - weights / TP - 1 GiB
+  runtime - the activation peak of a ``max_num_batched_tokens`` step);
+- ``workload: {trace: {format: csv, path: ../workload.csv}}``: the measured arrivals (on the engine
+  clock, see measured_run's docstring) and lengths, written beside it;
+- model, hardware and TP from the run; ``--profile`` as the cost model.
+
+An optional SCENARIO supplies what the run does not say (hardware and engine knobs for a
+``vllm bench`` JSON, a cost model, an SLO); the run's own facts win over it, and ``--set`` over both.
+The table is ``servesim validate``'s (``calibration/validate.py``), with the measured run in the
+place of the live one and, where the run ships LLMServingSim's own result, its error beside ours.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from servesim.calibration.measured_run import (
+    MeasuredRun,
+    RunFileError,
+    read_run,
+    unknown_hardware_message,
+    unknown_model_message,
+)
+from servesim.calibration.validate import (
+    CDF_METRICS,
+    METRICS,
+    error_table,
+    failures,
+    format_markdown,
+    parse_max_error,
+    servesim_commit,
+)
+from servesim.sim.cost_model import resolve_profile_path
+from servesim.sim.metrics import summarize, to_json
+from servesim.sim.presets import default_activation_reserve_bytes, get_hardware, get_model, num_kv_blocks
+from servesim.sim.scenario import (
+    Scenario,
+    apply_override,
+    read_scenario_file,
+    scenario_from_dict,
+    scenario_to_yaml,
+)
+from servesim.sim.simulate import RunResult, simulate, write_results
+
+REFERENCE_COLUMN = "llmservingsim_error_pct"
+TABLE_ATTRS = {"labels": {"live": "measured"}, "extra_columns": {REFERENCE_COLUMN: "llmservingsim error %"}}
+VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+TRACE_FILE = "workload.csv"
+ASYNC_DEFAULT_SINCE = (0, 14)  # vLLM release from which async scheduling is on unless disabled
+
+
+@dataclass
+class AgainstResult:
+    table: pd.DataFrame
+    provenance: dict[str, Any]
+    thresholds: dict[str, float]
+    run: MeasuredRun
+    measured: dict[str, Any]  # the run's summary, servesim's keys
+    sim: RunResult
+    scenario: Scenario  # as written to sim/scenario.yaml (trace path relative to it)
+    out: Path
+    failed: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failed
+
+
+# ---- the scenario ---------------------------------------------------------------------------------
+def vllm_kv_blocks(model: str, hardware: str, tp: int, block_size: int, max_num_batched_tokens: int,
+                   gpu_memory_utilization: float = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION) -> int:
+    """KV blocks per GPU the way vLLM sizes its cache (see ``presets.num_kv_blocks``), for a run
+    whose files do not record the count: the activation reserve is that of the run's own budget."""
+    m = get_model(model)
+    reserve = default_activation_reserve_bytes(m, tp, max_num_batched_tokens)
+    return num_kv_blocks(m, get_hardware(hardware), tp, gpu_memory_utilization, block_size, reserve)
+
+
+def async_by_default(vllm_version: str | None) -> bool:
+    """Whether a vLLM release schedules asynchronously when not told otherwise.
+
+    vLLM PR #27614 ("Enable async scheduling by default") landed around the turn of 2025/26; by
+    the dates of the PRs around it the first release with it is 0.14. Unknown versions: False.
+    """
+    m = re.match(r"^v?(\d+)\.(\d+)", str(vllm_version or ""))
+    return m is not None and (int(m[1]), int(m[2])) >= ASYNC_DEFAULT_SINCE
+
+
+def scenario_dict(run: MeasuredRun, base: dict[str, Any] | None = None, profile: str | None = None,
+                  overrides: Sequence[str] = ()) -> tuple[dict[str, Any], list[str]]:
+    """The raw scenario (before validation) that simulates ``run``, and notes on what was filled in.
+
+    ``base`` is an optional scenario's raw mapping (what the run does not say); the run's facts win
+    over it and ``overrides`` (``--set``) over both. Raises ``RunFileError`` for a model or GPU
+    without a preset that nothing else supplies.
+    """
+    raw = dict(base or {})
+    notes: list[str] = []
+    raw["name"] = raw.get("name") or f"against-{run.name}"
+    raw.pop("output_dir", None)
+    raw["workload"] = {"trace": {"format": "csv", "path": f"../{TRACE_FILE}"}}
+    # vLLM's data-parallel coordinator sends each request to the engine with the fewest waiting and
+    # running requests; least_outstanding is that rule
+    raw["cluster"] = ({"num_replicas": 1} if run.data_parallel == 1 else
+                      {"num_replicas": run.data_parallel, "router": "least_outstanding"})
+    for key, value in (("model", run.model), ("hardware", run.hardware), ("tensor_parallel", run.tensor_parallel)):
+        if value is not None:
+            raw[key] = value
+    sched = raw.get("scheduler") if isinstance(raw.get("scheduler"), dict) else {}
+    if sched.get("preset") != "vllm-v1":
+        sched = {}
+    raw["scheduler"] = {**sched, "preset": "vllm-v1", **run.scheduler}
+    if "async_scheduling" not in raw["scheduler"]:
+        raw["scheduler"]["async_scheduling"] = async_by_default(run.vllm_version)
+        notes.append(f"async_scheduling {raw['scheduler']['async_scheduling']}: vLLM "
+                     f"{run.vllm_version or '(version unknown)'}'s default")
+    kv = dict(raw.get("kv_cache") or {})
+    kv.update(run.kv_cache)
+    kv.setdefault("block_size", 16)  # vLLM V1's defaults, for a run that does not record them
+    kv.setdefault("enable_prefix_caching", True)
+    raw["kv_cache"] = kv
+    if profile:
+        raw["cost_model"] = {"type": "profile", "path": str(profile)}
+    for item in overrides:
+        apply_override(raw, item)
+    where = str(run.path)
+    if raw.get("model") is None:
+        raise RunFileError(unknown_model_message(where, run.model_source))
+    if run.model is None:
+        notes.append(f"model: the run's {run.model_source!r} has no preset; {raw['model']} used")
+    if raw.get("hardware") is None:
+        raise RunFileError(unknown_hardware_message(where, run.hardware_source))
+    kv = raw["kv_cache"]
+    if kv.get("num_blocks") is None:
+        sched = raw["scheduler"]
+        budget = sched.get("max_num_batched_tokens") or 8192
+        util = kv.get("gpu_memory_utilization", VLLM_DEFAULT_GPU_MEMORY_UTILIZATION)
+        kv["num_blocks"] = vllm_kv_blocks(raw["model"], raw["hardware"], int(raw.get("tensor_parallel") or 1),
+                                          int(kv["block_size"]), int(budget), util)
+        notes.append(f"KV blocks not in the run: {kv['num_blocks']} derived as vLLM sizes them (memory x {util} "
+                     f"- weights / TP - 1 GiB runtime - the activation peak of a {budget}-token step)")
+    return raw, notes
+
+
+def check_fits(run: MeasuredRun, sc: Scenario) -> None:
+    """Every request the run served must fit the simulated KV cache and context; else one-line RunFileError."""
+    bs, blocks = sc.kv_cache.block_size, sc.kv_cache.num_blocks
+    df = run.requests
+    need = -(-(df["prompt_len"] + df["output_len"]) // bs)
+    limit = getattr(sc.scheduler, "max_model_len", None)
+    for i in np.flatnonzero((need > blocks).to_numpy() | (
+            (df["prompt_len"] + df["output_len"] > limit).to_numpy() if limit else False)):
+        row = df.iloc[int(i)]
+        line = f" (line {int(row['source_line'])})" if "source_line" in df and row["source_line"] > 0 else ""
+        tokens = int(row["prompt_len"] + row["output_len"])
+        what = (f"needs {int(need.iloc[i])} KV blocks ({tokens} tokens) but the run's KV cache has {blocks}"
+                if need.iloc[i] > blocks else f"has {tokens} tokens, more than max_model_len {limit}")
+        raise RunFileError(f"{run.path}: request {row.get('source_id', i)}{line} {what}; a served request must "
+                           "fit, so the cache size is wrong: set kv_cache.num_blocks (--set) to the run's own")
+
+
+def peak_kv_blocks(run: MeasuredRun, block_size: int, samples: int = 400) -> int:
+    """The most KV blocks the measured run's requests held at once, from their timestamps.
+
+    A request holds its prompt's blocks from its first scheduling (or first token) and grows by one
+    token per output token, evenly between its first and last token, until it finishes.
+    """
+    df = run.requests
+    start = df["first_scheduled_time"].fillna(df["first_token_time"]).to_numpy()
+    first, last = df["first_token_time"].to_numpy(), df["finish_time"].to_numpy()
+    prompt, out = df["prompt_len"].to_numpy(), df["output_len"].to_numpy()
+    t = np.linspace(start.min(), last.max(), samples)[:, None]
+    frac = np.clip((t - first) / np.maximum(last - first, 1e-9), 0.0, 1.0)
+    held = np.where((t >= start) & (t < last), np.ceil((prompt + out * frac) / block_size), 0.0)
+    return int(held.sum(axis=1).max())
+
+
+# ---- the run --------------------------------------------------------------------------------------
+def measured_summary(run: MeasuredRun) -> dict[str, Any]:
+    """The measured run summarised with the simulator's own code (same keys, same percentiles)."""
+    return summarize(run.requests, pd.DataFrame(), run.itl_hist)
+
+
+def write_trace(run: MeasuredRun, path: Path) -> Path:
+    """The run's arrivals (seconds, engine clock, first = 0) and lengths as a csv-format trace."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    df = run.requests
+    pd.DataFrame({"arrival_time": df["arrival_time"], "prompt_len": df["prompt_len"],
+                  "output_len": df["output_len"]}).to_csv(path, index=False, float_format="%.9f")
+    return path
+
+
+def validate_against(
+    run_path: str | Path,
+    out_dir: str | Path,
+    fmt: str | None = None,
+    profile: str | None = None,
+    scenario_file: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    max_error: Sequence[str] = (),
+    plots: bool = True,
+    progress: bool | None = None,
+    log: Callable[[str], None] | None = print,
+) -> AgainstResult:
+    """Read the run, simulate its workload under the vllm-v1 preset, write the comparison into ``out_dir``."""
+    say = log or (lambda _msg: None)
+    thresholds = parse_max_error(max_error)
+    run = read_run(run_path, fmt)
+    base = read_scenario_file(scenario_file) if scenario_file else None
+    raw, notes = scenario_dict(run, base, profile, overrides)
+    source = f"{run.path} (validate --against)"
+    sc = scenario_from_dict(raw, source=source)
+    check_fits(run, sc)
+    out = Path(out_dir)
+    write_trace(run, out / TRACE_FILE)
+    (out / "sim").mkdir(parents=True, exist_ok=True)  # the trace path resolves through it
+    sc_run = sc.model_copy(update={"workload": sc.workload.resolve_paths(out / "sim")})
+    n = len(run.requests)
+    say(f"sim: {n} requests of {run.name} on {sc.model} / {sc.hardware} tp={sc.tensor_parallel}, vllm-v1 "
+        f"(max_num_seqs {sc.scheduler.max_num_seqs}, max_num_batched_tokens {sc.scheduler.max_num_batched_tokens}), "
+        f"{sc.kv_cache.num_blocks} KV blocks of {sc.kv_cache.block_size}, cost model {sc.cost_model.type}"
+        f"{f' ({sc.cost_model.path})' if sc.cost_model.path else ''} ...")
+    sim = simulate(sc_run, progress=progress)
+    if len(sim.requests_df) != n or not np.array_equal(sim.requests_df["prompt_len"], run.requests["prompt_len"]):
+        raise RuntimeError("validate --against: the simulated workload differs from the run's (a servesim bug)")
+    write_results(sim, out / "sim", plots=plots)
+    (out / "sim" / "scenario.yaml").write_text(scenario_to_yaml(sc))  # the trace path relative to it
+
+    measured = measured_summary(run)
+    table = error_table(measured, sim.summary, thresholds)
+    table[REFERENCE_COLUMN] = [run.reference.get(m, {}).get("error_pct", math.nan) for m in METRICS]
+    table.attrs.update(TABLE_ATTRS)
+    peak = peak_kv_blocks(run, sc.kv_cache.block_size)
+    capacity = sc.kv_cache.num_blocks * sc.cluster.num_replicas
+    if peak > capacity:
+        notes.append(f"the run held up to {peak} KV blocks by its timestamps, more than the {capacity} simulated: "
+                     "the block count is too small (or the run preempted)")
+    commit, dirty = servesim_commit()
+    provenance = {
+        "run": str(run.path), "format": run.format, "vllm_version": run.vllm_version,
+        "num_requests": n, "model": sc.model, "model_in_run": run.model_source, "hardware": sc.hardware,
+        "hardware_in_run": run.hardware_source, "tensor_parallel": sc.tensor_parallel,
+        "engine_preset": "vllm-v1", "max_num_seqs": sc.scheduler.max_num_seqs,
+        "max_num_batched_tokens": sc.scheduler.max_num_batched_tokens,
+        "kv_num_blocks": sc.kv_cache.num_blocks, "kv_block_size": sc.kv_cache.block_size,
+        "enable_prefix_caching": sc.kv_cache.enable_prefix_caching, "measured_peak_kv_blocks": peak,
+        "scenario_file": str(scenario_file) if scenario_file else None, "overrides": list(overrides),
+        "sim_cost_model": sc.cost_model.type,
+        "profile": str(resolve_profile_path(sc.cost_model.path)) if sc.cost_model.path else None,
+        "clock": run.clock, "arrivals_exact": run.arrivals_exact, "notes": [*run.notes, *notes],
+        "itl": "measured" if run.itl_hist is not None else "n/a (not in this run format)",
+        "reference": run.reference_source, "sim_wall_s": sim.wall_s,
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "servesim_commit": commit, "servesim_dirty": dirty,
+    }  # fmt: skip
+    result = AgainstResult(table, provenance, thresholds, run, measured, sim, sc, out, failures(table))
+    write_against(result, plots=plots)
+    return result
+
+
+# ---- outputs --------------------------------------------------------------------------------------
+def per_request_frame(result: AgainstResult) -> pd.DataFrame:
+    """Measured and simulated times of every request, side by side (seconds)."""
+    m, s = result.run.requests, result.sim.requests_df
+    df = pd.DataFrame({"request_id": m["request_id"], "prompt_len": m["prompt_len"], "output_len": m["output_len"],
+                       "arrival_time": m["arrival_time"]})
+    if "source_id" in m:
+        df.insert(1, "source_id", m["source_id"])
+    for col in ("ttft", "tpot", "e2e"):
+        df[f"measured_{col}"] = m[col].to_numpy()
+        df[f"sim_{col}"] = s[col].to_numpy()
+    return df
+
+
+def write_against(result: AgainstResult, plots: bool = True) -> Path:
+    """validation.json / .csv / .md, per_request.csv, the CDF overlays and the per-request scatter."""
+    out = result.out
+    out.mkdir(parents=True, exist_ok=True)
+    result.table.to_csv(out / "validation.csv", index=False)
+    rows = json.loads(result.table.to_json(orient="records"))  # nan -> null
+    (out / "validation.json").write_text(to_json({
+        "provenance": result.provenance, "max_error_pct": result.thresholds, "passed": result.passed,
+        "failed": result.failed, "metrics": rows, "measured_summary": result.measured,
+        "llmservingsim": result.run.reference,
+    }))
+    per_request_frame(result).to_csv(out / "per_request.csv", index=False, float_format="%.6f")
+    (out / "validation.md").write_text(format_report_markdown(result))
+    if plots:
+        from servesim.sim.plots import plot_cdf_overlay, plot_request_scatter
+
+        frames = {"measured": result.run.requests, "sim": result.sim.requests_df}
+        hists = {"measured": result.run.itl_hist, "sim": result.sim.itl_hist}
+        for suffix, col in CDF_METRICS.items():
+            if col == "itl" and result.run.itl_hist is None:
+                continue  # nothing measured to overlay
+            plot_cdf_overlay(out / f"cdf_{suffix}.png", frames, metrics=(col,), itl_hists=hists)
+        plot_request_scatter(out / "scatter_requests.png", result.run.requests, result.sim.requests_df)
+    return out
+
+
+def format_report_markdown(result: AgainstResult) -> str:
+    p = result.provenance
+    lines = [f"# validate --against {Path(p['run']).name}", "",
+             f"{p['num_requests']} requests measured ({p['format']}, vLLM {p['vllm_version'] or '?'}) and simulated: "
+             f"{p['model']} on {p['hardware']} tp={p['tensor_parallel']}, vllm-v1 preset (max_num_seqs "
+             f"{p['max_num_seqs']}, max_num_batched_tokens {p['max_num_batched_tokens']}), {p['kv_num_blocks']} KV "
+             f"blocks of {p['kv_block_size']}, cost model {p['sim_cost_model']}"
+             f"{' ' + p['profile'] if p['profile'] else ''}. Error = (sim - measured) / measured; "
+             "`llmservingsim error %` is LLMServingSim's own on this run (its summary file). "
+             f"ITL: {p['itl']}.", "", format_markdown(result.table), "",
+             f"Clock: {p['clock'].get('alignment')}.", ""]
+    lines += [f"- {note}" for note in p["notes"]]
+    if result.thresholds:
+        lines += ["", "**passed**" if result.passed else "**failed**: " + "; ".join(result.failed)]
+    lines += ["", f"servesim {p['servesim_commit'] or 'commit unknown'}{' (dirty)' if p['servesim_dirty'] else ''}, "
+              f"{p['date']}", ""]
+    return "\n".join(lines)

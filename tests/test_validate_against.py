@@ -1,0 +1,356 @@
+"""servesim validate --against: measured runs read, clocks aligned, the workload rebuilt and simulated."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from servesim.calibration.measured_run import (
+    RunFileError,
+    hardware_preset,
+    model_preset,
+    read_llmservingsim_summary,
+    read_run,
+)
+from servesim.calibration.validate_against import measured_summary, vllm_kv_blocks
+from servesim.sim.cli import main
+from servesim.sim.scenario import load_scenario
+from servesim.sim.simulate import simulate
+
+STEP = 0.010  # the constant cost model below: every step takes 10 ms
+CONSTANT = ["--set", "cost_model.type=constant", "--set", f"cost_model.step_ms={STEP * 1e3:g}"]
+SHARED_RUNS = Path(__file__).resolve().parents[2] / "shared" / "data" / "gpu" / "llmservingsim" / "runs"
+
+
+def write_run(folder: Path, requests: list[dict], model: str = "meta-llama/Llama-3.1-8B", gpu: str = "RTXPRO6000",
+              meta_extra: dict | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = {"model": model, "vllm_version": "0.19.0",
+            "engine_kwargs": {"model": model, "tensor_parallel_size": 1, "data_parallel_size": 1,
+                              "max_num_seqs": 8, "max_num_batched_tokens": 512, "max_model_len": None}}
+    meta.update(meta_extra or {})
+    (folder / "meta.json").write_text(json.dumps(meta))
+    (folder / "llmservingsim_config.json").write_text(json.dumps(
+        {"nodes": [{"instances": [{"hardware": gpu, "tp_size": 1}]}]}))
+    (folder / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in requests))
+    return folder
+
+
+def isolated_requests(n: int = 4, client_offset: float = 1.7e9, engine_offset: float = 5000.0,
+                      transport: float = 0.002) -> list[dict]:
+    """Requests far apart, each prefilled in one step and decoded one token per step: exactly what a
+    10 ms constant cost model simulates. Client clock and engine clock differ by a large offset."""
+    rows = []
+    for i in range(n):
+        arrival = 2.0 * i
+        out = 5 + i
+        queued = arrival + transport + (0.001 if i == 2 else 0.0)  # one request waited for a step boundary
+        rows.append({"request_id": f"r{i}", "input_toks": 100 + 10 * i, "output_toks": out,
+                     "arrival_time": client_offset + arrival, "queued_ts": engine_offset + queued,
+                     "scheduled_ts": engine_offset + queued, "first_token_ts": engine_offset + arrival + transport + STEP,
+                     "last_token_ts": engine_offset + arrival + transport + out * STEP})
+    return rows
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+# ---- names ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name, preset", [
+    ("meta-llama/Llama-3.1-8B", "llama-3.1-8b"), ("Qwen/Qwen3-32B", "qwen3-32b"),
+    ("meta-llama/Meta-Llama-3-8B-Instruct", "llama-3-8b"), ("meta-llama/Llama-2-7b-hf", "llama-2-7b"),
+    ("/models/Llama-3.1-8B/", "llama-3.1-8b"), ("mistralai/Mistral-7B-v0.3", "mistral-7b"),
+    ("google/gemma-2-9b", None),
+])
+def test_hugging_face_ids_map_to_model_presets(name, preset):
+    assert model_preset(name) == preset
+
+
+@pytest.mark.parametrize("name, preset", [
+    ("RTXPRO6000", "rtx-pro-6000"), ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "rtx-pro-6000"),
+    ("RTX4090", "rtx-4090"), ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("h200", "h200"), ("TPUv5e", None),
+])
+def test_gpu_names_map_to_hardware_presets(name, preset):
+    assert hardware_preset(name) == preset
+
+
+# ---- the LLMServingSim format -------------------------------------------------------------------------
+def test_client_arrivals_are_moved_onto_the_engine_clock_by_the_smallest_offset(tmp_path):
+    run = read_run(write_run(tmp_path / "run", isolated_requests()))
+    df = run.requests
+    assert run.model == "llama-3.1-8b" and run.hardware == "rtx-pro-6000" and run.tensor_parallel == 1
+    np.testing.assert_allclose(df["arrival_time"], [0.0, 2.0, 4.0, 6.0], atol=1e-6)
+    # TTFT from the engine-side arrival: one step; the request that waited 1 ms for a step keeps it
+    np.testing.assert_allclose(df["ttft"], STEP, atol=1e-6)
+    np.testing.assert_allclose(df["ttft_from_queued"], [STEP, STEP, STEP - 0.001, STEP], atol=1e-6)
+    np.testing.assert_allclose(df["tpot"], STEP, atol=1e-6)
+    np.testing.assert_allclose(df["e2e"], (5 + np.arange(4)) * STEP, atol=1e-6)
+    assert run.clock["queued_after_arrival_ms"]["max"] == pytest.approx(1.0, abs=1e-3)
+    assert run.scheduler == {"max_num_seqs": 8, "max_num_batched_tokens": 512}
+    assert any("num_blocks" in n for n in run.notes)
+
+
+def test_a_request_line_without_a_field_is_a_one_line_error_naming_file_line_and_field(tmp_path):
+    rows = isolated_requests()
+    del rows[2]["first_token_ts"]
+    folder = write_run(tmp_path / "run", rows)
+    with pytest.raises(RunFileError, match=r"requests\.jsonl:3: missing field 'first_token_ts'"):
+        read_run(folder)
+    code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots")
+    assert code == 2
+    assert err.count("\n") == 1 and "requests.jsonl:3: missing field 'first_token_ts'" in err
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda m: m["engine_kwargs"].pop("max_num_seqs"), "missing field 'engine_kwargs.max_num_seqs'"),
+    (lambda m: m.pop("engine_kwargs"), "missing field 'engine_kwargs'"),
+])
+def test_meta_without_engine_settings_is_a_one_line_error(tmp_path, change, message):
+    folder = write_run(tmp_path / "run", isolated_requests())
+    meta = json.loads((folder / "meta.json").read_text())
+    change(meta)
+    (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(RunFileError, match=message):
+        read_run(folder)
+
+
+def test_timestamps_out_of_order_and_bad_json_name_their_line(tmp_path):
+    rows = isolated_requests()
+    rows[1]["last_token_ts"] = rows[1]["first_token_ts"] - 1
+    with pytest.raises(RunFileError, match=r"requests\.jsonl:2: timestamps out of order"):
+        read_run(write_run(tmp_path / "a", rows))
+    folder = write_run(tmp_path / "b", isolated_requests())
+    with (folder / "requests.jsonl").open("a") as f:
+        f.write("{not json\n")
+    with pytest.raises(RunFileError, match=r"requests\.jsonl:5: not valid JSON"):
+        read_run(folder)
+
+
+def test_llmservingsim_summary_rows_become_servesim_keys(tmp_path):
+    path = tmp_path / "llmservingsim_summary.txt"
+    path.write_text("Metric   vLLM   Sim   Diff%\n-----\nTTFT Mean   7097.2   6815.7   -4.0%\n"
+                    "TPOT P90   36.5   36.7   +0.5%\nLatency Median   29615.6   29248.8   -1.2%\n")
+    ref = read_llmservingsim_summary(path)
+    assert ref == {"mean_ttft_ms": {"real": 7097.2, "sim": 6815.7, "error_pct": -4.0},
+                   "p90_tpot_ms": {"real": 36.5, "sim": 36.7, "error_pct": 0.5},
+                   "median_e2el_ms": {"real": 29615.6, "sim": 29248.8, "error_pct": -1.2}}
+
+
+# ---- the vllm bench serve format ------------------------------------------------------------------------
+def bench_json(path: Path, **extra) -> Path:
+    data = {"model_id": "meta-llama/Llama-3.1-8B", "request_rate": 4.0, "burstiness": 1.0, "max_concurrency": None,
+            "input_lens": [100, 200, 300], "output_lens": [3, 4, 0], "ttfts": [0.05, 0.06, 0.0],
+            "itls": [[0.01, 0.02], [0.01, 0.01, 0.03], []], "start_times": [10.5, 10.0, 11.0],
+            "errors": ["", "", "Timeout"]}
+    data.update(extra)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_vllm_bench_json_gives_client_times_and_itls_and_drops_failed_requests(tmp_path):
+    run = read_run(bench_json(tmp_path / "bench.json"))
+    df = run.requests
+    assert run.format == "vllm-bench" and run.arrivals_exact and len(df) == 2
+    # sorted by send time: the 200-token request was sent first
+    assert df["prompt_len"].tolist() == [200, 100] and df["arrival_time"].tolist() == [0.0, 0.5]
+    np.testing.assert_allclose(df["e2e"], [0.06 + 0.05, 0.05 + 0.03])  # ttft + sum of the gaps
+    np.testing.assert_allclose(df["tpot"], [0.05 / 3, 0.03 / 2])
+    assert run.itl_hist.count == 5
+    s = measured_summary(run)
+    assert s["completed"] == 2 and s["mean_itl_ms"] == pytest.approx(16.0)
+    assert any("failed" in n for n in run.notes)
+
+
+def test_vllm_bench_without_start_times_draws_arrivals_and_says_so(tmp_path):
+    run = read_run(bench_json(tmp_path / "b.json", start_times=None))
+    assert not run.arrivals_exact and any("no start_times" in n for n in run.notes)
+    inf = read_run(bench_json(tmp_path / "c.json", start_times=None, request_rate="inf"))
+    assert inf.arrivals_exact and inf.requests["arrival_time"].tolist() == [0.0, 0.0]
+
+
+def test_vllm_bench_fields_of_unequal_length_are_an_error(tmp_path):
+    with pytest.raises(RunFileError, match="field 'ttfts' has 2 entries, input_lens has 3"):
+        read_run(bench_json(tmp_path / "b.json", ttfts=[0.1, 0.2]))
+    with pytest.raises(RunFileError, match="missing field 'input_lens'"):
+        read_run(bench_json(tmp_path / "c.json", input_lens=None))
+
+
+# ---- end to end -------------------------------------------------------------------------------------------
+def test_a_run_the_cost_model_describes_exactly_validates_with_zero_error(tmp_path):
+    folder = write_run(tmp_path / "run", isolated_requests())
+    out = tmp_path / "out"
+    code, stdout, err = run_cli("validate", "--against", str(folder), "--out", str(out), "--max-error",
+                                "tpot=0.01,e2e=0.01", "--no-plots", "--quiet", *CONSTANT)
+    assert code == 0, err
+    assert "measured" in stdout and "llmservingsim error %" in stdout
+    report = json.loads((out / "validation.json").read_text())
+    rows = {r["metric"]: r for r in report["metrics"]}
+    for key in ("median_tpot_ms", "p90_tpot_ms", "median_e2el_ms", "p90_e2el_ms"):
+        assert abs(rows[key]["error_pct"]) < 1e-3, key  # float64 of a 1.7e9 s wall clock
+    # TTFT: the sim adds nothing the measured run does not have (1 ms for the request that waited)
+    assert abs(rows["median_ttft_ms"]["error_pct"]) < 1e-3
+    assert rows["mean_itl_ms"]["live"] is None  # ITL is not in this format
+    prov = report["provenance"]
+    assert prov["kv_num_blocks"] == vllm_kv_blocks("llama-3.1-8b", "rtx-pro-6000", 1, 16, 512)
+    # sim/scenario.yaml repeats the simulated side on its own
+    sc = load_scenario(out / "sim" / "scenario.yaml")
+    assert sc.scheduler.preset == "vllm-v1" and sc.scheduler.max_num_seqs == 8
+    again = simulate(sc, progress=False)
+    sim_summary = json.loads((out / "sim" / "summary.json").read_text())
+    assert again.summary["mean_e2el_ms"] == pytest.approx(sim_summary["mean_e2el_ms"])
+    assert (out / "per_request.csv").read_text().count("\n") == 5
+
+
+def test_a_slower_run_fails_its_threshold_and_exits_1(tmp_path):
+    rows = isolated_requests()
+    for r in rows:  # the real decode was 20 % slower than the model's 10 ms
+        r["last_token_ts"] = r["first_token_ts"] + (r["output_toks"] - 1) * STEP * 1.2
+    folder = write_run(tmp_path / "run", rows)
+    code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--max-error",
+                           "tpot=2", "--no-plots", "--quiet", *CONSTANT)
+    assert code == 1 and "median_tpot_ms" in err
+
+
+def test_a_request_longer_than_the_runs_kv_cache_is_a_one_line_error(tmp_path):
+    folder = write_run(tmp_path / "run", isolated_requests())
+    code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots",
+                           "--set", "kv_cache.num_blocks=7", *CONSTANT)
+    assert code == 2 and err.count("\n") == 1
+    assert "request r1 (line 2) needs 8 KV blocks (116 tokens) but the run's KV cache has 7" in err
+
+
+def test_an_unknown_model_asks_for_a_preset_and_set_model_supplies_it(tmp_path):
+    folder = write_run(tmp_path / "run", isolated_requests(), model="acme/Llama-9-8B")
+    code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots")
+    assert code == 2 and "model 'acme/Llama-9-8B' has no servesim preset" in err and "--set model=" in err
+    code, out, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots",
+                             "--quiet", "--set", "model=llama-3.1-8b", *CONSTANT)
+    assert code == 0, err
+    assert "has no preset; llama-3.1-8b used" in out
+
+
+def test_an_unknown_gpu_needs_hardware_and_a_scenario_can_supply_it(tmp_path):
+    folder = write_run(tmp_path / "run", isolated_requests(), gpu="TPUv5e")
+    code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots")
+    assert code == 2 and "GPU 'TPUv5e' has no servesim hardware preset" in err
+    scenario = tmp_path / "hw.yaml"
+    scenario.write_text(yaml.safe_dump({"hardware": "h100-sxm", "workload": {"num_requests": 1, "arrival": {
+        "process": "poisson", "rate": 1}, "prompt_len": 1, "output_len": 1},
+        "cost_model": {"type": "constant", "step_ms": 10}}))
+    code, _, err = run_cli("validate", str(scenario), "--against", str(folder), "--out", str(tmp_path / "o"),
+                           "--no-plots", "--quiet")
+    assert code == 0, err
+    assert json.loads((tmp_path / "o" / "validation.json").read_text())["provenance"]["hardware"] == "h100-sxm"
+
+
+def test_validate_needs_a_scenario_or_a_run(tmp_path):
+    code, _, err = run_cli("validate")
+    assert code == 2 and "--against RUN" in err
+    code, _, err = run_cli("validate", "--against", str(tmp_path / "nowhere"))
+    assert code == 2 and "not found" in err
+
+
+def test_plots_and_the_scatter_are_written(tmp_path):
+    folder = write_run(tmp_path / "run", isolated_requests())
+    code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--quiet", *CONSTANT)
+    assert code == 0, err
+    for name in ("cdf_ttft.png", "cdf_tpot.png", "cdf_e2e.png", "scatter_requests.png"):
+        assert (tmp_path / "o" / name).stat().st_size > 1000
+    assert not (tmp_path / "o" / "cdf_itl.png").exists()  # nothing measured to overlay
+
+
+# ---- the shipped runs (only where ../shared is beside the repository) ----------------------------------
+@pytest.mark.skipif(not SHARED_RUNS.is_dir(), reason="../shared/data/gpu not present")
+def test_shipped_runs_measure_what_llmservingsims_own_summary_says():
+    for folder in sorted(SHARED_RUNS.iterdir()):
+        run = read_run(folder)
+        ref = run.reference
+        assert run.model and run.hardware == "rtx-pro-6000" and len(run.requests) == 300
+        s = measured_summary(run)
+        for key in ("mean_tpot_ms", "median_tpot_ms", "p90_tpot_ms", "p99_tpot_ms"):
+            assert s[key] == pytest.approx(ref[key]["real"], abs=0.06), (folder.name, key)
+        # LLMServingSim measures TTFT from queued_ts (rounded to 0.1 ms in its file)
+        q = run.requests["ttft_from_queued"].to_numpy() * 1e3
+        assert float(np.mean(q)) == pytest.approx(ref["mean_ttft_ms"]["real"], abs=0.06)
+        assert float(np.percentile(q, 90)) == pytest.approx(ref["p90_ttft_ms"]["real"], abs=0.06)
+        # ours, from the aligned arrival, is never shorter
+        assert (run.requests["ttft"].to_numpy() * 1e3 >= q - 1e-6).all()
+        assert not math.isnan(s["request_throughput"])
+
+
+@pytest.mark.parametrize("version, on", [("0.19.0", True), ("0.14.1", True), ("v0.13.0", False), ("0.8.5", False),
+                                         (None, False), ("unknown", False)])
+def test_runs_of_recent_vllm_schedule_asynchronously(version, on):
+    from servesim.calibration.validate_against import async_by_default
+
+    assert async_by_default(version) is on
+
+
+def test_a_run_that_records_what_vllm_resolved_is_simulated_with_it(tmp_path):
+    meta = {"kv_cache": {"num_gpu_blocks": 900, "block_size": 32, "enable_prefix_caching": False,
+                         "gpu_memory_utilization": 0.8},
+            "hardware": {"device_name": "NVIDIA H100 80GB HBM3", "device_count": 1},
+            "resolved_config": {"scheduler_config": {"async_scheduling": False},
+                                "model_config": {"max_model_len": 4096}}}
+    folder = write_run(tmp_path / "run", isolated_requests(), gpu="RTX4090", meta_extra=meta)
+    run = read_run(folder)
+    assert run.hardware == "h100-sxm"  # torch's device name wins over the cluster config
+    assert run.kv_cache == {"num_blocks": 900, "block_size": 32, "enable_prefix_caching": False,
+                            "gpu_memory_utilization": 0.8}
+    assert run.scheduler["async_scheduling"] is False and run.scheduler["max_model_len"] == 4096
+    assert not any("num_blocks" in n for n in run.notes)
+    code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots",
+                           "--quiet", *CONSTANT)
+    assert code == 0, err
+    prov = json.loads((tmp_path / "o" / "validation.json").read_text())["provenance"]
+    assert (prov["kv_num_blocks"], prov["kv_block_size"], prov["enable_prefix_caching"]) == (900, 32, False)
+    sc = load_scenario(tmp_path / "o" / "sim" / "scenario.yaml")
+    assert sc.scheduler.async_scheduling is False
+
+
+def test_a_request_vllm_kept_no_metrics_for_is_left_out_with_a_note(tmp_path):
+    rows = isolated_requests()
+    rows.insert(1, {"request_id": "lost", "input_toks": 50, "output_toks": 4, "arrival_time": None,
+                    "queued_ts": None, "scheduled_ts": None, "first_token_ts": None, "last_token_ts": None})
+    run = read_run(write_run(tmp_path / "run", rows))
+    assert len(run.requests) == 4 and "lost" not in set(run.requests["source_id"])
+    assert any("1 requests have no timestamps" in n for n in run.notes)
+    rows[2]["first_token_ts"] = None  # one timestamp missing is a broken line, not an unrecorded request
+    with pytest.raises(RunFileError, match=r"requests\.jsonl:3: field 'first_token_ts' must be a finite number"):
+        read_run(write_run(tmp_path / "run2", rows))
+
+
+def test_data_parallel_engines_become_replicas_behind_a_least_outstanding_router(tmp_path):
+    folder = write_run(tmp_path / "run", isolated_requests())
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["engine_kwargs"]["data_parallel_size"] = 2
+    (folder / "meta.json").write_text(json.dumps(meta))
+    code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots",
+                           "--quiet", *CONSTANT)
+    assert code == 0, err
+    sc = load_scenario(tmp_path / "o" / "sim" / "scenario.yaml")
+    assert sc.cluster.num_replicas == 2 and sc.cluster.router == "least_outstanding"
+
+
+def test_a_vllm_bench_json_needs_its_gpu_and_then_compares_itl_too(tmp_path):
+    path = bench_json(tmp_path / "bench.json")
+    code, _, err = run_cli("validate", "--against", str(path), "--out", str(tmp_path / "o"), "--no-plots")
+    assert code == 2 and "the run does not name its GPU" in err and "--set hardware=" in err
+    code, out, err = run_cli("validate", "--against", str(path), "--out", str(tmp_path / "o"), "--quiet",
+                             "--set", "hardware=h100-sxm", *CONSTANT)
+    assert code == 0, err
+    report = json.loads((tmp_path / "o" / "validation.json").read_text())
+    rows = {r["metric"]: r for r in report["metrics"]}
+    assert report["provenance"]["itl"] == "measured" and rows["mean_itl_ms"]["live"] == pytest.approx(16.0)
+    assert rows["mean_itl_ms"]["sim"] == pytest.approx(STEP * 1e3)
+    assert (tmp_path / "o" / "cdf_itl.png").is_file()
