@@ -254,10 +254,14 @@ class RooflineCostModel:
 
     def step_time(self, sums: tuple[int, int, int, int, int, int], swap_bytes: float = 0.0) -> float:
         """``iteration_time`` from a step's ``step_sums``."""
+        return sum(self.breakdown(sums, swap_bytes).values())
+
+    def breakdown(self, sums: tuple[int, int, int, int, int, int], swap_bytes: float = 0.0) -> dict[str, float]:
+        """``step_time`` split into its terms (seconds): linear, attention, all_reduce, swap, host."""
         swap = swap_bytes / self._pcie if swap_bytes else 0.0
         n, _, tokens, pairs, decode_kv, prefill_kv = sums
         if n == 0:
-            return swap
+            return {"swap": swap}
         tiled = -(-tokens // self.tile) * self.tile
         linear = max((tiled * self._layer_flops_per_token + n * self._lm_head_flops_per_seq) / self._flops_rate,
                      (self._weight_bytes + tokens * self._act_bytes_per_token) / self._bytes_rate)
@@ -266,7 +270,8 @@ class RooflineCostModel:
         if pairs:
             attn += max(pairs * self._attn_flops_per_pair / self._flops_rate, prefill_kv * kv)
         comm = self._ar_fixed + tokens * self._ar_per_token
-        return linear + attn + comm + swap + self.step_overhead_s + n * self.per_seq_overhead_s
+        return {"linear": linear, "attention": attn, "all_reduce": comm, "swap": swap,
+                "host": self.step_overhead_s + n * self.per_seq_overhead_s}
 
     def loop_overhead(self, rows: int) -> float:
         """Seconds of host (scheduler, engine loop) time that ``iteration_time`` adds to a step."""

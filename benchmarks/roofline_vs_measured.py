@@ -1,0 +1,363 @@
+"""The roofline against kernel times measured on real GPUs (issue #13's table).
+
+For each GPU x model the public data in ``../shared/data/gpu`` covers (see its SOURCES.md for
+origin, units and licenses), a *measured* step time is assembled from per-kernel timings and set
+against ``RooflineCostModel`` (the scenario default, ``build_cost_model(CostModelConfig())``) for
+the same step shape. Printed per row: min-max of predicted / measured over the row's points.
+
+measured step = embedding + layers x (norms, QKV, rotary, O, gate/up, activation, down, residual
+adds, attention) + final norm + LM head (+ sampler), each at the step's token count (LM head and
+sampler at its sequence count), summed. Kernel time only: the roofline's host term (scheduler,
+launch of the step) is left out of the prediction, and so is every kernel the source did not
+measure (listed per column below), so both sides always price the same work.
+
+Columns and where each term comes from (files relative to the data folder):
+
+- H100 llama-3.1-8b: GEMMs (q, k, v, o, gate, up, down) and LM head from
+  ``llmservingsim/v0-H100-Llama-3.1-8B/layers.csv`` (LM head at M = sequences: vLLM computes
+  logits for each sequence's last position only); norms, rotary, activation and residual adds
+  from Vidur's H100 Llama-2-7b table (same hidden size 4096; activation scaled by the
+  intermediate sizes 14336 / 11008, rotary by the q + k heads 40 / 64) because v0's are unfused
+  Hugging Face kernels; attention from ``inference-sim/h100/mha_*_32-8-128*.csv``. No sampler.
+- H100 llama-2-7b: ``vidur/compute/h100/meta-llama/Llama-2-7b-hf/mlp.csv`` (TP 1, medians),
+  attention from ``inference-sim/h100/mha_*_32-32-128*.csv``. Vidur has no LM head: it is the
+  measured gate/up GEMM at the same M scaled by N (vocab / (2 x intermediate), same K = hidden).
+  No sampler.
+- A100 llama-3-8b: ``vidur/compute/a100/meta-llama/Meta-Llama-3-8B/mlp.csv``, LM head as above.
+  No attention table exists for the A100: attention is left out of BOTH sides, so this column
+  checks the linear layers, small ops and LM head only (decode at 1k and 4k context differ only
+  in batch size there). No sampler.
+- RTX PRO 6000 llama-3.1-8b / qwen3-32b, RTX 4090 llama-3.1-8b: LLMServingSim's vLLM 0.19
+  profiles (``llmservingsim/profiles/<GPU>/<org>/<model>/tp1``): ``dense.csv`` (``layernorm`` is
+  one RMSNorm call, a layer makes two; vLLM fuses the residual add into it), ``attention.csv``,
+  ``per_sequence.csv`` (LM head and sampler).
+
+Rows (decode rows all at one context; ``kv`` = context + 1, the keys the new token attends to):
+decode batch <= 32 at kv 1024 (1, 2, 4, ..., 32), decode batch >= 64 at kv 4096 (64 ... 512),
+one prefill of 128-512 tokens, one prefill of 1k-8k tokens (no cached context). A point is used
+only where every measured term exists on its source's grid (no extrapolation), with two stated
+exceptions: inference-sim's prefill attention at 2048 tokens is interpolated log-log between its
+1024 and 4096 points, and attention is left out of both sides for H100 prefills under 1024
+tokens (inference-sim starts at 1024; flash attention is a few % of such a step). The first
+decode row (batch 1, kv 1024) of inference-sim's 32-8-128 table is a warm-up outlier (SOURCES.md)
+and is skipped.
+
+    python benchmarks/roofline_vs_measured.py [--data ../shared/data/gpu] [--out points.csv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from servesim.sim.batch import step_sums
+from servesim.sim.cost_model import CostModelConfig, build_cost_model
+from servesim.sim.presets import get_hardware, get_model
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gpu"
+US, MS = 1e-6, 1e-3
+
+ROWS: dict[str, tuple[str, list[int], int]] = {
+    # row key: (label, batch sizes or prefill tokens, decode kv)
+    "decode_small": ("decode, batch ≤ 32, 1k context", [1, 2, 4, 8, 16, 32], 1024),
+    "decode_large": ("decode, batch ≥ 64, 4k context", [64, 128, 256, 512], 4096),
+    "prefill_small": ("prefill 128–512 tokens", [128, 256, 512], 0),
+    "prefill_large": ("prefill 1k–8k tokens", [1024, 2048, 4096, 8192], 0),
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# Small readers for the three public formats (exact grid points; None where a point is missing)
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+class OpTable:
+    """Seconds of named ops against an integer size (tokens or sequences); exact points only."""
+
+    def __init__(self) -> None:
+        self.ops: dict[str, dict[int, float]] = {}
+
+    def add(self, op: str, size: int, seconds: float) -> None:
+        self.ops.setdefault(op, {})[size] = seconds
+
+    def at(self, op: str, size: int) -> float | None:
+        return self.ops.get(op, {}).get(size)
+
+
+def llmservingsim_dense(folder: Path) -> tuple[OpTable, OpTable]:
+    """``dense.csv`` and ``per_sequence.csv`` of an LLMServingSim profile (microseconds)."""
+    dense, per_seq = OpTable(), OpTable()
+    for r in _read_csv(folder / "dense.csv"):
+        dense.add(r["layer"], int(r["tokens"]), float(r["time_us"]) * US)
+    for r in _read_csv(folder / "per_sequence.csv"):
+        per_seq.add(r["layer"], int(r["sequences"]), float(r["time_us"]) * US)
+    return dense, per_seq
+
+
+def llmservingsim_attention(folder: Path) -> dict[tuple[int, int, int, int], float]:
+    """``attention.csv``: (prefill_chunk, kv_prefill, n_decode, kv_decode) -> seconds, one layer."""
+    return {(int(r["prefill_chunk"]), int(r["kv_prefill"]), int(r["n_decode"]), int(r["kv_decode"])):
+            float(r["time_us"]) * US for r in _read_csv(folder / "attention.csv")}
+
+
+def llmservingsim_v0(path: Path) -> OpTable:
+    """v0 ``layers.csv`` (nanoseconds), TP 1, no cached context."""
+    table = OpTable()
+    for r in _read_csv(path):
+        if r["tp_size"] == "1" and r["kv_cache"] == "0":
+            table.add(r["layer_name"], int(r["input"]), float(r["latency(ns)"]) * 1e-9)
+    return table
+
+
+def vidur_mlp(path: Path) -> OpTable:
+    """Vidur ``mlp.csv`` medians (milliseconds), TP 1; op names without ``time_stats.``."""
+    table = OpTable()
+    for r in _read_csv(path):
+        if r["num_tensor_parallel_workers"] != "1":
+            continue
+        for key, value in r.items():
+            if key.startswith("time_stats.") and key.endswith(".median"):
+                table.add(key.split(".")[1], int(r["num_tokens"]), float(value) * MS)
+    return table
+
+
+def inference_sim(folder: Path, heads: str) -> tuple[dict[tuple[int, int], float], dict[int, float]]:
+    """inference-sim H100 attention, one layer: decode (batch, kv_len) and prefill seq_len -> seconds."""
+    dec = {(int(r["batch_size"]), int(r["kv_len"])): float(r["latency_us"]) * US
+           for r in _read_csv(folder / f"mha_decode_h100_{heads}-tp1.csv")}
+    pre = {int(r["seq_len"]): float(r["latency_us"]) * US for r in _read_csv(folder / f"mha_prefill_h100_{heads}.csv")}
+    return dec, pre
+
+
+def _loglog(x: int, table: dict[int, float]) -> float | None:
+    """``table`` at x, interpolated log-log between its neighbours; None outside the grid."""
+    if x in table:
+        return table[x]
+    xs = sorted(table)
+    if not xs or x < xs[0] or x > xs[-1]:
+        return None
+    i = int(np.searchsorted(xs, x))
+    x0, x1 = xs[i - 1], xs[i]
+    w = math.log(x / x0) / math.log(x1 / x0)
+    return math.exp((1 - w) * math.log(table[x0]) + w * math.log(table[x1]))
+
+
+# --------------------------------------------------------------------------------------------------
+# Columns: one GPU x model each, answering the measured time of a step shape
+
+
+@dataclass
+class Column:
+    """One GPU x model: the presets to predict with and the measured terms of a step."""
+
+    label: str
+    model: str
+    hardware: str
+    # tokens -> seconds of everything but attention, LM head and sampler, whole step (None: off grid)
+    dense: Callable[[int], float | None]
+    lm_head: Callable[[int], float | None]
+    sampler: Callable[[int], float | None] | None = None
+    decode_attn: Callable[[int, int], float | None] | None = None  # (batch, kv) -> seconds, one layer
+    prefill_attn: Callable[[int], float | None] | None = None  # tokens -> seconds, one layer
+    notes: list[str] = field(default_factory=list)
+
+    def measured(self, row: str, size: int, kv: int) -> tuple[float, set[str]] | None:
+        """Measured seconds of the row's step at ``size``, and the terms it leaves out; None if off grid."""
+        layers = get_model(self.model).num_layers
+        decode = row.startswith("decode")
+        tokens, seqs = (size, size) if decode else (size, 1)
+        parts = [self.dense(tokens), self.lm_head(seqs)]
+        omitted: set[str] = set()
+        if self.sampler is None:
+            omitted.add("sampler")
+        else:
+            parts.append(self.sampler(seqs))
+        attn_fn = self.decode_attn if decode else self.prefill_attn
+        if attn_fn is None or (not decode and "h100" in self.hardware and size < 1024):
+            omitted.add("attention")
+        else:
+            attn = attn_fn(size, kv) if decode else attn_fn(size)
+            parts.append(None if attn is None else layers * attn)
+        if any(p is None for p in parts):
+            return None
+        return sum(parts), omitted
+
+
+def _sum_ops(table: OpTable, ops: dict[str, float], tokens: int) -> float | None:
+    """sum of weight * table[op](tokens); None if any op lacks the point."""
+    total = 0.0
+    for op, weight in ops.items():
+        t = table.at(op, tokens)
+        if t is None:
+            return None
+        total += weight * t
+    return total
+
+
+def llmservingsim_column(data: Path, label: str, gpu: str, repo_model: str, model: str) -> Column:
+    folder = data / "llmservingsim" / "profiles" / gpu / repo_model / "tp1"
+    dense, per_seq = llmservingsim_dense(folder)
+    attn = llmservingsim_attention(folder)
+    layers = get_model(model).num_layers
+    per_layer = {"layernorm": 2, "qkv_proj": 1, "rotary_emb": 1, "o_proj": 1, "gate_up_proj": 1, "act_fn": 1,
+                 "down_proj": 1}
+    if "qk_norm" in dense.ops:
+        per_layer["qk_norm"] = 1
+
+    def dense_s(tokens: int) -> float | None:
+        body = _sum_ops(dense, per_layer, tokens)
+        ends = _sum_ops(dense, {"embedding": 1, "final_layernorm": 1}, tokens)
+        return None if body is None or ends is None else layers * body + ends
+
+    return Column(label, model, gpu_preset(gpu), dense_s,
+                  lm_head=lambda n: per_seq.at("lm_head", n), sampler=lambda n: per_seq.at("sampler", n),
+                  decode_attn=lambda n, kv: attn.get((0, 0, n, kv)),
+                  prefill_attn=lambda t: attn.get((t, 0, 0, 0)))
+
+
+def gpu_preset(gpu: str) -> str:
+    return {"RTXPRO6000": "rtx-pro-6000", "RTX4090": "rtx-4090"}[gpu]
+
+
+def vidur_column(data: Path, label: str, gpu: str, repo_model: str, model: str,
+                 attention: tuple[dict[tuple[int, int], float], dict[int, float]] | None) -> Column:
+    table = vidur_mlp(data / "vidur" / "compute" / gpu / "meta-llama" / repo_model / "mlp.csv")
+    m = get_model(model)
+    per_layer = {"input_layernorm": 1, "attn_pre_proj": 1, "attn_rope": 1, "attn_post_proj": 1,
+                 "post_attention_layernorm": 1, "mlp_up_proj": 1, "mlp_act": 1, "mlp_down_proj": 1, "add": 2}
+    head_scale = m.vocab_size / (2 * m.intermediate_size)
+
+    def dense_s(tokens: int) -> float | None:
+        body = _sum_ops(table, per_layer, tokens)
+        ends = _sum_ops(table, {"emb": 1, "input_layernorm": 1}, tokens)  # final norm: the same op
+        return None if body is None or ends is None else m.num_layers * body + ends
+
+    def lm_head(n: int) -> float | None:
+        up = table.at("mlp_up_proj", n)
+        return None if up is None else up * head_scale
+
+    col = Column(label, model, gpu + ("-80g" if gpu == "a100" else "-sxm"), dense_s, lm_head)
+    if attention is not None:
+        dec, pre = attention
+        col.decode_attn = lambda n, kv: dec.get((n, kv))
+        col.prefill_attn = lambda t: _loglog(t, pre)
+    return col
+
+
+def h100_llama31_column(data: Path, attention: tuple[dict[tuple[int, int], float], dict[int, float]]) -> Column:
+    v0 = llmservingsim_v0(data / "llmservingsim" / "v0-H100-Llama-3.1-8B" / "layers.csv")
+    small = vidur_mlp(data / "vidur" / "compute" / "h100" / "meta-llama" / "Llama-2-7b-hf" / "mlp.csv")
+    m, donor = get_model("llama-3.1-8b"), get_model("llama-2-7b")
+    gemms = {op: 1 for op in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")}
+    small_ops = {"input_layernorm": 1, "post_attention_layernorm": 1, "add": 2,
+                 "mlp_act": m.intermediate_size / donor.intermediate_size,
+                 "attn_rope": (m.num_heads + m.num_kv_heads) / (donor.num_heads + donor.num_kv_heads)}
+
+    def dense_s(tokens: int) -> float | None:
+        g = _sum_ops(v0, gemms, tokens)
+        s = _sum_ops(small, small_ops, tokens)
+        ends = _sum_ops(small, {"emb": 1, "input_layernorm": 1}, tokens)
+        return None if g is None or s is None or ends is None else m.num_layers * (g + s) + ends
+
+    dec, pre = attention
+    dec = {k: v for k, v in dec.items() if k != (1, 1024)}  # warm-up outlier (SOURCES.md)
+    return Column("H100 llama-3.1-8b", "llama-3.1-8b", "h100-sxm", dense_s, lambda n: v0.at("lm_head", n),
+                  decode_attn=lambda n, kv: dec.get((n, kv)), prefill_attn=lambda t: _loglog(t, pre))
+
+
+def columns(data: Path) -> list[Column]:
+    isim = data / "inference-sim" / "h100"
+    return [
+        h100_llama31_column(data, inference_sim(isim, "32-8-128")),
+        vidur_column(data, "H100 llama-2-7b", "h100", "Llama-2-7b-hf", "llama-2-7b",
+                     inference_sim(isim, "32-32-128")),
+        vidur_column(data, "A100 llama-3-8b", "a100", "Meta-Llama-3-8B", "llama-3-8b", None),
+        llmservingsim_column(data, "RTX PRO 6000 llama-3.1-8b", "RTXPRO6000", "meta-llama/Llama-3.1-8B",
+                             "llama-3.1-8b"),
+        llmservingsim_column(data, "RTX PRO 6000 qwen3-32b", "RTXPRO6000", "Qwen/Qwen3-32B", "qwen3-32b"),
+        llmservingsim_column(data, "RTX 4090 llama-3.1-8b", "RTX4090", "meta-llama/Llama-3.1-8B", "llama-3.1-8b"),
+    ]
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def predicted(col: Column, row: str, size: int, kv: int, omitted: set[str]) -> float:
+    """The default roofline's kernel time for the row's step, less the host term and ``omitted`` terms."""
+    cost = build_cost_model(CostModelConfig(), get_model(col.model), get_hardware(col.hardware))
+    if row.startswith("decode"):
+        q, ctx = np.ones(size, dtype=np.int64), np.full(size, kv - 1, dtype=np.int64)
+    else:
+        q, ctx = np.array([size], dtype=np.int64), np.zeros(1, dtype=np.int64)
+    parts = cost.breakdown(step_sums(q, ctx))
+    return sum(v for k, v in parts.items() if k not in omitted and k != "host")
+
+
+def compare(data: Path) -> list[dict]:
+    """Every (column, row, point) with measured and predicted seconds."""
+    points = []
+    for col in columns(data):
+        for row, (_, sizes, kv) in ROWS.items():
+            for size in sizes:
+                got = col.measured(row, size, kv)
+                if got is None:
+                    continue
+                measured, omitted = got
+                pred = predicted(col, row, size, kv, omitted)
+                points.append({"column": col.label, "row": row, "size": size, "kv": kv if row.startswith("decode")
+                               else 0, "measured_s": measured, "predicted_s": pred, "ratio": pred / measured,
+                               "omitted": "+".join(sorted(omitted))})
+    return points
+
+
+def markdown(points: list[dict]) -> str:
+    labels = list(dict.fromkeys(p["column"] for p in points))
+    lines = ["| step | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    for row, (label, _, _) in ROWS.items():
+        cells = []
+        for col in labels:
+            r = [p for p in points if p["column"] == col and p["row"] == row]
+            if not r:
+                cells.append("–")
+                continue
+            lo, hi = min(p["ratio"] for p in r), max(p["ratio"] for p in r)
+            sizes = sorted(p["size"] for p in r)
+            cells.append(f"{lo:.2f}–{hi:.2f} ({sizes[0]}–{sizes[-1]}, n={len(r)})" if len(r) > 1
+                         else f"{lo:.2f} ({sizes[0]}, n=1)")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    worst = max(points, key=lambda p: abs(p["ratio"] - 1))
+    lines.append("")
+    lines.append(f"predicted / measured, min–max over the row's points (batch sizes or prefill tokens, "
+                 f"number of points). Worst point: {worst['column']} {worst['row']} at {worst['size']}: "
+                 f"{worst['ratio']:.3f}; {sum(abs(p['ratio'] - 1) <= 0.10 for p in points)} of {len(points)} "
+                 f"points within ±10 %.")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared gpu data folder (default: %(default)s)")
+    ap.add_argument("--out", type=Path, help="write every point (measured, predicted, ratio) to this CSV")
+    args = ap.parse_args()
+    if not (args.data / "SOURCES.md").is_file():
+        raise SystemExit(f"error: {args.data} is not the shared GPU data folder (no SOURCES.md); pass --data")
+    points = compare(args.data)
+    print(markdown(points))
+    if args.out:
+        with open(args.out, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(points[0]))
+            w.writeheader()
+            w.writerows(points)
+
+
+if __name__ == "__main__":
+    main()
