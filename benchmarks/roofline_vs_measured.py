@@ -43,6 +43,7 @@ decode row (batch 1, kv 1024) of inference-sim's 32-8-128 table is a warm-up out
 and is skipped.
 
     python benchmarks/roofline_vs_measured.py [--data ../shared/data/gpu] [--out points.csv]
+    python benchmarks/roofline_vs_measured.py --constants   # the figures behind sim/presets.py's fractions
 """
 
 from __future__ import annotations
@@ -343,13 +344,118 @@ def markdown(points: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------------------------------
+# --constants: the per-hardware fractions of sim/presets.py, recomputed from the same files
+
+
+def _gemm_weights(model: str) -> dict[str, int]:
+    """Weight elements of the model's fused GEMMs (one rank) and of its LM head."""
+    m = get_model(model)
+    h, d = m.hidden_size, m.head_dim
+    return {"qkv": h * (m.num_heads + 2 * m.num_kv_heads) * d, "o": m.num_heads * d * h,
+            "gate_up": 2 * h * m.intermediate_size, "down": m.intermediate_size * h, "lm_head": h * m.vocab_size}
+
+
+def gemm_fit(model: str, hardware: str, time_of: Callable[[str, int], float | None],
+             ops: list[str], big: int) -> tuple[float, float, int, float]:
+    """(weight fraction, floor seconds, points) of time = floor + bytes / (bw x fraction), least squares
+    over ``ops`` at 1-8 rows, and the layer GEMMs' FLOP/s fraction at ``big`` rows."""
+    hw, w = get_hardware(hardware), _gemm_weights(model)
+    rows = [(2 * w[op], t) for op in ops for m in (1, 2, 4, 8) if (t := time_of(op, m)) is not None]
+    a = np.c_[np.ones(len(rows)), [b / hw.hbm_bandwidth for b, _ in rows]]
+    (floor, inv), *_ = np.linalg.lstsq(a, [t for _, t in rows], rcond=None)
+    layer_ops = [op for op in ops if op != "lm_head"]
+    flops = sum(2 * big * w[op] for op in layer_ops)
+    secs = sum(time_of(op, big) or math.nan for op in layer_ops)
+    return 1 / inv, floor, len(rows), flops / secs / hw.peak_flops
+
+
+def _fit_text(fit: tuple[float, float, int, float], big: int) -> str:
+    weight, floor, n, flops = fit
+    return f"GEMM fit weight {weight:.3f}, floor {floor * 1e6:.1f} us ({n} points); GEMM FLOP/s at {big} rows {flops:.3f}"
+
+
+def decode_stream(model: str, hardware: str, table: dict[tuple[int, int], float], kvs: tuple[int, ...]) -> str:
+    """KV bytes / time / peak bandwidth for decode batches >= 64 at the given kv lengths."""
+    m, hw = get_model(model), get_hardware(hardware)
+    per_token = 2 * m.num_kv_heads * m.head_dim * m.dtype_bytes
+    fr = [n * kv * per_token / t / hw.hbm_bandwidth for (n, kv), t in table.items() if n >= 64 and kv in kvs]
+    return f"stream (decode attention, batch >= 64, kv {'/'.join(map(str, kvs))}) {min(fr):.2f}-{max(fr):.2f}"
+
+
+def prefill_flops(model: str, hardware: str, tokens: int, seconds: float) -> str:
+    m, hw = get_model(model), get_hardware(hardware)
+    flops = m.attention_flops_per_pair / m.num_layers * tokens * (tokens + 1) / 2
+    return f"attention at {tokens} tokens {flops / seconds / hw.peak_flops:.3f}"
+
+
+def constants(data: Path) -> list[str]:
+    """One line per source: the figures behind the HARDWARE fractions in sim/presets.py."""
+    lines = []
+    for gpu, repo_model, model in (("RTXPRO6000", "meta-llama/Llama-3.1-8B", "llama-3.1-8b"),
+                                   ("RTXPRO6000", "Qwen/Qwen3-32B", "qwen3-32b"),
+                                   ("RTX4090", "meta-llama/Llama-3.1-8B", "llama-3.1-8b")):
+        folder = data / "llmservingsim" / "profiles" / gpu / repo_model / "tp1"
+        dense, per_seq = llmservingsim_dense(folder)
+        attn = llmservingsim_attention(folder)
+        names = {"qkv": "qkv_proj", "o": "o_proj", "gate_up": "gate_up_proj", "down": "down_proj"}
+        hw = gpu_preset(gpu)
+
+        def time_of(op: str, m: int, dense=dense, per_seq=per_seq, names=names) -> float | None:
+            return per_seq.at("lm_head", m) if op == "lm_head" else dense.at(names[op], m)
+
+        fit = _fit_text(gemm_fit(model, hw, time_of, [*names, "lm_head"], 2048), 2048)
+        dec = {(n, kv): t for (c, kp, n, kv), t in attn.items() if c == 0 and kp == 0 and n}
+        small = [dense.at(op, 1) for op in ("layernorm", "rotary_emb", "act_fn", "embedding")]
+        lines.append(f"{gpu} {model} (llmservingsim): {fit}; {decode_stream(model, hw, dec, (4096,))}; "
+                     f"{prefill_flops(model, hw, 2048, attn[(2048, 0, 0, 0)])}; small ops at 1 token "
+                     f"{min(small) * 1e6:.1f}-{max(small) * 1e6:.1f} us")
+    v0 = llmservingsim_v0(data / "llmservingsim" / "v0-H100-Llama-3.1-8B" / "layers.csv")
+    v0_ops = {"o": ["o_proj"], "down": ["down_proj"], "lm_head": ["lm_head"], "qkv": ["q_proj", "k_proj", "v_proj"],
+              "gate_up": ["gate_proj", "up_proj"]}
+
+    def v0_time(op: str, m: int) -> float | None:
+        ts = [v0.at(x, m) for x in v0_ops[op]]
+        return None if None in ts else sum(ts)
+
+    # v0's q/k/v and gate/up are separate (unfused) GEMMs: only the single ones enter the weight fit
+    weight, floor, n, _ = gemm_fit("llama-3.1-8b", "h100-sxm", v0_time, ["o", "down", "lm_head"], 2048)
+    flops = gemm_fit("llama-3.1-8b", "h100-sxm", v0_time, list(v0_ops), 2048)[3]
+    lines.append(f"H100 llama-3.1-8b (v0 layers.csv): {_fit_text((weight, floor, n, flops), 2048)}")
+    for gpu, repo_model, model, hw in (("h100", "Llama-2-7b-hf", "llama-2-7b", "h100-sxm"),
+                                       ("a100", "Meta-Llama-3-8B", "llama-3-8b", "a100-80g")):
+        table = vidur_mlp(data / "vidur" / "compute" / gpu / "meta-llama" / repo_model / "mlp.csv")
+        names = {"qkv": "attn_pre_proj", "o": "attn_post_proj", "gate_up": "mlp_up_proj", "down": "mlp_down_proj"}
+        def time_of(op: str, m: int, table=table, names=names) -> float | None:
+            return table.at(names[op], m)
+
+        fits = [gemm_fit(model, hw, time_of, list(names), big) for big in (1024, 4096)]
+        m = get_model(model)
+        adds = [3 * t_ * m.hidden_size * m.dtype_bytes / table.at("add", t_) / get_hardware(hw).hbm_bandwidth
+                for t_ in (4096, 8192, 16384, 32768) if table.at("add", t_)]
+        lines.append(f"{gpu.upper()} {model} (vidur mlp.csv): {_fit_text(fits[0], 1024)}, at 4096 rows "
+                     f"{fits[1][3]:.3f}; "
+                     f"stream (residual add, >= 4096 tokens) {min(adds):.2f}-{max(adds):.2f}; norm at 1 token "
+                     f"{table.at('input_layernorm', 1) * 1e6:.1f} us")
+    for heads, model in (("32-8-128", "llama-3.1-8b"), ("32-32-128", "llama-2-7b")):
+        dec, pre = inference_sim(data / "inference-sim" / "h100", heads)
+        lines.append(f"H100 {heads} (inference-sim): {decode_stream(model, 'h100-sxm', dec, (1024, 4096))}; "
+                     f"{prefill_flops(model, 'h100-sxm', 8192, pre[8192])}")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared gpu data folder (default: %(default)s)")
     ap.add_argument("--out", type=Path, help="write every point (measured, predicted, ratio) to this CSV")
+    ap.add_argument("--constants", action="store_true",
+                    help="print the measured fractions behind the HARDWARE presets instead of the table")
     args = ap.parse_args()
     if not (args.data / "SOURCES.md").is_file():
         raise SystemExit(f"error: {args.data} is not the shared GPU data folder (no SOURCES.md); pass --data")
+    if args.constants:
+        print("\n".join(constants(args.data)))
+        return
     points = compare(args.data)
     print(markdown(points))
     if args.out:
