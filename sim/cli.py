@@ -161,6 +161,39 @@ def _add_calibrate(sub) -> None:  # noqa: ANN001 - argparse's private subparsers
     cal.add_argument("--seed", type=int, default=0, help="seed of the grid, the shuffles and the split (0)")
     cal.add_argument("--quiet", action="store_true", help="no progress bar")
     cal.set_defaults(fn=cmd_calibrate)
+    imp = cal.add_subparsers(dest="calibrate_action", metavar="ACTION").add_parser(
+        "import", help="build a GPU profile from published kernel measurements (no GPU needed)",
+        description="Read public per-kernel GPU measurements (LLMServingSim, Vidur, inference-sim), assemble a "
+                    "servesim-gpu-profile/1, print and store its held-out error per regime.")
+    imp.add_argument("paths", nargs="+", metavar="PATH", help="the source: an LLMServingSim profile folder "
+                     "(holding meta.yaml) or the files of --format")
+    imp.add_argument("--format", dest="import_format", required=True, choices=["llmservingsim", "vidur", "inference-sim"],
+                     help="format of PATH")
+    imp.add_argument("--with", dest="import_with", action="append", default=[], metavar="FORMAT:PATH",
+                     help="another source combined in, e.g. inference-sim:mha_decode_h100_32-8-128-tp1.csv (repeatable)")
+    imp.add_argument("--model", dest="import_model", required=True, help="model preset the source measured")
+    imp.add_argument("--hardware", dest="import_hardware", required=True, help="hardware preset of the source's GPU")
+    imp.add_argument("--tp", dest="import_tp", type=int, default=1, help="tensor-parallel degree (1)")
+    imp.add_argument("--out", dest="import_out", help="profile JSON (default calibration/profiles/HW-MODEL-tpN.json)")
+    imp.add_argument("--step-overhead-us", type=float, default=0.0, help="host time per step, us (0)")
+    imp.add_argument("--per-seq-overhead-us", type=float, default=0.0, help="host time per row, us (0)")
+    imp.add_argument("--link-bandwidth", type=float, default=None, metavar="BYTES_PER_S",
+                     help="GPU-GPU link for TP all-reduce when no measured table is given (16e9)")
+    imp.add_argument("--link-latency-us", type=float, default=None, help="per all-reduce latency, us (20)")
+    imp.set_defaults(fn=cmd_calibrate_import)
+
+
+def cmd_calibrate_import(args: argparse.Namespace) -> int:
+    from servesim.calibration.gpu_import import ImportOptions, format_report, run_import
+
+    opts = ImportOptions(args.import_format, args.paths, args.import_model, args.import_hardware, args.import_tp,
+                         args.import_out, args.step_overhead_us, args.per_seq_overhead_us, args.link_bandwidth,
+                         args.link_latency_us, args.import_with)
+    print(f"servesim calibrate import: {opts.fmt} {' '.join(opts.paths)} -> {opts.model} on {opts.hardware} tp{opts.tp}")
+    profile = run_import(opts)
+    print(format_report(profile))
+    print(f"wrote {profile['path']} ({profile['format']})")
+    return 0
 
 
 def _out_help(sp: argparse.ArgumentParser, text: str) -> None:

@@ -11,6 +11,10 @@ Three models share the interface ``iteration_time(q_lens, ctx_lens, swap_bytes=0
 - ``FittedCostModel``: non-negative coefficients fitted to measured steps (``calibration/fit.py``).
 - ``ConstantCostModel``: closed form, for tests.
 
+A GPU profile built from published kernel tables (format ``servesim-gpu-profile/1``) loads as
+``LayerCostModel`` (``sim/layer_cost_model.py``): ``build_cost_model`` picks the class from the
+profile file's ``format``.
+
 Both real models use the same physical terms, ``step_features`` (names in ``FEATURE_NAMES``):
 
 =====================  =========================================================  ==============
@@ -74,7 +78,6 @@ import bisect
 import importlib.util
 import json
 import math
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -631,18 +634,35 @@ def resolve_profile_path(path: str | Path) -> Path:
     raise ProfileError(f"profile {str(path)!r} not found; tried: {', '.join(map(str, dict.fromkeys(tried)))}")
 
 
+def check_profile_matches(cost: Any, path: str | Path, model: ModelConfig, hardware: HardwareConfig,
+                          tensor_parallel: int) -> None:
+    """A profile measured for another model, hardware or TP degree than the scenario's is a
+    ``ProfileError`` naming both (a GPU profile states all three; a fitted one its model)."""
+    gpu = getattr(cost, "hardware", None) is not None
+    prov = getattr(cost, "provenance", {}) or {}
+    theirs = {"model": getattr(cost, "model", None) if gpu else prov.get("model"),
+              "hardware": getattr(cost, "hardware", None) if gpu else prov.get("hardware"),
+              "tensor_parallel": getattr(cost, "tp", None) if gpu else prov.get("tensor_parallel")}
+    ours = {"model": model.name, "hardware": hardware.name, "tensor_parallel": tensor_parallel}
+    for key, value in theirs.items():
+        if value is not None and value != ours[key]:
+            raise ProfileError(f"profile {path} is for {key} {value!r} but the scenario runs {ours[key]!r}; "
+                               f"use a profile for {ours[key]!r} or change the scenario's {key}")
+
+
 def build_cost_model(cfg: CostModelConfig, model: ModelConfig, hardware: HardwareConfig,
                      tensor_parallel: int = 1) -> CostModel:
-    """The cost model a scenario asks for. A profile's provenance naming another model warns."""
+    """The cost model a scenario asks for. A profile for another model, hardware or TP degree
+    than the scenario's is a ``ProfileError``."""
     if cfg.type == "constant":
         return ConstantCostModel(cfg.step_ms / 1e3, (cfg.per_token_ms or 0.0) / 1e3, hardware.pcie_bandwidth)
     if cfg.type == "profile":
-        fitted = FittedCostModel.from_profile(resolve_profile_path(cfg.path), swap_bandwidth=hardware.pcie_bandwidth)
-        profiled = fitted.provenance.get("model")
-        if profiled and profiled != model.name:
-            warnings.warn(f"profile {cfg.path} was fitted on model {profiled!r}, scenario runs {model.name!r}",
-                          stacklevel=2)
-        return fitted
+        path = resolve_profile_path(cfg.path)
+        from .layer_cost_model import load_profile
+
+        cost = load_profile(path, swap_bandwidth=hardware.pcie_bandwidth)
+        check_profile_matches(cost, cfg.path, model, hardware, tensor_parallel)
+        return cost
     kw: dict[str, float] = {}
     for field, arg, scale in (("flops_efficiency", "flops_efficiency", 1.0),
                               ("bandwidth_efficiency", "bandwidth_efficiency", 1.0),

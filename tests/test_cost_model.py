@@ -442,9 +442,9 @@ def test_missing_profile_lists_the_paths_tried(tmp_path, monkeypatch):
     assert str(tmp_path) in msg and "calibration" in msg
 
 
-def test_profile_fitted_on_another_model_warns(tmp_path, monkeypatch):
+def test_profile_fitted_on_another_model_is_an_error(tmp_path, monkeypatch):
     save_profile(tmp_path / "p.json", example_profile())
-    with pytest.warns(UserWarning, match="tiny"):
+    with pytest.raises(ProfileError, match="for model 'tiny' but the scenario runs 'llama-3.1-8b'"):
         build_cost_model(CostModelConfig(type="profile", path=str(tmp_path / "p.json")),
                          get_model("llama-3.1-8b"), get_hardware("h100-sxm"), 1)
 

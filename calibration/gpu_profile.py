@@ -1,0 +1,469 @@
+"""Assemble a ``servesim-gpu-profile/1`` from public kernel measurements, with held-out error.
+
+``servesim calibrate import`` reads the sources (``importers``), builds the tables the
+``LayerCostModel`` interpolates, and measures how well they predict measurements they were not
+built from:
+
+- token tables (dense ops, LM head, sampler): a seeded 20 % of each table's interior points is
+  held out; the table is rebuilt from the rest and predicts them;
+- attention: a seeded 20 % of the measured 4-D points is removed, the grid rebuilt and gap-filled
+  from the rest, and it predicts them; the uniform-batch times of ``skew.csv`` (other contexts,
+  other sessions) are a second held-out set;
+- skew alpha: fitted on a seeded 80 % of ``skew.csv``, scored on the other 20 %.
+
+Each component is also fitted the physical way (non-negative least squares on relative error over
+features: a constant, tokens, tile-padded tokens for GEMMs; rows, KV tokens, query-key pairs for
+attention) and scored on the same held-out points. The fit replaces the table (tabulated on the
+table's grid) only when its held-out median and p90 APE are both lower; both scores are stored.
+A *step* error per regime (decode,
+prefill, mixed) composes each held-out attention shape with its token and sequence costs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+from servesim.sim.layer_cost_model import (
+    ATTENTION_AXES,
+    EXTRAPOLATION,
+    GPU_PROFILE_FORMAT,
+    AttentionGrid,
+    Curve,
+    LayerCostModel,
+)
+from servesim.sim.presets import ModelConfig
+
+from .importers import SourceError
+
+HOLDOUT = 0.2
+SEED = 0
+TILE = 64
+# Decode batch-size buckets of the skew alpha (upper edges), as LLMServingSim buckets them.
+# Gaps are filled along cached prefill context, then decode context, then chunk, then decode rows:
+# the order with the lowest held-out error on the RTX PRO 6000 Llama-3.1-8B sweep (mixed p90 9.3 %
+# vs 13.0 % for decode context first, 25 % for decode rows first).
+FILL_ORDER = (1, 3, 0, 2)
+SKEW_N_EDGES = (2, 4, 8, 16, 32, 64, 128, 256, 1 << 20)
+SKEW_RATIO_EDGES = (0.05, 0.15, 0.4, 0.7, 1.01)  # (mean - min) / (max - min) of the decode contexts
+SKEW_KV_EDGES = (1024, 4096, 16384, 1 << 30)  # the longest decode context
+
+
+# ---- error summaries ----
+
+
+def ape_summary(pred: np.ndarray, meas: np.ndarray) -> dict[str, float | int]:
+    """Median, p90 and max absolute percentage error (fractions) and the count."""
+    pred, meas = np.asarray(pred, dtype=float), np.asarray(meas, dtype=float)
+    if len(meas) == 0:
+        return {"n": 0}
+    ape = np.abs(pred - meas) / meas
+    return {"n": int(len(ape)), "median_ape": round(float(np.median(ape)), 5),
+            "p90_ape": round(float(np.quantile(ape, 0.9)), 5), "max_ape": round(float(ape.max()), 5)}
+
+
+def split_mask(n: int, holdout: float = HOLDOUT, seed: int = SEED, keep_ends: bool = True) -> np.ndarray:
+    """Boolean mask of held-out positions among ``n`` (seeded; the first and last kept in training)."""
+    rng = np.random.default_rng(seed)
+    candidates = np.arange(1, n - 1) if keep_ends else np.arange(n)
+    k = int(round(holdout * len(candidates)))
+    mask = np.zeros(n, dtype=bool)
+    mask[rng.choice(candidates, size=k, replace=False)] = True
+    return mask
+
+
+def nnls_relative(x: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """argmin_c>=0 sum(((x c - t) / t)^2), columns scaled for conditioning."""
+    a = x / t[:, None]
+    scale = np.abs(a).max(axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(a / scale, np.ones(len(t)))
+    return coef / scale
+
+
+# ---- one-axis tables (tokens, sequences) ----
+
+
+def token_features(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=float)
+    return np.stack([np.ones_like(x), x, np.ceil(x / TILE) * TILE], axis=1)
+
+
+@dataclass
+class CurveCheck:
+    """Held-out error of one measured curve: the table and the physics fit."""
+
+    table: dict[str, Any]
+    fit: dict[str, Any]
+
+    @property
+    def method(self) -> str:
+        return "fit" if fit_wins(self.table, self.fit) else "table"
+
+
+def fit_wins(table: dict[str, Any], fit: dict[str, Any]) -> bool:
+    """The physics fit replaces the table only when its held-out median AND p90 APE are both lower."""
+    return all(fit.get(k, math.inf) < table.get(k, math.inf) for k in ("median_ape", "p90_ape"))
+
+
+def check_curve(xs: np.ndarray, ys: np.ndarray, seed: int = SEED) -> tuple[CurveCheck, np.ndarray, np.ndarray]:
+    """(errors, held-out x, table prediction at them) for one curve."""
+    if len(xs) < 5:
+        return CurveCheck({"n": 0}, {"n": 0}), np.zeros(0), np.zeros(0)
+    held = split_mask(len(xs), seed=seed)
+    table = Curve(xs[~held].tolist(), ys[~held].tolist())
+    pred_t = np.array([table(x) for x in xs[held]])
+    coef = nnls_relative(token_features(xs[~held]), ys[~held])
+    pred_f = token_features(xs[held]) @ coef
+    return CurveCheck(ape_summary(pred_t, ys[held]), ape_summary(pred_f, ys[held])), xs[held], pred_t
+
+
+def tabulate_fit(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
+    return token_features(xs) @ nnls_relative(token_features(xs), ys)
+
+
+# ---- attention grid ----
+
+
+@dataclass
+class Grid:
+    axes: dict[str, list[int]]
+    seconds: np.ndarray
+    measured: int
+    filled: int
+
+
+def attention_grid(att: pd.DataFrame, axes: dict[str, list[int]] | None = None) -> Grid:
+    """The product grid of every value each axis was measured at, gaps filled (``fill_gaps``).
+
+    LLMServingSim's sweep is the union of a doubling grid and a 1.5x-spaced one, so most
+    combinations of the two are unmeasured; they are filled along the smooth context axes, which
+    keeps every measured chunk size as a node: attention over a long cached context steps with the
+    number of thread-block waves of the chunk (on the RTX PRO 6000 it is flat from 16 to 273 tokens
+    and doubles by 410), which no interpolation between 256 and 512 would reproduce.
+    """
+    axes = axes or {a: sorted(int(v) for v in set(att[a])) for a in ATTENTION_AXES}
+    for name, ax in axes.items():
+        if len(ax) < 3 or ax[0] != 0:
+            raise SourceError(f"attention table: axis {name} needs 0 and at least two more values, has {ax}")
+    idx = [np.searchsorted(axes[a], att[a].to_numpy()) for a in ATTENTION_AXES]
+    arr = np.full(tuple(len(axes[a]) for a in ATTENTION_AXES), np.nan)
+    arr[tuple(idx)] = att["seconds"].to_numpy()
+    measured = int(np.isfinite(arr).sum())
+    arr = fill_gaps(arr, [np.asarray(axes[a], dtype=float) for a in ATTENTION_AXES])
+    return Grid(axes, arr, measured, int(arr.size - measured))
+
+
+def fill_gaps(arr: np.ndarray, axes: list[np.ndarray]) -> np.ndarray:
+    """Fill unmeasured grid points so the table is a full product grid.
+
+    Shapes that cannot occur are copies (no chunk: cached prefill context is moot; no decodes:
+    decode context is moot; a decode with no context: the first context). Every other gap is
+    filled between its two nearest measured neighbours along an axis (a power law in the axis;
+    axes tried in ``FILL_ORDER``), repeated
+    until nothing more fills that way; only then are points beyond a line's last measured one
+    extended linearly along its last step (the KV-budget corners the profiler could not fit on
+    the GPU), and the rest copied from the nearest measured point of their line.
+    """
+    a = arr.copy()
+    a[0, :] = a[0, :1]  # no chunk: kv_prefill moot
+    a[:, :, 0, :] = a[:, :, 0, :1]  # no decodes: kv_decode moot
+    a[:, :, 1:, 0] = a[:, :, 1:, 1]  # a decode row with no context: as the first context
+    a[0, 0, 0, :] = np.nanmin(a)  # the empty step is never priced
+    order = FILL_ORDER
+    for mode in ("inside", "inside", "beyond", "inside", "beyond", "nearest"):
+        while True:
+            before = int(np.isnan(a).sum())
+            for axis in order:
+                # 0 on the chunk, decode-row and decode-context axes means "absent": not an anchor
+                lo = 0 if axis == 1 else 1
+                sl = (slice(None),) * axis + (slice(lo, None),)
+                a[sl] = np.apply_along_axis(_fill_line, axis, a[sl], axes[axis][lo:], mode)
+            if mode != "inside" or not before or int(np.isnan(a).sum()) == before:
+                break
+        if not np.isnan(a).any():
+            break
+    if np.isnan(a).any():
+        raise SourceError(f"attention table: {int(np.isnan(a).sum())} grid points could not be filled")
+    return a
+
+
+def _fill_line(y: np.ndarray, xs: np.ndarray, mode: str) -> np.ndarray:
+    ok = np.flatnonzero(np.isfinite(y))
+    if len(ok) == len(y) or not len(ok):
+        return y
+    y = y.copy()
+    lx = np.log(np.maximum(xs, 1.0))
+    for i in np.flatnonzero(~np.isfinite(y)):
+        lo, hi = ok[ok < i], ok[ok > i]
+        if len(lo) and len(hi):  # between measured points: power law in the axis
+            j, k = lo[-1], hi[0]
+            w = (lx[i] - lx[j]) / (lx[k] - lx[j]) if lx[k] > lx[j] else 0.0
+            y[i] = y[j] ** (1 - w) * y[k] ** w
+        elif mode == "beyond" and len(lo) >= 2:  # past the last: linear along the last measured step
+            j, k = lo[-2], lo[-1]
+            y[i] = y[k] + max(y[k] - y[j], 0.0) * (xs[i] - xs[k]) / (xs[k] - xs[j])
+        elif mode == "nearest":
+            y[i] = y[lo[-1]] if len(lo) else y[hi[0]]
+    return y
+
+
+def attention_regime(pc: np.ndarray, n: np.ndarray) -> np.ndarray:
+    return np.where(pc == 0, "decode", np.where(n == 0, "prefill", "mixed"))
+
+
+def attention_features(pc: np.ndarray, kp: np.ndarray, n: np.ndarray, kv: np.ndarray) -> np.ndarray:
+    """Physical terms of one attention call: launch, chunk tokens, query-key pairs, cached KV the
+    chunk reads, decode rows, decode KV read."""
+    pc, kp, n, kv = (np.asarray(v, dtype=float) for v in (pc, kp, n, kv))
+    return np.stack([np.ones_like(pc), pc, pc * (kp + (pc + 1) / 2), (pc > 0) * kp, n, n * kv], axis=1)
+
+
+def check_attention(grid: Grid, att: pd.DataFrame, seed: int = SEED) -> tuple[dict[str, Any], pd.DataFrame]:
+    """Held-out APE per regime of the table and of a per-regime NNLS fit.
+
+    A seeded ``HOLDOUT`` of the measured points of each regime is removed, the grid is rebuilt (and gap-filled)
+    from the rest on the same axes, and both predict the removed points.
+    """
+    regime = attention_regime(att["prefill_chunk"].to_numpy(), att["n_decode"].to_numpy())
+    held = np.zeros(len(att), dtype=bool)
+    for r in ("decode", "prefill", "mixed"):  # stratified, so a small regime is tested too
+        idx = np.flatnonzero(regime == r)
+        held[idx] = split_mask(len(idx), seed=seed, keep_ends=False)
+    train, test = att.loc[~held].reset_index(drop=True), att.loc[held].reset_index(drop=True)
+    table = AttentionGrid(grid.axes, attention_grid(train, grid.axes).seconds)
+    cols = [test[a].to_numpy() for a in ATTENTION_AXES]
+    pred_t = np.array([table(*row) for row in zip(*cols, strict=True)])
+    reg_h = attention_regime(test["prefill_chunk"].to_numpy(), test["n_decode"].to_numpy())
+    reg_t = attention_regime(train["prefill_chunk"].to_numpy(), train["n_decode"].to_numpy())
+    pred_f = np.full(len(test), np.nan)
+    for r in ("decode", "prefill", "mixed"):
+        tr, te = reg_t == r, reg_h == r
+        if tr.sum() < 6 or not te.any():
+            continue
+        x = attention_features(*(train.loc[tr, a].to_numpy() for a in ATTENTION_AXES))
+        coef = nnls_relative(x, train.loc[tr, "seconds"].to_numpy())
+        pred_f[te] = attention_features(*(test.loc[te, a].to_numpy() for a in ATTENTION_AXES)) @ coef
+    meas = test["seconds"].to_numpy()
+    out: dict[str, Any] = {}
+    for r in ("decode", "prefill", "mixed"):
+        m = reg_h == r
+        out[r] = {"table": ape_summary(pred_t[m], meas[m]),
+                  "fit": ape_summary(pred_f[m], meas[m]) if np.isfinite(pred_f[m]).all() else {"n": 0}}
+    return out, test.assign(regime=reg_h, predicted=pred_t)
+
+
+def tabulate_attention_fit(grid: Grid, att: pd.DataFrame, regime: str) -> None:
+    """Replace the grid's ``regime`` points by the NNLS fit to every measured point of that regime."""
+    reg = attention_regime(att["prefill_chunk"].to_numpy(), att["n_decode"].to_numpy())
+    m = reg == regime
+    coef = nnls_relative(attention_features(*(att.loc[m, a].to_numpy() for a in ATTENTION_AXES)),
+                         att.loc[m, "seconds"].to_numpy())
+    mesh = np.meshgrid(*(np.asarray(grid.axes[a], dtype=float) for a in ATTENTION_AXES), indexing="ij")
+    pc, n = mesh[0], mesh[2]
+    on = (attention_regime(pc, n) == regime) & ((pc > 0) | (n > 0)) & ((n == 0) | (mesh[3] > 0))
+    fitted = attention_features(*(x[on] for x in mesh)) @ coef
+    grid.seconds[on] = np.maximum(fitted, 1e-7)
+
+
+# ---- skew ----
+
+
+def skew_buckets(n: np.ndarray, ratio: np.ndarray, kv_max: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Bucket indices (n, ratio, longest context) of decode batches, as ``SkewAlpha`` looks them up."""
+    return (np.searchsorted(np.asarray(SKEW_N_EDGES), n), np.searchsorted(np.asarray(SKEW_RATIO_EDGES), ratio),
+            np.searchsorted(np.asarray(SKEW_KV_EDGES), kv_max))
+
+
+def fit_skew(skew: pd.DataFrame, grid: AttentionGrid, seed: int = SEED) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(profile ``skew`` section, held-out errors). alpha per (pure/mixed, rows, ratio, longest
+    context) bucket by least squares of t_skew - t_mean on t_max - t_mean over a seeded 80 % of the
+    rows; a bucket with fewer than 3 training rows takes its (pure/mixed, rows) bucket's alpha."""
+    df = skew[(skew["t_max_s"] > skew["t_mean_s"])].reset_index(drop=True)
+    held = split_mask(len(df), seed=seed, keep_ends=False)
+    nb, rb, kb = skew_buckets(df["n"].to_numpy(), (df["nb"] / df["n"]).to_numpy(), df["kv_big"].to_numpy())
+    mixed = (df["pc"] > 0).to_numpy().astype(int)
+    dy = (df["t_skew_s"] - df["t_mean_s"]).to_numpy()
+    dx = (df["t_max_s"] - df["t_mean_s"]).to_numpy()
+    shape = (2, len(SKEW_N_EDGES), len(SKEW_RATIO_EDGES), len(SKEW_KV_EDGES))
+
+    def ls(m: np.ndarray) -> float:
+        return float(np.dot(dy[m], dx[m]) / np.dot(dx[m], dx[m])) if m.sum() >= 3 else math.nan
+
+    coarse = np.zeros(shape[:2])
+    for g in range(2):
+        for i in range(shape[1]):
+            a = ls((~held) & (mixed == g) & (nb == i))
+            coarse[g, i] = 0.0 if math.isnan(a) else a
+    alpha = np.zeros(shape)
+    for g, i, j, k in np.ndindex(shape):
+        a = ls((~held) & (mixed == g) & (nb == i) & (rb == j) & (kb == k))
+        alpha[g, i, j, k] = coarse[g, i] if math.isnan(a) else a
+    alpha = np.clip(np.round(alpha, 4), -1.0, 2.0)
+    a_row = alpha[mixed, nb, rb, kb]
+    te = held
+    meas = df.loc[te, "t_skew_s"].to_numpy()
+    alone = df.loc[te, "t_mean_s"].to_numpy() + a_row[te] * dx[te]
+    rows = df.loc[te]
+    g_mean = np.array([grid(pc, kp, n, kvm) for pc, kp, n, kvm in
+                       zip(rows["pc"], rows["kp"], rows["n"], rows["kv_mean"], strict=True)])
+    g_max = np.array([grid(pc, kp, n, kvb) for pc, kp, n, kvb in
+                      zip(rows["pc"], rows["kp"], rows["n"], rows["kv_big"], strict=True)])
+    full = g_mean + a_row[te] * (g_max - g_mean)
+    errors = {"skew_alpha_measured_uniform": ape_summary(alone, meas),
+              "skew_mean_context_only": ape_summary(df.loc[te, "t_mean_s"].to_numpy(), meas),
+              "skew_full_model": ape_summary(full, meas),
+              "uniform_mean_context_grid": ape_summary(g_mean, df.loc[te, "t_mean_s"].to_numpy()),
+              "uniform_max_context_grid": ape_summary(g_max, df.loc[te, "t_max_s"].to_numpy())}
+    section = {"n_edges": list(SKEW_N_EDGES), "ratio_edges": list(SKEW_RATIO_EDGES), "kv_edges": list(SKEW_KV_EDGES),
+               "alpha": alpha.tolist(), "fitted_on": int((~held).sum()),
+               "ratio": "(mean - shortest) / (longest - shortest) decode context: nb/n for the profiled two-level batches"}
+    return section, errors
+
+
+# ---- assembly ----
+
+
+@dataclass
+class Assembly:
+    """What a profile is made of before it is written: tables, their sources and how they were joined."""
+
+    model: ModelConfig
+    hardware: str
+    tp: int
+    dense_tokens: list[int]
+    dense_ops: dict[str, dict[str, Any]]  # name -> {"per", "count", "seconds", "source"}
+    seq_sequences: list[int]
+    seq_ops: dict[str, list[float]]
+    seq_sources: dict[str, str]
+    grid: Grid
+    attention_source: str
+    allreduce: dict[str, Any]
+    skew: dict[str, Any] | None = None
+    overhead: dict[str, float] = field(default_factory=lambda: {"step_s": 0.0, "per_seq_s": 0.0})
+    sources: list[dict[str, Any]] = field(default_factory=list)
+    assembly_notes: list[str] = field(default_factory=list)
+    held_out: dict[str, Any] = field(default_factory=dict)
+    attention_check: dict[str, Any] | None = None  # held-out attention errors found while assembling
+    # per-sequence ops measured on another grid: (x, y) to hold out from; None = an estimate
+    seq_native: dict[str, Any] = field(default_factory=dict)
+
+
+def check_tables(asm: Assembly, attention_rows: pd.DataFrame | None, skew: pd.DataFrame | None,
+                 log: Callable[[str], None] = lambda _m: None) -> None:
+    """Fill ``asm.held_out`` (and choose table vs fit per curve); fits alpha when ``skew`` is given."""
+    held: dict[str, Any] = {"method": "table unless the physics fit has both the lower held-out median and p90 APE",
+                            "holdout_fraction": HOLDOUT, "seed": SEED}
+    xs = np.asarray(asm.dense_tokens, dtype=float)
+    dense = {}
+    layer_sum_meas, layer_sum_pred = None, None
+    for name, op in asm.dense_ops.items():
+        # a table resampled from another source's grid is checked on that source's own points
+        nx, ny = op.pop("native", (xs, np.asarray(op["seconds"])))
+        nx, ny = np.asarray(nx, dtype=float), np.asarray(ny, dtype=float)
+        chk, _hx, pred = check_curve(nx, ny)
+        dense[name] = {"table": chk.table, "fit": chk.fit, "chosen": chk.method}
+        if chk.method == "fit":
+            op["seconds"] = (token_features(xs) @ nnls_relative(token_features(nx), ny)).tolist()
+            op["method"] = "physics fit (NNLS: const, tokens, 64-padded tokens)"
+        if len(pred) and len(nx) == len(xs) and np.array_equal(nx, xs):
+            w = op["count"] * (asm.model.num_layers if op["per"] == "layer" else 1)
+            meas = ny[split_mask(len(nx))] * w
+            layer_sum_meas = meas if layer_sum_meas is None else layer_sum_meas + meas
+            layer_sum_pred = pred * w if layer_sum_pred is None else layer_sum_pred + pred * w
+    held["dense_ops"] = dense
+    if layer_sum_meas is not None:
+        held["dense_all_layers"] = ape_summary(layer_sum_pred, layer_sum_meas)
+    sx = np.asarray(asm.seq_sequences, dtype=float)
+    seq = {}
+    for name, ys in asm.seq_ops.items():
+        native = asm.seq_native.get(name, (sx, np.asarray(ys)))
+        if native is None:  # an estimate, not a measurement: nothing to hold out
+            seq[name] = {"table": {"n": 0}, "fit": {"n": 0}, "chosen": "estimate"}
+            continue
+        chk, _, _ = check_curve(np.asarray(native[0], dtype=float), np.asarray(native[1], dtype=float))
+        seq[name] = {"table": chk.table, "fit": chk.fit, "chosen": chk.method}
+    held["per_sequence_ops"] = seq
+    table = AttentionGrid(asm.grid.axes, asm.grid.seconds)
+    if attention_rows is not None and len(attention_rows) >= 20:
+        att_err, scored = check_attention(asm.grid, attention_rows)
+        held["attention"] = att_err
+        held["steps"] = step_errors(asm, scored)
+        chosen = {r: "fit" if fit_wins(e["table"], e["fit"]) else "table" for r, e in att_err.items()}
+        for r in (r for r, c in chosen.items() if c == "fit"):
+            tabulate_attention_fit(asm.grid, attention_rows, r)
+        held["attention_chosen"] = chosen
+    if asm.attention_check:
+        held["attention"] = asm.attention_check
+    if skew is not None and len(skew):
+        asm.skew, held["skew"] = fit_skew(skew, table)
+    asm.held_out = held
+
+
+def step_errors(asm: Assembly, scored: pd.DataFrame) -> dict[str, Any]:
+    """Per regime, the APE of whole steps built from each held-out attention shape: num_layers x
+    attention (predicted vs measured) + the step's token costs + its LM head and sampler."""
+    dense = np.zeros(len(asm.dense_tokens))
+    for op in asm.dense_ops.values():
+        dense += np.asarray(op["seconds"]) * op["count"] * (asm.model.num_layers if op["per"] == "layer" else 1)
+    tok = Curve(asm.dense_tokens, dense.tolist())
+    seq = Curve(asm.seq_sequences, np.sum([np.asarray(v) for v in asm.seq_ops.values()], axis=0).tolist())
+    out = {}
+    for r in ("decode", "prefill", "mixed"):
+        s = scored[scored["regime"] == r]
+        if s.empty:
+            continue
+        tokens = s["prefill_chunk"].to_numpy() + s["n_decode"].to_numpy()
+        rows = s["n_decode"].to_numpy() + (s["prefill_chunk"].to_numpy() > 0)
+        rest = np.array([tok(t) + seq(n) for t, n in zip(tokens, rows, strict=True)])
+        layers = asm.model.num_layers
+        out[r] = ape_summary(layers * s["predicted"].to_numpy() + rest, layers * s["seconds"].to_numpy() + rest)
+    return out
+
+
+def to_profile(asm: Assembly) -> dict[str, Any]:
+    """The ``servesim-gpu-profile/1`` dict (validated by loading it)."""
+    m = asm.model
+    profile = {
+        "format": GPU_PROFILE_FORMAT,
+        "model": m.name, "hardware": asm.hardware, "tensor_parallel": asm.tp, "num_layers": m.num_layers,
+        "dense": {"tokens": [int(x) for x in asm.dense_tokens],
+                  "ops": {k: {"per": v["per"], "count": v["count"], "seconds": _round(v["seconds"]),
+                              "source": v.get("source", "")} | ({"method": v["method"]} if "method" in v else {})
+                          for k, v in asm.dense_ops.items()}},
+        "per_sequence": {"sequences": [int(x) for x in asm.seq_sequences],
+                         "ops": {k: _round(v) for k, v in asm.seq_ops.items()}, "sources": asm.seq_sources},
+        "attention": {"axes": asm.grid.axes, "seconds": _round(asm.grid.seconds.tolist()),
+                      "measured_points": asm.grid.measured, "filled_points": asm.grid.filled,
+                      "source": asm.attention_source},
+        "skew": asm.skew,
+        "allreduce": asm.allreduce,
+        "overhead": asm.overhead,
+        "extrapolation": EXTRAPOLATION,
+        "provenance": {"sources": asm.sources, "assembly": asm.assembly_notes,
+                       "units": "seconds; tokens; bytes"},
+        "held_out_error": asm.held_out,
+    }
+    LayerCostModel(profile)
+    return profile
+
+
+def _round(values: Any) -> Any:
+    if isinstance(values, list):
+        return [_round(v) for v in values]
+    return float(f"{float(values):.5g}")
+
+
+def dense_ops_for(model: ModelConfig, available: Mapping[str, Any]) -> dict[str, tuple[str, int]]:
+    """Which measured ops one step runs and how often: (per, count) per op name."""
+    per_layer = {"layernorm": 2, "qkv_proj": 1, "qk_norm": 1, "rotary_emb": 1, "o_proj": 1, "gate_up_proj": 1,
+                 "act_fn": 1, "down_proj": 1}
+    per_step = {"embedding": 1, "final_layernorm": 1}
+    ops = {k: ("layer", c) for k, c in per_layer.items() if k in available}
+    ops |= {k: ("step", c) for k, c in per_step.items() if k in available}
+    return ops

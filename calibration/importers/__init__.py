@@ -1,0 +1,104 @@
+"""Readers for public per-kernel GPU measurements (``servesim calibrate import``).
+
+One module per published format, each returning tidy pandas frames in SI units (seconds, tokens,
+bytes) plus the provenance a shipped profile must keep (source repository, commit, path inside it,
+license, GPU):
+
+- ``llmservingsim``: casys-kaist/LLMServingSim profiles (``meta.yaml`` + ``tp<N>/dense.csv``,
+  ``attention.csv``, ``per_sequence.csv``, ``skew.csv``) and the older v0 ``layers.csv``.
+- ``vidur``: microsoft/vidur ``compute/.../mlp.csv`` and ``network/.../all_reduce.csv``.
+- ``inference_sim``: inference-sim/inference-sim ``mha_{decode,prefill}_*.csv``.
+
+A malformed file raises ``SourceError`` (a ``ProfileError``, so the CLI prints it on one line and
+exits 2) naming the file and what is wrong with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from servesim.sim.cost_model import ProfileError
+
+
+class SourceError(ProfileError):
+    """A measurement file that cannot be read: missing, or a column/field absent or not numeric."""
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a published data set comes from (SOURCES.md's table)."""
+
+    repo: str
+    commit: str
+    license: str
+    copyright: str
+
+
+LLMSERVINGSIM = Origin("casys-kaist/LLMServingSim", "5daddb21a545", "MIT", "(c) 2024 CASYS Lab at KAIST")
+VIDUR = Origin("microsoft/vidur", "7d47513363ec", "MIT", "(c) Microsoft Corporation")
+INFERENCE_SIM = Origin("inference-sim/inference-sim", "a410740f69ca", "Apache-2.0", "inference-sim authors")
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """One source file behind a profile: the repository it was published in and what it measured."""
+
+    repo: str
+    commit: str
+    path: str  # the file's path inside ``repo`` at ``commit``
+    license: str
+    copyright: str
+    gpu: str
+    local_path: str  # where it was read from here
+    what: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def provenance(origin: Origin, source_path: str, local: Path, gpu: str, what: str = "") -> Provenance:
+    return Provenance(origin.repo, origin.commit, source_path, origin.license, origin.copyright, gpu,
+                      str(local), what)
+
+
+def read_csv(path: str | Path, columns: list[str] | tuple[str, ...]) -> pd.DataFrame:
+    """A CSV with at least ``columns``, numeric where the caller says so; ``SourceError`` otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise SourceError(f"{path}: file not found")
+    try:
+        df = pd.read_csv(path)
+    except (OSError, ValueError) as exc:
+        raise SourceError(f"{path}: cannot parse as CSV: {exc}") from None
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise SourceError(f"{path}: missing column {missing[0]!r} (has: {', '.join(map(str, df.columns))})")
+    if df.empty:
+        raise SourceError(f"{path}: no data rows")
+    return df
+
+
+def numeric(df: pd.DataFrame, path: str | Path, columns: list[str] | tuple[str, ...]) -> pd.DataFrame:
+    """``df`` with ``columns`` as floats; a non-numeric or negative cell is a ``SourceError``."""
+    out = df.copy()
+    for c in columns:
+        values = pd.to_numeric(out[c], errors="coerce")
+        bad = values.isna() | (values < 0)
+        if bad.any():
+            row = int(bad.to_numpy().nonzero()[0][0])
+            raise SourceError(f"{path}: column {c!r} row {row + 2} is {out[c].iloc[row]!r}, "
+                              "expected a number >= 0")
+        out[c] = values.astype(float)
+    return out
+
+
+def after(path: Path, marker: str) -> str:
+    """The part of ``path`` after the folder called ``marker`` ('' when there is none)."""
+    parts = path.resolve().parts
+    if marker in parts:
+        i = len(parts) - 1 - parts[::-1].index(marker)
+        return "/".join(parts[i + 1:])
+    return ""

@@ -1,0 +1,413 @@
+"""A GPU step priced from measured per-layer operator tables (``servesim-gpu-profile/1``).
+
+Built from public kernel measurements (``servesim calibrate import``; LLMServingSim, Vidur,
+inference-sim), one step of ``q_lens``/``ctx_lens`` rows costs, in seconds::
+
+    token_cost(T)                       every token-linear op: num_layers x (norms, QKV, rotary, O,
+                                        gate/up, activation, down, ...) + embedding + final norm
+                                        + tensor-parallel all-reduces, at T = sum(q)
+  + num_layers x attention(step shape)  one kernel call per layer over every row (below)
+  + sequence_cost(n)                    LM head and sampler, n = rows (vLLM computes logits for
+                                        each scheduled row's last position)
+  + step_s + per_seq_s x n              host time the kernel timings did not see
+
+Attention is a 4-D table measured by LLMServingSim: one prefill chunk of ``prefill_chunk`` new
+tokens over ``kv_prefill`` cached ones, plus ``n_decode`` decode rows of ``kv_decode`` cached
+tokens each, in one FlashAttention varlen call. The axes are what a vLLM v1 mixed step needs:
+decode rows inside a mixed step are not priced as a separate decode kernel (on the RTX PRO 6000
+128 decodes at 4k context cost 1.5 ms alone and 4.3 ms next to a 16-token chunk). A step maps on
+it as follows:
+
+- decode rows (q == 1): ``n_decode`` = their count, ``kv_decode`` their mean context; unequal
+  contexts add ``alpha x (A(max context) - A(mean context))``, alpha per bucket of (pure or mixed
+  step, rows, where the mean sits between the shortest and longest context, longest context)
+  fitted to LLMServingSim's ``skew.csv`` (how far a skewed batch sits between its mean and its
+  longest row);
+- the prefill row with the most query-key pairs is the table's chunk; every further prefill row
+  adds its own prefill-only time less the table's smallest prefill (the launch it shares).
+
+Between grid points the table is interpolated multilinearly in log(time) against log(axis)
+(power laws between neighbours: exact for the linear KV read and the quadratic causal prefill).
+Chunks shorter than the grid's first chunk and decode contexts below its first context use that
+first point (launch-bound there). Beyond the grid (stated in ``EXTRAPOLATION``): decode rows,
+decode context and cached prefill context grow linearly in time along the slope of the grid's
+last segment; a prefill chunk longer than the grid grows with its query-key pairs at the cost
+per pair of the grid's last segment. Token tables (one axis) continue linearly with the slope of
+their top quarter, so a GEMM at 8k tokens costs what 2k did plus 6k tokens at the marginal rate.
+
+Nothing here touches pandas: tables are Python lists read with ``bisect``, because this runs
+once per simulated step.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .batch import step_sums as _step_sums
+from .cost_model import ProfileError
+
+GPU_PROFILE_FORMAT = "servesim-gpu-profile/1"
+ATTENTION_AXES = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode")
+EXTRAPOLATION = {
+    "tokens": "linear in tokens with the slope of the top quarter of the measured grid",
+    "sequences": "linear in sequences with the slope of the top quarter of the measured grid",
+    "n_decode": "linear in decode rows with the slope of the last grid segment",
+    "kv_decode": "linear in decode context with the slope of the last grid segment",
+    "kv_prefill": "linear in cached prefill context with the slope of the last grid segment",
+    "prefill_chunk": "linear in query-key pairs q*(ctx+(q+1)/2) at the last grid segment's cost per pair",
+    "below_grid": "chunks and decode contexts below the first grid point take that point's time",
+}
+
+
+def _floats(name: str, values: Any, n: int | None = None) -> list[float]:
+    try:
+        out = [float(v) for v in values]
+    except (TypeError, ValueError):
+        raise ProfileError(f"{name} must be a list of numbers") from None
+    if n is not None and len(out) != n:
+        raise ProfileError(f"{name} has {len(out)} values, expected {n}")
+    if not all(math.isfinite(v) and v >= 0 for v in out):
+        raise ProfileError(f"{name} must hold finite numbers >= 0")
+    return out
+
+
+def _axis(name: str, values: Any) -> list[float]:
+    xs = _floats(name, values)
+    if len(xs) < 2 or any(b <= a for a, b in zip(xs, xs[1:], strict=False)):
+        raise ProfileError(f"{name} must be at least two ascending numbers")
+    return xs
+
+
+class Curve:
+    """Seconds against one integer axis (tokens or sequences): linear between points, linear
+    beyond the last with the least-squares slope of the top quarter, 0 at x <= 0."""
+
+    __slots__ = ("xs", "ys", "_x_last", "_y_last", "slope")
+
+    def __init__(self, xs: Sequence[float], ys: Sequence[float]) -> None:
+        self.xs, self.ys = list(xs), list(ys)
+        self._x_last, self._y_last = self.xs[-1], self.ys[-1]
+        self.slope = tail_slope(self.xs, self.ys)
+
+    def __call__(self, x: float) -> float:
+        xs = self.xs
+        if x <= 0:
+            return 0.0
+        if x >= self._x_last:
+            return self._y_last + self.slope * (x - self._x_last)
+        if x <= xs[0]:
+            return self.ys[0]
+        i = bisect.bisect_right(xs, x)
+        x0, x1 = xs[i - 1], xs[i]
+        y0 = self.ys[i - 1]
+        return y0 + (self.ys[i] - y0) * (x - x0) / (x1 - x0)
+
+
+def tail_slope(xs: Sequence[float], ys: Sequence[float], fraction: float = 0.25) -> float:
+    """Least-squares slope (>= 0) of the points in the top ``fraction`` of the x range."""
+    x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    top = x >= x[-1] - fraction * (x[-1] - x[0])
+    if top.sum() < 2:
+        top[-2:] = True
+    slope = np.polyfit(x[top], y[top], 1)[0]
+    return max(float(slope), 0.0)
+
+
+class AttentionGrid:
+    """One layer's attention seconds on the product grid ``ATTENTION_AXES`` (see module docstring)."""
+
+    def __init__(self, axes: Mapping[str, Sequence[float]], seconds: Any) -> None:
+        self.axes = [_axis(f"attention.axes.{a}", axes[a]) for a in ATTENTION_AXES]
+        shape = tuple(len(a) for a in self.axes)
+        arr = np.asarray(seconds, dtype=float)
+        if arr.shape != shape:
+            raise ProfileError(f"attention.seconds has shape {arr.shape}, the axes need {shape}")
+        if not (np.isfinite(arr).all() and (arr > 0).all()):
+            raise ProfileError("attention.seconds must be finite and > 0")
+        self.seconds = arr
+        pc, kp, n, kv = self.axes
+        if pc[0] != 0 or n[0] != 0 or kp[0] != 0:
+            raise ProfileError("attention axes prefill_chunk, kv_prefill and n_decode must start at 0 (absent)")
+        self._log = np.log(arr).ravel().tolist()
+        self._strides = (shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1)
+        self._logx = [[math.log(v) if v > 0 else 0.0 for v in a] for a in self.axes]
+        self._pc_min, self._kv_min = pc[1], kv[1] if kv[0] == 0 else kv[0]
+        self._max = [a[-1] for a in self.axes]
+        self._prev = [a[-2] for a in self.axes]
+        self.prefill_base = float(arr[1, 0, 0, 0])  # smallest chunk, no context, no decodes
+
+    def _bracket(self, k: int, x: float) -> tuple[int, float]:
+        """(index, weight of index + 1) of ``x`` on axis k; weights in log(x) between non-zero points."""
+        xs = self.axes[k]
+        i = bisect.bisect_right(xs, x) - 1
+        if i >= len(xs) - 1:
+            return len(xs) - 2, 1.0
+        x0 = xs[i]
+        if x == x0:
+            return i, 0.0
+        if x0 == 0:  # between "absent" and the first point: linear
+            return i, x / xs[1]
+        lx = self._logx[k]
+        return i, (math.log(x) - lx[i]) / (lx[i + 1] - lx[i])
+
+    def _inside(self, pc: float, kp: float, n: float, kv: float) -> float:
+        """Seconds at a point inside the grid (every coordinate already clamped)."""
+        (i0, w0), (i1, w1), (i2, w2), (i3, w3) = (self._bracket(0, pc), self._bracket(1, kp),
+                                                  self._bracket(2, n), self._bracket(3, kv))
+        s0, s1, s2, _ = self._strides
+        log = self._log
+        acc = 0.0
+        for a, wa in ((0, 1.0 - w0), (1, w0)):
+            if wa == 0.0:
+                continue
+            ba = (i0 + a) * s0
+            for b, wb in ((0, 1.0 - w1), (1, w1)):
+                if wb == 0.0:
+                    continue
+                bb = ba + (i1 + b) * s1
+                wab = wa * wb
+                for c, wc in ((0, 1.0 - w2), (1, w2)):
+                    if wc == 0.0:
+                        continue
+                    base = bb + (i2 + c) * s2 + i3
+                    if w3 == 0.0:
+                        acc += wab * wc * log[base]
+                    else:
+                        acc += wab * wc * ((1.0 - w3) * log[base] + w3 * log[base + 1])
+        return math.exp(acc)
+
+    def __call__(self, pc: float, kp: float, n: float, kv: float) -> float:
+        """Seconds of one layer's attention: a ``pc``-token chunk over ``kp`` cached tokens plus ``n``
+        decode rows of ``kv`` cached tokens each (pc = 0 or n = 0: that part absent)."""
+        pmax, kpmax, nmax, kvmax = self._max
+        if pc and pc < self._pc_min:
+            pc = self._pc_min
+        if n and kv < self._kv_min:
+            kv = self._kv_min
+        if not n:
+            kv = 0.0
+        if not pc:
+            kp = 0.0
+        cpc, ckp, cn, ckv = min(pc, pmax), min(kp, kpmax), min(n, nmax), min(kv, kvmax)
+        t = self._inside(cpc, ckp, cn, ckv)
+        if kv > kvmax:
+            t += (kv - kvmax) * max(t - self._inside(cpc, ckp, cn, self._prev[3]), 0.0) / (kvmax - self._prev[3])
+        if n > nmax:
+            t += (n - nmax) * max(t - self._inside(cpc, ckp, self._prev[2], ckv), 0.0) / (nmax - self._prev[2])
+        if kp > kpmax:
+            t += (kp - kpmax) * max(t - self._inside(cpc, self._prev[1], cn, ckv), 0.0) / (kpmax - self._prev[1])
+        if pc > pmax:
+            p0 = self._prev[0]
+            per_pair = max(t - self._inside(p0, ckp, cn, ckv), 0.0) / (_pairs(pmax, ckp) - _pairs(p0, ckp))
+            t += per_pair * (_pairs(pc, kp) - _pairs(pmax, kp))
+        return t
+
+
+def _pairs(q: float, ctx: float) -> float:
+    """Query-key pairs of a causal chunk of q new tokens over ctx cached ones."""
+    return q * (ctx + (q + 1) / 2)
+
+
+class SkewAlpha:
+    """alpha: where a decode batch with unequal contexts sits between its mean-context and its
+    longest-context time, per bucket of (pure or mixed step, decode rows, ratio = (mean - shortest)
+    / (longest - shortest), longest context); ``*_edges`` are ascending upper edges."""
+
+    def __init__(self, section: Mapping[str, Any]) -> None:
+        self.n_edges = _axis("skew.n_edges", section["n_edges"])
+        self.ratio_edges = _axis("skew.ratio_edges", section["ratio_edges"])
+        self.kv_edges = _axis("skew.kv_edges", section["kv_edges"])
+        arr = np.asarray(section["alpha"], dtype=float)
+        shape = (2, len(self.n_edges), len(self.ratio_edges), len(self.kv_edges))
+        if arr.shape != shape:
+            raise ProfileError(f"skew.alpha has shape {arr.shape}, the edges need {shape}")
+        if not (np.isfinite(arr).all() and (arr >= -1).all() and (arr <= 2).all()):
+            raise ProfileError("skew alphas must be finite numbers in [-1, 2]")
+        self.alpha = arr.tolist()
+
+    def __call__(self, n: int, mixed: bool, mean: float, shortest: float, longest: float) -> float:
+        ratio = (mean - shortest) / (longest - shortest)
+        i = min(bisect.bisect_left(self.n_edges, n), len(self.n_edges) - 1)
+        j = min(bisect.bisect_left(self.ratio_edges, ratio), len(self.ratio_edges) - 1)
+        k = min(bisect.bisect_left(self.kv_edges, longest), len(self.kv_edges) - 1)
+        return self.alpha[mixed][i][j][k]
+
+
+class LayerCostModel:
+    """A ``servesim-gpu-profile/1`` file as a cost model (see the module docstring)."""
+
+    needs_rows = True  # the longest decode context and each prefill row's shape, not just the sums
+
+    def __init__(self, profile: Mapping[str, Any], swap_bandwidth: float | None = None) -> None:
+        p = dict(profile)
+        fmt = p.get("format")
+        if fmt != GPU_PROFILE_FORMAT:
+            raise ProfileError(f"not a servesim GPU profile: format is {fmt!r}, expected {GPU_PROFILE_FORMAT!r}")
+        for key in ("model", "hardware", "tensor_parallel", "num_layers", "dense", "per_sequence", "attention"):
+            if key not in p:
+                raise ProfileError(f"GPU profile lacks {key!r}")
+        self.profile = p
+        self.model, self.hardware = str(p["model"]), str(p["hardware"])
+        self.tp, self.num_layers = int(p["tensor_parallel"]), int(p["num_layers"])
+        if self.num_layers < 1 or self.tp < 1:
+            raise ProfileError("num_layers and tensor_parallel must be >= 1")
+        self.provenance = dict(p.get("provenance") or {})
+        self.held_out_error = dict(p.get("held_out_error") or {})
+        self.token_cost = self._token_curve(p["dense"], p.get("allreduce") or {"type": "none"})
+        seq = p["per_sequence"]
+        xs = _axis("per_sequence.sequences", seq.get("sequences", []))
+        total = np.zeros(len(xs))
+        for name, ys in (seq.get("ops") or {}).items():
+            total += _floats(f"per_sequence.ops.{name}", ys, len(xs))
+        self.sequence_cost = Curve(xs, total.tolist())
+        att = p["attention"]
+        self.attention = AttentionGrid(att.get("axes", {}), att.get("seconds"))
+        sk = p.get("skew")
+        self.alpha = SkewAlpha(sk) if sk else None
+        ov = dict(p.get("overhead") or {})
+        self._step_s = float(ov.get("step_s") or 0.0)
+        self._per_seq_s = float(ov.get("per_seq_s") or 0.0)
+        if self._step_s < 0 or self._per_seq_s < 0:
+            raise ProfileError("overhead.step_s and overhead.per_seq_s must be >= 0")
+        self._swap_bw = float(ov.get("swap_bandwidth") or swap_bandwidth or math.inf)
+        self._layers = float(self.num_layers)
+
+    def _token_curve(self, dense: Mapping[str, Any], allreduce: Mapping[str, Any]) -> Curve:
+        xs = _axis("dense.tokens", dense.get("tokens", []))
+        total = np.zeros(len(xs))
+        ops = dense.get("ops") or {}
+        if not ops:
+            raise ProfileError("dense.ops is empty")
+        for name, op in ops.items():
+            ys = np.asarray(_floats(f"dense.ops.{name}.seconds", op.get("seconds", []), len(xs)))
+            per = op.get("per", "layer")
+            if per not in ("layer", "step"):
+                raise ProfileError(f"dense.ops.{name}.per must be 'layer' or 'step', got {per!r}")
+            total += ys * float(op.get("count", 1)) * (self.num_layers if per == "layer" else 1)
+        total += allreduce_seconds(allreduce, np.asarray(xs))
+        return Curve(xs, total.tolist())
+
+    # ---- pricing ----
+
+    def attention_time(self, q: np.ndarray, ctx: np.ndarray, sums: tuple[int, ...]) -> float:
+        """Seconds of all layers' attention for the step's rows."""
+        n, n_dec = sums[0], sums[1]
+        grid = self.attention
+        if n_dec == n:  # decode-only: the common step
+            mean = sums[4] / n - 1.0
+            t = grid(0, 0, n, mean)
+            if self.alpha is not None and n > 1:
+                top = float(ctx.max())
+                if top > mean:
+                    a = self.alpha(n, False, mean, float(ctx.min()), top)
+                    if a:
+                        t += a * (grid(0, 0, n, top) - t)
+            return self._layers * t
+        dec = q == 1
+        pre_q, pre_c = q[~dec].tolist(), ctx[~dec].tolist()
+        j = max(range(len(pre_q)), key=lambda i: pre_q[i] * (pre_c[i] + (pre_q[i] + 1) / 2))
+        pc, kp = pre_q[j], pre_c[j]
+        if n_dec:
+            mean = sums[4] / n_dec - 1.0
+            t = grid(pc, kp, n_dec, mean)
+            if self.alpha is not None and n_dec > 1:
+                dctx = ctx[dec]
+                top = float(dctx.max())
+                if top > mean:
+                    a = self.alpha(n_dec, True, mean, float(dctx.min()), top)
+                    if a:
+                        t += a * (grid(pc, kp, n_dec, top) - t)
+        else:
+            t = grid(pc, kp, 0, 0)
+        if len(pre_q) > 1:
+            base = grid.prefill_base
+            for i, (qi, ci) in enumerate(zip(pre_q, pre_c, strict=True)):
+                if i != j:
+                    t += max(grid(qi, ci, 0, 0) - base, 0.0)
+        return self._layers * t
+
+    def iteration_time(self, q_lens: np.ndarray, ctx_lens: np.ndarray, swap_bytes: float = 0.0) -> float:
+        """Seconds for one step (module docstring); 0 for an empty step without swaps."""
+        swap = swap_bytes / self._swap_bw if swap_bytes else 0.0
+        n = q_lens.shape[0]
+        if n == 0:
+            return swap
+        sums = _step_sums(q_lens, ctx_lens)
+        return (self.token_cost(sums[2]) + self.sequence_cost(n) + self.attention_time(q_lens, ctx_lens, sums)
+                + self._step_s + self._per_seq_s * n + swap)
+
+    def loop_overhead(self, rows: int) -> float:
+        """Seconds of host time that ``iteration_time`` adds to a step."""
+        return self._step_s + self._per_seq_s * rows
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": "profile", "format": GPU_PROFILE_FORMAT, "model": self.model, "hardware": self.hardware,
+                "tensor_parallel": self.tp, "num_layers": self.num_layers,
+                "overhead": {"step_s": self._step_s, "per_seq_s": self._per_seq_s},
+                "provenance": self.provenance, "held_out_error": self.held_out_error}
+
+    # ---- files ----
+
+    @classmethod
+    def from_profile(cls, path: str | Path, swap_bandwidth: float | None = None) -> LayerCostModel:
+        """Load a ``servesim-gpu-profile/1`` file; ``ProfileError`` says what is wrong with it."""
+        model = load_profile(path, swap_bandwidth)
+        if not isinstance(model, cls):
+            raise ProfileError(f"{path}: not a servesim GPU profile (format {GPU_PROFILE_FORMAT!r})")
+        return model
+
+
+def allreduce_seconds(spec: Mapping[str, Any], tokens: np.ndarray) -> np.ndarray:
+    """Per-step seconds of the tensor-parallel all-reduces at each token count.
+
+    ``{"type": "none"}``; ``{"type": "link", "count", "bytes_per_token", "latency_s", "bandwidth"}``
+    (ring all-reduce: each of ``count`` collectives moves 2 (tp-1)/tp of its message over a link of
+    ``bandwidth`` bytes/s after ``latency_s``; ``tp`` in the spec); or ``{"type": "table", "count",
+    "bytes_per_token", "bytes": [...], "seconds": [...]}`` (measured, interpolated in log-log and
+    linear in bytes beyond the largest message).
+    """
+    kind = spec.get("type", "none")
+    tokens = np.asarray(tokens, dtype=float)
+    if kind == "none":
+        return np.zeros_like(tokens)
+    count, per_token = float(spec["count"]), float(spec["bytes_per_token"])
+    size = tokens * per_token
+    if kind == "link":
+        tp = int(spec["tp"])
+        ring = 2 * (tp - 1) / tp
+        return count * (float(spec["latency_s"]) + ring * size / float(spec["bandwidth"]))
+    if kind == "table":
+        xs, ys = np.asarray(spec["bytes"], dtype=float), np.asarray(spec["seconds"], dtype=float)
+        inside = np.exp(np.interp(np.log(np.clip(size, xs[0], xs[-1])), np.log(xs), np.log(ys)))
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return count * (inside + np.maximum(size - xs[-1], 0.0) * max(slope, 0.0))
+    raise ProfileError(f"allreduce.type must be none, link or table, got {kind!r}")
+
+
+def load_profile(path: str | Path, swap_bandwidth: float | None = None) -> Any:
+    """The cost model a profile file describes: ``LayerCostModel`` for ``servesim-gpu-profile/1``,
+    ``FittedCostModel`` for ``servesim-profile/*`` (the JSON is read once)."""
+    from .cost_model import FittedCostModel
+
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ProfileError(f"profile file {str(path)!r} not found") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ProfileError(f"cannot read profile {str(path)!r}: {exc}") from None
+    try:
+        if isinstance(data, Mapping) and data.get("format") == GPU_PROFILE_FORMAT:
+            return LayerCostModel(data, swap_bandwidth=swap_bandwidth)
+        return FittedCostModel.from_profile_dict(data, swap_bandwidth=swap_bandwidth)
+    except ProfileError as exc:
+        raise ProfileError(f"{path}: {exc}") from None
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ProfileError(f"{path}: malformed profile ({type(exc).__name__}: {exc})") from None

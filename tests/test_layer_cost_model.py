@@ -1,0 +1,359 @@
+"""The GPU step-cost model built from measured layer tables, and the importer that builds it."""
+
+import json
+import timeit
+from pathlib import Path
+
+import numpy as np
+import pytest
+from servesim.calibration import gpu_profile as gp
+from servesim.calibration.gpu_import import ImportOptions, run_import
+from servesim.sim.cli import main
+from servesim.sim.cost_model import CostModelConfig, ProfileError, build_cost_model
+from servesim.sim.layer_cost_model import (
+    GPU_PROFILE_FORMAT,
+    AttentionGrid,
+    Curve,
+    LayerCostModel,
+    load_profile,
+)
+from servesim.sim.presets import get_hardware, get_model
+
+I64 = np.int64
+PROFILES = Path(__file__).resolve().parents[1] / "calibration" / "profiles"
+PC, KP, N, KV = [0, 16, 32, 64], [0, 16, 64], [0, 1, 2, 4, 8], [0, 16, 64, 256, 1024]
+TOKENS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128]
+
+
+def attn_s(pc: float, kp: float, n: float, kv: float) -> float:
+    """A made-up attention law for the fabricated source: launch + decode KV read + prefill pairs."""
+    return 5e-6 + 2e-9 * n * kv + 1e-9 * pc * (kp + (pc + 1) / 2)
+
+
+def fabricate_llmservingsim(root: Path, model: str = "meta-llama/Llama-3.1-8B") -> Path:
+    """A tiny LLMServingSim profile folder with known tables (microseconds, as published)."""
+    folder = root / "profiles" / "FAKEGPU" / "meta-llama" / "Llama-3.1-8B"
+    (folder / "tp1").mkdir(parents=True)
+    (folder / "meta.yaml").write_text(f"gpu: Fake GPU\nhardware: FAKEGPU\nmodel: {model}\nvariant: bf16\n"
+                                      "vllm_version: 0.19.0\ntp_degrees: [1]\nmeasurement_iterations: 3\n"
+                                      "engine_effective: {enforce_eager: true}\n")
+    ops = {"layernorm": (2.0, 0.01), "qkv_proj": (30.0, 0.2), "rotary_emb": (2.0, 0.005), "o_proj": (20.0, 0.1),
+           "gate_up_proj": (100.0, 0.5), "act_fn": (2.0, 0.02), "down_proj": (60.0, 0.3), "embedding": (3.0, 0.001),
+           "final_layernorm": (2.0, 0.01)}
+    dense = ["layer,tokens,time_us"] + [f"{op},{t},{a + b * t}" for op, (a, b) in ops.items() for t in TOKENS]
+    (folder / "tp1" / "dense.csv").write_text("\n".join(dense) + "\n")
+    seq = ["layer,sequences,time_us"] + [f"{op},{n},{a + b * n}" for op, (a, b) in
+                                         {"lm_head": (700.0, 0.5), "sampler": (25.0, 0.4)}.items() for n in TOKENS]
+    (folder / "tp1" / "per_sequence.csv").write_text("\n".join(seq) + "\n")
+    rows = ["prefill_chunk,kv_prefill,n_decode,kv_decode,time_us"]
+    for pc in PC:
+        for kp in KP if pc else [0]:
+            for n in N:
+                for kv in KV[1:] if n else [0]:
+                    if pc or n:
+                        rows.append(f"{pc},{kp},{n},{kv},{attn_s(pc, kp, n, kv) * 1e6}")
+    (folder / "tp1" / "attention.csv").write_text("\n".join(rows) + "\n")
+    skew = ["regime,n,nb,ratio,skew,pc,kp,kvs,kv_big,kv_mean,t_mean_us,t_max_us,t_skew_us,alpha"]
+    for n in (2, 4, 8):
+        for nb in sorted({1, n // 2}):
+            for kvs in (16, 32, 64, 128, 256):
+                big = 4 * kvs
+                mean = (nb * big + (n - nb) * kvs) // n
+                tm, tx = attn_s(0, 0, n, mean) * 3e6, attn_s(0, 0, n, big) * 3e6  # the file sums 3 calls
+                skew.append(f"pure,{n},{nb},{nb / n},4.0,0,0,{kvs},{big},{mean},{tm},{tx},{tm + 0.5 * (tx - tm)},0.5")
+    (folder / "tp1" / "skew.csv").write_text("\n".join(skew) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def fake_profile(tmp_path_factory):
+    root = tmp_path_factory.mktemp("src")
+    out = root / "fake.json"
+    profile = run_import(ImportOptions("llmservingsim", [str(fabricate_llmservingsim(root))], "llama-3.1-8b",
+                                       "rtx-pro-6000", 1, out=str(out)))
+    return profile, out
+
+
+# ---- one-axis tables ----
+
+
+def test_curve_is_linear_between_points_and_continues_with_the_tail_slope():
+    c = Curve([1, 2, 4, 8], [1.0, 2.0, 4.0, 8.0])
+    assert c(3) == pytest.approx(3.0)
+    assert c(16) == pytest.approx(16.0)  # slope 1 beyond the grid: linear in tokens, not flat
+    assert c(0) == 0.0
+
+
+# ---- attention grid ----
+
+
+def grid_of(law=attn_s) -> AttentionGrid:
+    axes = {"prefill_chunk": [0, 16, 32, 64], "kv_prefill": [0, 16, 64], "n_decode": [0, 1, 2, 4],
+            "kv_decode": [0, 16, 64, 256, 1024]}
+    arr = np.array([[[[law(pc, kp, n, kv) if (pc or n) else 1e-6 for kv in axes["kv_decode"]]
+                      for n in axes["n_decode"]] for kp in axes["kv_prefill"]] for pc in axes["prefill_chunk"]])
+    return AttentionGrid(axes, arr)
+
+
+def test_grid_returns_its_nodes_and_interpolates_power_laws_exactly():
+    g = grid_of(lambda pc, kp, n, kv: 1e-9 * max(n, 1) * max(kv, 1) + 1e-12 * pc * pc)
+    assert g(0, 0, 4, 256) == pytest.approx(1e-9 * 4 * 256)
+    # kv = 128 lies between nodes 64 and 256: log-log interpolation is exact for t ~ kv
+    assert g(0, 0, 2, 128) == pytest.approx(1e-9 * 2 * 128, rel=1e-9)
+
+
+def test_grid_extrapolates_linearly_in_decode_context_and_rows():
+    g = grid_of()
+    at_top = g(0, 0, 4, 1024)
+    slope = (at_top - g(0, 0, 4, 256)) / (1024 - 256)
+    assert g(0, 0, 4, 4096) == pytest.approx(at_top + slope * 3072)
+    assert g(0, 0, 8, 1024) > at_top  # more rows than the grid: grows, not clamped
+
+
+def test_grid_extrapolates_long_chunks_by_query_key_pairs():
+    g = grid_of()  # attn_s is linear in pairs q * (ctx + (q + 1) / 2): extrapolation reproduces it
+    assert g(256, 0, 0, 0) == pytest.approx(attn_s(256, 0, 0, 0))
+    assert g(256, 64, 0, 0) == pytest.approx(attn_s(256, 64, 0, 0))
+
+
+def test_chunks_and_contexts_below_the_grid_take_the_first_point():
+    g = grid_of()
+    assert g(5, 0, 0, 0) == g(16, 0, 0, 0)
+    assert g(0, 0, 2, 3) == g(0, 0, 2, 16)
+
+
+def test_fill_gaps_extends_a_kv_budget_corner_along_its_line():
+    axes = [np.array(a, dtype=float) for a in (PC, KP, N, KV)]
+    arr = np.array([[[[attn_s(pc, kp, n, kv) for kv in KV] for n in N] for kp in KP] for pc in PC])
+    arr[1, 0, 4, 4] = np.nan  # chunk 16, 8 decodes at 1024: "did not fit"
+    filled = gp.fill_gaps(arr, axes)
+    expected = arr[1, 0, 4, 3] + (arr[1, 0, 4, 3] - arr[1, 0, 4, 2]) * (1024 - 256) / (256 - 64)
+    assert filled[1, 0, 4, 4] == pytest.approx(expected)
+
+
+def test_held_out_split_is_seeded():
+    a, b, c = gp.split_mask(100, seed=0), gp.split_mask(100, seed=0), gp.split_mask(100, seed=1)
+    assert (a == b).all() and not (a == c).all()
+    assert a.sum() == round(0.2 * 98) and not a[0] and not a[-1]
+
+
+# ---- the model from a fabricated source ----
+
+
+def test_profile_round_trip_prices_a_step_from_the_source_tables(fake_profile):
+    profile, path = fake_profile
+    assert profile["format"] == GPU_PROFILE_FORMAT
+    model = load_profile(path)
+    assert isinstance(model, LayerCostModel) and model.needs_rows
+    layers = get_model("llama-3.1-8b").num_layers
+    # 4 decode rows of context 64 (a node of every table): the sum of the source's numbers
+    t = 4
+    per_layer = (2 * (2.0 + 0.01 * t) + 30 + 0.2 * t + 2 + 0.005 * t + 20 + 0.1 * t + 100 + 0.5 * t + 2 + 0.02 * t
+                 + 60 + 0.3 * t) * 1e-6
+    step_ops = (3 + 0.001 * t + 2 + 0.01 * t) * 1e-6
+    head = (700 + 0.5 * t + 25 + 0.4 * t) * 1e-6
+    expected = layers * (per_layer + attn_s(0, 0, 4, 64)) + step_ops + head
+    assert model.iteration_time(np.ones(4, dtype=I64), np.full(4, 64, dtype=I64)) == pytest.approx(expected, rel=1e-4)
+
+
+def test_provenance_names_every_source_file(fake_profile):
+    profile, _ = fake_profile
+    paths = {s["path"] for s in profile["provenance"]["sources"]}
+    assert "profiler/perf/FAKEGPU/meta-llama/Llama-3.1-8B/bf16/tp1/attention.csv" in paths
+    assert all(s["license"] == "MIT" and s["commit"] for s in profile["provenance"]["sources"])
+    assert profile["provenance"]["assembly"]
+
+
+def test_held_out_error_is_stored_per_regime(fake_profile):
+    profile, _ = fake_profile
+    held = profile["held_out_error"]
+    assert set(held["steps"]) == {"decode", "prefill", "mixed"}
+    for regime in ("decode", "prefill", "mixed"):
+        assert held["attention"][regime]["table"]["n"] > 0
+    # the fabricated law is linear in its terms, so the physics fit can describe it too
+    assert held["attention"]["decode"]["fit"]["median_ape"] < 0.05
+
+
+def test_a_physics_law_is_kept_as_its_fit_and_measured_kernels_as_tables(fake_profile):
+    profile, path = fake_profile
+    # the fabricated attention is exactly linear in the fit's terms: the fit wins on held-out points
+    assert profile["held_out_error"]["attention_chosen"] == {"decode": "fit", "prefill": "fit", "mixed": "fit"}
+    grid = load_profile(path).attention
+    for node in [(16, 16, 2, 64), (64, 64, 8, 1024), (0, 0, 4, 256), (32, 0, 0, 0)]:
+        assert grid(*node) == pytest.approx(attn_s(*node), rel=1e-3)  # the fit, tabulated
+    shipped = json.loads((PROFILES / "rtx-pro-6000-llama-3.1-8b-tp1.json").read_text())["held_out_error"]
+    assert set(shipped["attention_chosen"].values()) == {"table"}
+
+
+def test_unequal_decode_contexts_cost_between_mean_and_max(fake_profile):
+    _, path = fake_profile
+    model = load_profile(path)
+    q = np.ones(4, dtype=I64)
+    even = model.iteration_time(q, np.full(4, 160, dtype=I64))
+    skewed = model.iteration_time(q, np.array([16, 16, 16, 592], dtype=I64))  # same mean context
+    longest = model.iteration_time(q, np.full(4, 592, dtype=I64))
+    assert even < skewed < longest
+    # the fabricated batches sit halfway between their mean and longest context: alpha = 0.5
+    mean_t = model.iteration_time(q, np.full(4, 160, dtype=I64))
+    assert skewed - mean_t == pytest.approx(0.5 * (longest - mean_t), rel=0.05)
+
+
+def test_a_second_prefill_row_adds_its_own_chunk(fake_profile):
+    _, path = fake_profile
+    model = load_profile(path)
+    one = model.iteration_time(np.array([32, 1], dtype=I64), np.array([0, 64], dtype=I64))
+    two = model.iteration_time(np.array([32, 32, 1], dtype=I64), np.array([0, 0, 64], dtype=I64))
+    assert two > one
+    assert model.iteration_time(np.zeros(0, dtype=I64), np.zeros(0, dtype=I64)) == 0.0
+
+
+def test_the_model_is_cheap_enough_for_the_simulator_loop():
+    model = load_profile(PROFILES / "rtx-pro-6000-llama-3.1-8b-tp1.json")
+    rng = np.random.default_rng(0)
+    q, ctx = np.ones(128, dtype=I64), rng.integers(0, 4000, 128)
+    per_call = min(timeit.repeat(lambda: model.iteration_time(q, ctx), number=500, repeat=3)) / 500
+    assert per_call < 1e-3  # ~15 us on an idle core; pandas in the loop would cost milliseconds
+
+
+# ---- the CLI and bad input ----
+
+
+def test_calibrate_import_end_to_end(tmp_path, capsys):
+    folder = fabricate_llmservingsim(tmp_path)
+    out = tmp_path / "p.json"
+    rc = main(["calibrate", "import", "--format", "llmservingsim", str(folder), "--model", "llama-3.1-8b",
+               "--hardware", "rtx-pro-6000", "--out", str(out), "--step-overhead-us", "150"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "step, mixed" in text and "median APE" in text and str(out) in text
+    data = json.loads(out.read_text())
+    assert data["overhead"]["step_s"] == pytest.approx(150e-6)
+    assert "--format llmservingsim" in data["provenance"]["command"]
+
+
+def test_calibrate_import_of_another_model_is_one_line_exit_2(tmp_path, capsys):
+    folder = fabricate_llmservingsim(tmp_path, model="Qwen/Qwen3-32B")
+    rc = main(["calibrate", "import", "--format", "llmservingsim", str(folder), "--model", "llama-3.1-8b",
+               "--hardware", "rtx-pro-6000", "--out", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err
+    assert "'Qwen/Qwen3-32B'" in err and "'llama-3.1-8b'" in err
+
+
+def test_a_source_whose_layer_shape_is_not_the_preset_is_refused(tmp_path):
+    folder = fabricate_llmservingsim(tmp_path)
+    meta = folder / "meta.yaml"
+    meta.write_text(meta.read_text().replace("engine_effective: {enforce_eager: true}",
+                                             "engine_effective: {hf_overrides: {num_attention_heads: 16}}"))
+    with pytest.raises(ProfileError, match="num_attention_heads = 16 at tp1 means 16 .* llama-3.1-8b has 32"):
+        run_import(ImportOptions("llmservingsim", [str(folder)], "llama-3.1-8b", "rtx-pro-6000", 1,
+                                 out=str(tmp_path / "p.json")))
+
+
+@pytest.mark.parametrize(("field", "model", "hardware", "tp"), [
+    ("model", "llama-3-8b", "rtx-pro-6000", 1),
+    ("hardware", "llama-3.1-8b", "h100-sxm", 1),
+    ("tensor_parallel", "llama-3.1-8b", "rtx-pro-6000", 2),
+])
+def test_a_profile_for_another_setup_than_the_scenario_is_an_error(field, model, hardware, tp):
+    cfg = CostModelConfig(type="profile", path="rtx-pro-6000-llama-3.1-8b-tp1.json")
+    with pytest.raises(ProfileError, match=f"is for {field} .* but the scenario runs") as exc:
+        build_cost_model(cfg, get_model(model), get_hardware(hardware), tp)
+    assert "\n" not in str(exc.value)
+
+
+def test_scenario_with_a_mismatched_profile_exits_2(capsys):
+    rc = main(["run", "scenarios/gpu/rtxpro6000-llama-3.1-8b.yaml", "--set", "hardware=rtx-4090", "--quiet",
+               "--no-plots"])
+    assert rc == 2
+    assert "is for hardware 'rtx-pro-6000' but the scenario runs 'rtx-4090'" in capsys.readouterr().err
+
+
+# ---- the shipped profiles ----
+
+
+SHIPPED = sorted(p.name for p in PROFILES.glob("*.json") if json.loads(p.read_text()).get("format") == GPU_PROFILE_FORMAT)
+
+
+def test_every_gpu_model_pair_the_data_covers_is_shipped():
+    assert {"rtx-pro-6000-llama-3.1-8b-tp1.json", "rtx-pro-6000-llama-3.1-8b-tp2.json",
+            "rtx-pro-6000-qwen3-32b-tp1.json", "rtx-pro-6000-qwen3-32b-tp2.json", "rtx-4090-llama-3.1-8b-tp1.json",
+            "h100-sxm-llama-3.1-8b-tp1.json", "h100-sxm-llama-2-7b-tp1.json", "a100-80g-llama-3-8b-tp1.json"} <= set(SHIPPED)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_profile_loads_for_its_presets_with_sources(name):
+    data = json.loads((PROFILES / name).read_text())
+    model = build_cost_model(CostModelConfig(type="profile", path=name), get_model(data["model"]),
+                             get_hardware(data["hardware"]), data["tensor_parallel"])
+    assert model.iteration_time(np.ones(8, dtype=I64), np.full(8, 1000, dtype=I64)) > 0
+    assert data["provenance"]["sources"] and data["held_out_error"]["dense_ops"]
+
+
+@pytest.mark.parametrize("name", [n for n in SHIPPED if n.startswith("rtx")])
+def test_llmservingsim_profiles_meet_the_step_error_target(name):
+    steps = json.loads((PROFILES / name).read_text())["held_out_error"]["steps"]
+    for regime, e in steps.items():
+        assert e["median_ape"] <= 0.03 and e["p90_ape"] <= 0.08, (regime, e)
+
+
+# ---- a composite profile (Vidur token ops + inference-sim attention) ----
+
+
+def fabricate_composite(root: Path) -> tuple[Path, Path, Path]:
+    """Vidur mlp.csv (ms) for a Llama-2-7B-shaped layer and inference-sim decode/prefill files (us)."""
+    mlp = root / "compute" / "h100" / "meta-llama" / "Llama-2-7b-hf" / "mlp.csv"
+    mlp.parent.mkdir(parents=True)
+    ops = ["emb", "input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
+           "mlp_up_proj", "mlp_act", "mlp_down_proj", "add"]
+    head = ",".join(f"time_stats.{op}.median" for op in ops)
+    lines = [head + ",n_head,n_kv_head,n_embd,n_expanded_embd,vocab_size,num_tokens,num_tensor_parallel_workers"]
+    for t in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512):
+        lines.append(",".join(f"{0.01 + 0.0001 * t * (i + 1):.6f}" for i in range(len(ops)))
+                     + f",32,32,4096,11008,32000,{t},1")
+    mlp.write_text("\n".join(lines) + "\n")
+    dec = root / "mha_decode_h100_32-32-128-tp1.csv"
+    dec.write_text("dtype,kv_dtype,batch_size,kv_len,latency_us,mfu\n" + "".join(
+        f"bf16,bf16,{b},{kv},{20 + 0.002 * b * kv},0\n" for b in (1, 2, 4, 8, 16) for kv in (1024, 2048, 4096, 8192)))
+    pre = root / "mha_prefill_h100_32-32-128.csv"
+    pre.write_text("dtype,seq_len,latency_us,mfu\n" + "".join(
+        f"bf16,{s},{25 + 2e-5 * s * (s + 1) / 2},0\n" for s in (1024, 2048, 4096, 8192)))
+    return mlp, dec, pre
+
+
+def test_composite_profile_joins_three_sources_and_says_how(tmp_path, capsys):
+    mlp, dec, pre = fabricate_composite(tmp_path)
+    out = tmp_path / "h100.json"
+    rc = main(["calibrate", "import", "--format", "vidur", str(mlp), "--with", f"inference-sim:{dec}",
+               "--with", f"inference-sim:{pre}", "--model", "llama-2-7b", "--hardware", "h100-sxm", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    data = json.loads(out.read_text())
+    assert {s["repo"] for s in data["provenance"]["sources"]} == {"microsoft/vidur", "inference-sim/inference-sim"}
+    notes = " ".join(data["provenance"]["assembly"])
+    assert "residual add is left out" in notes and "LM head: roofline" in notes and "Sampler: estimate" in notes
+    grid = load_profile(out).attention
+    # decode from the inference-sim grid (a node), prefill from the pairs fit, mixed = sum - shared launch
+    assert grid(0, 0, 4, 2048) == pytest.approx((20 + 0.002 * 4 * 2048) * 1e-6, rel=1e-6)
+    assert grid(2048, 0, 0, 0) == pytest.approx((25 + 2e-5 * 2048 * 2049 / 2) * 1e-6, rel=0.02)
+    shared = min(grid(16, 0, 0, 0), grid(0, 0, 1, 1024))
+    assert grid(1024, 0, 4, 2048) == pytest.approx(grid(1024, 0, 0, 0) + grid(0, 0, 4, 2048) - shared, rel=1e-6)
+
+
+def test_composite_without_attention_labels_the_roofline(tmp_path):
+    mlp, _, _ = fabricate_composite(tmp_path)
+    profile = run_import(ImportOptions("vidur", [str(mlp)], "llama-2-7b", "h100-sxm", 1, out=str(tmp_path / "a.json")))
+    assert "ROOFLINE" in " ".join(profile["provenance"]["assembly"])
+    assert "attention" not in profile["held_out_error"]  # nothing measured, nothing held out
+
+
+def test_vidur_gemms_of_another_model_are_refused(tmp_path):
+    mlp, _, _ = fabricate_composite(tmp_path)
+    with pytest.raises(ProfileError, match="n_expanded_embd = 11008, llama-3-8b has 14336"):
+        run_import(ImportOptions("vidur", [str(mlp)], "llama-3-8b", "h100-sxm", 1, out=str(tmp_path / "c.json")))
+
+
+def test_inference_sim_heads_must_match_the_model(tmp_path):
+    mlp, dec, _ = fabricate_composite(tmp_path)
+    with pytest.raises(ProfileError, match="measures 32 query / 32 KV heads .* llama-3-8b has 32 / 8"):
+        run_import(ImportOptions("vidur", [str(mlp)], "llama-3-8b", "h100-sxm", 1, out=str(tmp_path / "b.json"),
+                                 extra=[f"inference-sim:{dec}"]))
