@@ -56,12 +56,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+from servesim.calibration.importers import inference_sim, llmservingsim, vidur
 from servesim.sim.batch import step_sums
 from servesim.sim.cost_model import CostModelConfig, build_cost_model
 from servesim.sim.presets import get_hardware, get_model
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gpu"
-US, MS = 1e-6, 1e-3
 
 ROWS: dict[str, tuple[str, list[int], int]] = {
     # row key: (label, batch sizes or prefill tokens, decode kv)
@@ -73,70 +74,49 @@ ROWS: dict[str, tuple[str, list[int], int]] = {
 
 
 # --------------------------------------------------------------------------------------------------
-# Small readers for the three public formats (exact grid points; None where a point is missing)
-
-
-def _read_csv(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+# The three public formats, read by calibration/importers (op names as there: vLLM-style), as
+# exact-grid lookups: None where a point is missing, so nothing is extrapolated
 
 
 class OpTable:
     """Seconds of named ops against an integer size (tokens or sequences); exact points only."""
 
-    def __init__(self) -> None:
+    def __init__(self, frame: pd.DataFrame, size: str) -> None:
         self.ops: dict[str, dict[int, float]] = {}
-
-    def add(self, op: str, size: int, seconds: float) -> None:
-        self.ops.setdefault(op, {})[size] = seconds
+        for op, n, sec in zip(frame["op"], frame[size], frame["seconds"], strict=True):
+            self.ops.setdefault(op, {})[int(n)] = float(sec)
 
     def at(self, op: str, size: int) -> float | None:
         return self.ops.get(op, {}).get(size)
 
 
-def llmservingsim_dense(folder: Path) -> tuple[OpTable, OpTable]:
-    """``dense.csv`` and ``per_sequence.csv`` of an LLMServingSim profile (microseconds)."""
-    dense, per_seq = OpTable(), OpTable()
-    for r in _read_csv(folder / "dense.csv"):
-        dense.add(r["layer"], int(r["tokens"]), float(r["time_us"]) * US)
-    for r in _read_csv(folder / "per_sequence.csv"):
-        per_seq.add(r["layer"], int(r["sequences"]), float(r["time_us"]) * US)
-    return dense, per_seq
-
-
-def llmservingsim_attention(folder: Path) -> dict[tuple[int, int, int, int], float]:
-    """``attention.csv``: (prefill_chunk, kv_prefill, n_decode, kv_decode) -> seconds, one layer."""
-    return {(int(r["prefill_chunk"]), int(r["kv_prefill"]), int(r["n_decode"]), int(r["kv_decode"])):
-            float(r["time_us"]) * US for r in _read_csv(folder / "attention.csv")}
+def llmservingsim_tp1(folder: Path) -> tuple[OpTable, OpTable, dict[tuple[int, int, int, int], float]]:
+    """The tp1 tables of an LLMServingSim profile folder (its meta.yaml's): dense ops, per-sequence ops,
+    attention (one layer)."""
+    t = llmservingsim.read_profile(folder, tp=[1]).tp[1]
+    attn = {tuple(int(v) for v in axes): float(sec) for *axes, sec in
+            t.attention[[*llmservingsim.ATTENTION_AXES, "seconds"]].itertuples(index=False)}
+    return OpTable(t.dense, "tokens"), OpTable(t.per_sequence, "sequences"), attn
 
 
 def llmservingsim_v0(path: Path) -> OpTable:
-    """v0 ``layers.csv`` (nanoseconds), TP 1, no cached context."""
-    table = OpTable()
-    for r in _read_csv(path):
-        if r["tp_size"] == "1" and r["kv_cache"] == "0":
-            table.add(r["layer_name"], int(r["input"]), float(r["latency(ns)"]) * 1e-9)
-    return table
+    """v0 ``layers.csv``, TP 1, no cached context."""
+    df, _ = llmservingsim.read_v0_layers(path)
+    return OpTable(df[(df["tp"] == 1) & (df["kv_cache"] == 0)], "tokens")
 
 
 def vidur_mlp(path: Path) -> OpTable:
-    """Vidur ``mlp.csv`` medians (milliseconds), TP 1; op names without ``time_stats.``."""
-    table = OpTable()
-    for r in _read_csv(path):
-        if r["num_tensor_parallel_workers"] != "1":
-            continue
-        for key, value in r.items():
-            if key.startswith("time_stats.") and key.endswith(".median"):
-                table.add(key.split(".")[1], int(r["num_tokens"]), float(value) * MS)
-    return table
+    """Vidur ``mlp.csv`` medians, TP 1."""
+    df, _ = vidur.read_mlp(path)
+    return OpTable(df[df["tp"] == 1], "tokens")
 
 
-def inference_sim(folder: Path, heads: str) -> tuple[dict[tuple[int, int], float], dict[int, float]]:
+def inference_sim_h100(folder: Path, heads: str) -> tuple[dict[tuple[int, int], float], dict[int, float]]:
     """inference-sim H100 attention, one layer: decode (batch, kv_len) and prefill seq_len -> seconds."""
-    dec = {(int(r["batch_size"]), int(r["kv_len"])): float(r["latency_us"]) * US
-           for r in _read_csv(folder / f"mha_decode_h100_{heads}-tp1.csv")}
-    pre = {int(r["seq_len"]): float(r["latency_us"]) * US for r in _read_csv(folder / f"mha_prefill_h100_{heads}.csv")}
-    return dec, pre
+    dec, _ = inference_sim.read_decode(folder / f"mha_decode_h100_{heads}-tp1.csv")
+    pre, _ = inference_sim.read_prefill(folder / f"mha_prefill_h100_{heads}.csv")
+    return ({(int(b), int(k)): float(t) for b, k, t in dec[["batch", "kv_len", "seconds"]].itertuples(index=False)},
+            {int(n): float(t) for n, t in pre[["seq_len", "seconds"]].itertuples(index=False)})
 
 
 def _loglog(x: int, table: dict[int, float]) -> float | None:
@@ -205,9 +185,8 @@ def _sum_ops(table: OpTable, ops: dict[str, float], tokens: int) -> float | None
 
 
 def llmservingsim_column(data: Path, label: str, gpu: str, repo_model: str, model: str) -> Column:
-    folder = data / "llmservingsim" / "profiles" / gpu / repo_model / "tp1"
-    dense, per_seq = llmservingsim_dense(folder)
-    attn = llmservingsim_attention(folder)
+    folder = data / "llmservingsim" / "profiles" / gpu / repo_model
+    dense, per_seq, attn = llmservingsim_tp1(folder)
     layers = get_model(model).num_layers
     per_layer = {"layernorm": 2, "qkv_proj": 1, "rotary_emb": 1, "o_proj": 1, "gate_up_proj": 1, "act_fn": 1,
                  "down_proj": 1}
@@ -233,17 +212,17 @@ def vidur_column(data: Path, label: str, gpu: str, repo_model: str, model: str,
                  attention: tuple[dict[tuple[int, int], float], dict[int, float]] | None) -> Column:
     table = vidur_mlp(data / "vidur" / "compute" / gpu / "meta-llama" / repo_model / "mlp.csv")
     m = get_model(model)
-    per_layer = {"input_layernorm": 1, "attn_pre_proj": 1, "attn_rope": 1, "attn_post_proj": 1,
-                 "post_attention_layernorm": 1, "mlp_up_proj": 1, "mlp_act": 1, "mlp_down_proj": 1, "add": 2}
+    per_layer = {"layernorm": 1, "qkv_proj": 1, "rotary_emb": 1, "o_proj": 1, "layernorm_post": 1,
+                 "gate_up_proj": 1, "act_fn": 1, "down_proj": 1, "add": 2}
     head_scale = m.vocab_size / (2 * m.intermediate_size)
 
     def dense_s(tokens: int) -> float | None:
         body = _sum_ops(table, per_layer, tokens)
-        ends = _sum_ops(table, {"emb": 1, "input_layernorm": 1}, tokens)  # final norm: the same op
+        ends = _sum_ops(table, {"embedding": 1, "layernorm": 1}, tokens)  # final norm: the same op
         return None if body is None or ends is None else m.num_layers * body + ends
 
     def lm_head(n: int) -> float | None:
-        up = table.at("mlp_up_proj", n)
+        up = table.at("gate_up_proj", n)
         return None if up is None else up * head_scale
 
     col = Column(label, model, gpu + ("-80g" if gpu == "a100" else "-sxm"), dense_s, lm_head)
@@ -259,14 +238,14 @@ def h100_llama31_column(data: Path, attention: tuple[dict[tuple[int, int], float
     small = vidur_mlp(data / "vidur" / "compute" / "h100" / "meta-llama" / "Llama-2-7b-hf" / "mlp.csv")
     m, donor = get_model("llama-3.1-8b"), get_model("llama-2-7b")
     gemms = {op: 1 for op in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")}
-    small_ops = {"input_layernorm": 1, "post_attention_layernorm": 1, "add": 2,
-                 "mlp_act": m.intermediate_size / donor.intermediate_size,
-                 "attn_rope": (m.num_heads + m.num_kv_heads) / (donor.num_heads + donor.num_kv_heads)}
+    small_ops = {"layernorm": 1, "layernorm_post": 1, "add": 2,
+                 "act_fn": m.intermediate_size / donor.intermediate_size,
+                 "rotary_emb": (m.num_heads + m.num_kv_heads) / (donor.num_heads + donor.num_kv_heads)}
 
     def dense_s(tokens: int) -> float | None:
         g = _sum_ops(v0, gemms, tokens)
         s = _sum_ops(small, small_ops, tokens)
-        ends = _sum_ops(small, {"emb": 1, "input_layernorm": 1}, tokens)
+        ends = _sum_ops(small, {"embedding": 1, "layernorm": 1}, tokens)
         return None if g is None or s is None or ends is None else m.num_layers * (g + s) + ends
 
     dec, pre = attention
@@ -278,9 +257,9 @@ def h100_llama31_column(data: Path, attention: tuple[dict[tuple[int, int], float
 def columns(data: Path) -> list[Column]:
     isim = data / "inference-sim" / "h100"
     return [
-        h100_llama31_column(data, inference_sim(isim, "32-8-128")),
+        h100_llama31_column(data, inference_sim_h100(isim, "32-8-128")),
         vidur_column(data, "H100 llama-2-7b", "h100", "Llama-2-7b-hf", "llama-2-7b",
-                     inference_sim(isim, "32-32-128")),
+                     inference_sim_h100(isim, "32-32-128")),
         vidur_column(data, "A100 llama-3-8b", "a100", "Meta-Llama-3-8B", "llama-3-8b", None),
         llmservingsim_column(data, "RTX PRO 6000 llama-3.1-8b", "RTXPRO6000", "meta-llama/Llama-3.1-8B",
                              "llama-3.1-8b"),
@@ -395,9 +374,8 @@ def constants(data: Path) -> list[str]:
     for gpu, repo_model, model in (("RTXPRO6000", "meta-llama/Llama-3.1-8B", "llama-3.1-8b"),
                                    ("RTXPRO6000", "Qwen/Qwen3-32B", "qwen3-32b"),
                                    ("RTX4090", "meta-llama/Llama-3.1-8B", "llama-3.1-8b")):
-        folder = data / "llmservingsim" / "profiles" / gpu / repo_model / "tp1"
-        dense, per_seq = llmservingsim_dense(folder)
-        attn = llmservingsim_attention(folder)
+        folder = data / "llmservingsim" / "profiles" / gpu / repo_model
+        dense, per_seq, attn = llmservingsim_tp1(folder)
         names = {"qkv": "qkv_proj", "o": "o_proj", "gate_up": "gate_up_proj", "down": "down_proj"}
         hw = gpu_preset(gpu)
 
@@ -425,7 +403,7 @@ def constants(data: Path) -> list[str]:
     for gpu, repo_model, model, hw in (("h100", "Llama-2-7b-hf", "llama-2-7b", "h100-sxm"),
                                        ("a100", "Meta-Llama-3-8B", "llama-3-8b", "a100-80g")):
         table = vidur_mlp(data / "vidur" / "compute" / gpu / "meta-llama" / repo_model / "mlp.csv")
-        names = {"qkv": "attn_pre_proj", "o": "attn_post_proj", "gate_up": "mlp_up_proj", "down": "mlp_down_proj"}
+        names = {"qkv": "qkv_proj", "o": "o_proj", "gate_up": "gate_up_proj", "down": "down_proj"}
         def time_of(op: str, m: int, table=table, names=names) -> float | None:
             return table.at(names[op], m)
 
@@ -436,9 +414,9 @@ def constants(data: Path) -> list[str]:
         lines.append(f"{gpu.upper()} {model} (vidur mlp.csv): {_fit_text(fits[0], 1024)}, at 4096 rows "
                      f"{fits[1][3]:.3f}; "
                      f"stream (residual add, >= 4096 tokens) {min(adds):.2f}-{max(adds):.2f}; norm at 1 token "
-                     f"{table.at('input_layernorm', 1) * 1e6:.1f} us")
+                     f"{table.at('layernorm', 1) * 1e6:.1f} us")
     for heads, model in (("32-8-128", "llama-3.1-8b"), ("32-32-128", "llama-2-7b")):
-        dec, pre = inference_sim(data / "inference-sim" / "h100", heads)
+        dec, pre = inference_sim_h100(data / "inference-sim" / "h100", heads)
         lines.append(f"H100 {heads} (inference-sim): {decode_stream(model, 'h100-sxm', dec, (1024, 4096))}; "
                      f"{prefill_flops(model, 'h100-sxm', 8192, pre[8192])}")
     return lines
