@@ -9,7 +9,8 @@ measured step = embedding + layers x (norms, QKV, rotary, O, gate/up, activation
 adds, attention) + final norm + LM head (+ sampler), each at the step's token count (LM head and
 sampler at its sequence count), summed. Kernel time only: the roofline's host term (scheduler,
 launch of the step) is left out of the prediction, and so is every kernel the source did not
-measure (listed per column below), so both sides always price the same work.
+measure (listed per column below), so both sides always price the same work. The files are read
+by ``calibration/importers``, the readers the shipped GPU profiles are built with.
 
 Columns and where each term comes from (files relative to the data folder):
 
