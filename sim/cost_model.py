@@ -281,7 +281,8 @@ class RooflineCostModel:
         self._layer_flop_s = 2 * L * m.layer_matmul_params / tp / self._flops_rate
         self._gemm_floors = 4 * L * floor
         # LM head (vocab split over ranks, then gathered) and sampler on the full vocabulary
-        self._head_weight_s = m.embedding_params / tp * dt / self._weight_rate + floor
+        self._head_weight_s = m.embedding_params / tp * dt / self._weight_rate
+        self._head_floor = floor
         self._head_flop_s = 2 * m.embedding_params / tp / self._flops_rate
         self._sampler_fixed = SAMPLER_KERNELS * floor
         self._sampler_per_seq = SAMPLER_LOGIT_PASSES * m.vocab_size * 4 / self._stream_rate
@@ -331,7 +332,7 @@ class RooflineCostModel:
         flop = -(-tokens // self.tile) * self.tile * self._layer_flop_s
         linear = (mem ** GEMM_BLEND + flop ** GEMM_BLEND) ** _INV_BLEND + self._gemm_floors
         head_flop = n * self._head_flop_s
-        head = (self._head_weight_s ** GEMM_BLEND + head_flop ** GEMM_BLEND) ** _INV_BLEND
+        head = (self._head_weight_s ** GEMM_BLEND + head_flop ** GEMM_BLEND) ** _INV_BLEND + self._head_floor
         sampler = self._sampler_fixed + n * self._sampler_per_seq
         small = self._small_fixed + tokens * self._small_per_token
         attn = self._attn_fixed + (decode_kv + tokens) * self._kv_s
