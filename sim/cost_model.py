@@ -6,7 +6,8 @@ attends over ``ctx + q`` keys), plus the KV bytes swapped between host and devic
 
 Three models share the interface ``iteration_time(q_lens, ctx_lens, swap_bytes=0.0) -> seconds``:
 
-- ``RooflineCostModel``: datasheet peaks times efficiency factors; uncalibrated default.
+- ``RooflineCostModel``: datasheet peaks times per-GPU measured fractions, kernel by kernel; the
+  default, and the model for hardware nobody has profiled.
 - ``FittedCostModel``: non-negative coefficients fitted to measured steps (``calibration/fit.py``).
 - ``ConstantCostModel``: closed form, for tests.
 
@@ -194,58 +195,117 @@ def step_features(q_lens: np.ndarray, ctx_lens: np.ndarray, tile: int = TILE_TOK
 # Roofline
 
 
-class RooflineCostModel:
-    """Datasheet roofline: linear layers, attention, TP all-reduce, swap, CPU overhead, summed.
+# Terms of a roofline step, in ``RooflineCostModel.breakdown`` order.
+ROOFLINE_TERMS = ("linear", "lm_head", "sampler", "small_ops", "attention", "all_reduce", "swap", "host")
+# vLLM's sampler on a step's logits: a handful of kernels (fp32 cast, penalties/temperature,
+# softmax, top-k/p, the draw) and about two full passes over the fp32 logits. LLMServingSim's
+# per_sequence.csv sampler rows (RTX PRO 6000 and RTX 4090): ~25 us at 1 sequence (eight 3 us
+# floors) and, from 64 to 256 sequences, 1.9-2.4 passes of n x vocab x 4 bytes at peak bandwidth.
+SAMPLER_KERNELS = 8
+SAMPLER_LOGIT_PASSES = 2
+# A GEMM's memory and compute times combine as (mem^p + compute^p)^(1/p): the larger of the two
+# far from the ridge point, 2^(1/p) times it at the ridge, where measured GEMMs are slower than
+# either bound (RTX PRO 6000 Llama-3.1-8B gate_up at 256 rows: 206 us against 154 / 149 us; H100
+# gate at 512 rows: 93 us against 39 / 78 us) -- but not everywhere as much (RTX 4090 gate_up at
+# 256 rows: 378 us against 245 / 364 us). Of p = 2, 2.5, 3, 4, 2.5 leaves the fewest points of
+# benchmarks/roofline_vs_measured.py outside +-10 % and the smallest worst error.
+GEMM_BLEND = 2.5
+_INV_BLEND = 1 / GEMM_BLEND
 
-    Linear layers take max(FLOPs / (peak * eff), bytes / (bw * eff)), where the bytes are the
-    weights (read once per step whatever the batch) plus activations. Prefill attention is
-    compute-bound (4 * layers * heads * head_dim FLOPs per query-key pair, floored by its KV read);
-    decode attention reads each row's KV. With tensor parallelism compute and bytes are split
-    over ``tp`` ranks and every layer adds two ring all-reduces of the step's hidden states.
+
+class RooflineCostModel:
+    """Datasheet peaks times measured fractions, kernel by kernel, summed over one step.
+
+    The kernels of a vLLM-style Llama step and what bounds each (T = tokens, n = sequences):
+
+    - linear: the decoder layers' four GEMMs (QKV, O, gate/up, down) stream the weights once per
+      step and do 2 FLOPs per weight per token (T padded to the GEMM tile). Memory and compute
+      times combine as a ``GEMM_BLEND``-norm: the larger far from the ridge point, more than
+      either near it, as measured GEMMs are.
+    - lm_head: the same for the vocabulary projection at n rows (logits of each sequence's last
+      position only); sampler: a few kernels plus ``SAMPLER_LOGIT_PASSES`` fp32 passes over n x vocab.
+    - small_ops: per layer two fused residual-add + RMSNorms, rotary on q and k, the SwiGLU
+      activation (and Qwen3's q/k norms), plus the embedding gather and final norm per step:
+      memory-bound passes over the activations.
+    - attention: decode rows read their KV (ctx + 1 tokens each); prefill rows are compute-bound
+      (4 * heads * head_dim FLOPs per query-key pair per layer, floored by their KV read); every
+      new token's K and V is written to the cache.
+    - all_reduce: with tensor parallelism, two ring all-reduces of the hidden states per layer.
+    - swap (KV bytes over PCIe) and host (scheduler and launch per step, per sequence).
+
+    Every kernel also pays the hardware's ``kernel_floor_s`` (launch, ramp-up, tail). Rates are the
+    peaks times the hardware's measured fractions (``HardwareConfig``); ``flops_efficiency`` and
+    ``bandwidth_efficiency`` override the GEMM FLOP/s and weight-streaming fractions. With tensor
+    parallelism compute, weights, heads and the intermediate size are split over ``tp`` ranks;
+    norms and the embedding are replicated, and the vocabulary is split for the LM head.
     """
 
     def __init__(self, model: ModelConfig, hardware: HardwareConfig, tensor_parallel: int = 1,
-                 flops_efficiency: float = 0.6, bandwidth_efficiency: float = 0.8,
+                 flops_efficiency: float | None = None, bandwidth_efficiency: float | None = None,
                  # vLLM v1 with CUDA graphs: the CPU schedules, prepares inputs and launches the
                  # graph in ~0.3-1 ms per step on a modern host; per-request bookkeeping (input
                  # tensors, sampler, output processing) adds a few us per sequence, so a batch of
                  # 256 pays ~1.3 ms. Whole-ms figures belong to pre-v0.6 vLLM.
                  step_overhead_s: float = 0.5e-3, per_seq_overhead_s: float = 5e-6,
-                 # Ring all-reduce reaches ~70% of NVLink's one-direction bandwidth in nccl-tests;
-                 # small (decode) messages are latency-bound at ~10 us each (NCCL / vLLM custom AR).
+                 # Vidur's NCCL all-reduce (vidur/network/{a100,h100}_dgx/all_reduce.csv, rank 0,
+                 # all GPUs in one node, sizes >= 8 MB fitted as latency + bytes / bandwidth): bus
+                 # bandwidth 172 / 190 / 199 GB/s on 2 / 4 / 8 A100s (0.57-0.66 of NVLink's 300) and
+                 # 290 / 340 / 380 GB/s on H100s (0.64-0.84 of 450): 0.7 sits in that range. Its small
+                 # messages take 7-11 us (H100, 2 GPUs, <= 18 KB) to 30-60 us (eager NCCL kernels,
+                 # kineto-timed back to back); vLLM's custom all-reduce inside CUDA graphs, not timed
+                 # there, serves decode-sized messages, so 10 us stays the per-call latency.
                  tp_comm_efficiency: float = 0.7, tp_comm_latency_s: float = 10e-6,
                  tile_tokens: int | None = None) -> None:
-        # 0.6 / 0.8: a large bf16 GEMM reaches ~0.8 of peak on an H200 (788 of 989 TFLOP/s
-        # measured) and a device copy ~0.9 of HBM bandwidth; a whole model step, with its small
-        # GEMMs, norms and launches, sits below that.
-        tp = tensor_parallel
+        tp, m, hw = tensor_parallel, model, hardware
         kv_per_rank = kv_heads_per_rank(model, tp)
-        m = model
         self.model, self.hardware, self.tp = model, hardware, tp
-        self.flops_efficiency, self.bandwidth_efficiency = flops_efficiency, bandwidth_efficiency
+        self.flops_efficiency = hw.gemm_flops_fraction if flops_efficiency is None else flops_efficiency
+        self.bandwidth_efficiency = hw.weight_bandwidth_fraction if bandwidth_efficiency is None \
+            else bandwidth_efficiency
         self.step_overhead_s, self.per_seq_overhead_s = step_overhead_s, per_seq_overhead_s
         self.tp_comm_efficiency, self.tp_comm_latency_s = tp_comm_efficiency, tp_comm_latency_s
-        self.tile = tile_tokens or hardware.gemm_tile_tokens
+        self.tile = tile_tokens or hw.gemm_tile_tokens
+        floor, dt, L = hw.kernel_floor_s, m.dtype_bytes, m.num_layers
+        h, d, inter = m.hidden_size, m.head_dim, m.intermediate_size / tp
+        q_heads, kv_heads = m.num_heads / tp, kv_per_rank
 
-        self._flops_rate = hardware.peak_flops * flops_efficiency
-        self._bytes_rate = hardware.hbm_bandwidth * bandwidth_efficiency
-        self._layer_flops_per_token = 2 * m.num_layers * m.layer_matmul_params / tp
-        # vLLM computes logits only for each sequence's last position.
-        self._lm_head_flops_per_seq = 2 * m.embedding_params / tp
-        self._weight_bytes = m.streamed_weight_bytes / tp
-        # Per token per layer, activations written and read back: norms, residual, q/k/v, attention
-        # output (~10 hidden-sized values, replicated over ranks) and gate/up/act (3 x intermediate).
-        self._act_bytes_per_token = m.num_layers * (10 * m.hidden_size + 3 * m.intermediate_size / tp) \
-            * m.dtype_bytes
-        self._attn_flops_per_pair = m.attention_flops_per_pair / tp
-        self._kv_bytes_per_token = 2 * m.num_layers * kv_per_rank * m.head_dim * m.dtype_bytes
-        self._pcie = hardware.pcie_bandwidth
+        self._flops_rate = hw.peak_flops * self.flops_efficiency
+        self._weight_rate = hw.hbm_bandwidth * self.bandwidth_efficiency
+        self._stream_rate = hw.hbm_bandwidth * hw.stream_bandwidth_fraction
+        self._attn_rate = hw.peak_flops * hw.attention_flops_fraction
+        # linear: weights once per step, activations in and out of every GEMM per token
+        qkv = (q_heads + 2 * kv_heads) * d
+        gemm_act = (h + qkv) + (q_heads * d + h) + (h + 2 * inter) + (inter + h)
+        self._layer_weight_s = L * m.layer_matmul_params / tp * dt / self._weight_rate
+        self._layer_act_s = L * gemm_act * dt / self._weight_rate
+        self._layer_flop_s = 2 * L * m.layer_matmul_params / tp / self._flops_rate
+        self._gemm_floors = 4 * L * floor
+        # LM head (vocab split over ranks, then gathered) and sampler on the full vocabulary
+        self._head_weight_s = m.embedding_params / tp * dt / self._weight_rate
+        self._head_floor = floor
+        self._head_flop_s = 2 * m.embedding_params / tp / self._flops_rate
+        self._sampler_fixed = SAMPLER_KERNELS * floor
+        self._sampler_per_seq = SAMPLER_LOGIT_PASSES * m.vocab_size * 4 / self._stream_rate
+        # small ops: 2 x (add + RMSNorm: read x and residual, write both), rotary (read and write q,
+        # k), SwiGLU (read gate and up, write), Qwen3's q/k norms; embedding gather and final norm
+        per_layer = 2 * 4 * h + 2 * (q_heads + kv_heads) * d + 3 * inter
+        kernels = 4
+        if m.qk_norm:
+            per_layer += 2 * (q_heads + kv_heads) * d
+            kernels += 1
+        self._small_fixed = (kernels * L + 2) * floor
+        self._small_per_token = (L * per_layer + 2 * h + 4 * h) * dt / self._stream_rate
+        # attention: KV cache write and the attention kernel per layer
+        self._kv_bytes_per_token = 2 * L * kv_per_rank * d * dt
+        self._kv_s = self._kv_bytes_per_token / self._stream_rate
+        self._attn_fixed = 2 * L * floor
+        self._pair_s = m.attention_flops_per_pair / tp / self._attn_rate
+        self._pcie = hw.pcie_bandwidth
         if tp > 1:
             ring = 2 * (tp - 1) / tp
-            n_ar = 2 * m.num_layers
+            n_ar = 2 * L
             self._ar_fixed = n_ar * tp_comm_latency_s
-            self._ar_per_token = n_ar * ring * m.hidden_size * m.dtype_bytes / (
-                hardware.interconnect_bandwidth * tp_comm_efficiency)
+            self._ar_per_token = n_ar * ring * h * dt / (hw.interconnect_bandwidth * tp_comm_efficiency)
         else:
             self._ar_fixed = self._ar_per_token = 0.0
 
@@ -257,19 +317,30 @@ class RooflineCostModel:
 
     def step_time(self, sums: tuple[int, int, int, int, int, int], swap_bytes: float = 0.0) -> float:
         """``iteration_time`` from a step's ``step_sums``."""
+        return sum(self._terms(sums, swap_bytes))
+
+    def breakdown(self, sums: tuple[int, int, int, int, int, int], swap_bytes: float = 0.0) -> dict[str, float]:
+        """``step_time`` split into its terms (seconds), named in ``ROOFLINE_TERMS``."""
+        return dict(zip(ROOFLINE_TERMS, self._terms(sums, swap_bytes), strict=True))
+
+    def _terms(self, sums: tuple[int, int, int, int, int, int], swap_bytes: float) -> tuple[float, ...]:
         swap = swap_bytes / self._pcie if swap_bytes else 0.0
         n, _, tokens, pairs, decode_kv, prefill_kv = sums
         if n == 0:
-            return swap
-        tiled = -(-tokens // self.tile) * self.tile
-        linear = max((tiled * self._layer_flops_per_token + n * self._lm_head_flops_per_seq) / self._flops_rate,
-                     (self._weight_bytes + tokens * self._act_bytes_per_token) / self._bytes_rate)
-        kv = self._kv_bytes_per_token / self._bytes_rate
-        attn = decode_kv * kv
+            return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, swap, 0.0
+        mem = self._layer_weight_s + tokens * self._layer_act_s
+        flop = -(-tokens // self.tile) * self.tile * self._layer_flop_s
+        linear = (mem ** GEMM_BLEND + flop ** GEMM_BLEND) ** _INV_BLEND + self._gemm_floors
+        head_flop = n * self._head_flop_s
+        head = (self._head_weight_s ** GEMM_BLEND + head_flop ** GEMM_BLEND) ** _INV_BLEND + self._head_floor
+        sampler = self._sampler_fixed + n * self._sampler_per_seq
+        small = self._small_fixed + tokens * self._small_per_token
+        attn = self._attn_fixed + (decode_kv + tokens) * self._kv_s
         if pairs:
-            attn += max(pairs * self._attn_flops_per_pair / self._flops_rate, prefill_kv * kv)
+            attn += max(pairs * self._pair_s, prefill_kv * self._kv_s)
         comm = self._ar_fixed + tokens * self._ar_per_token
-        return linear + attn + comm + swap + self.step_overhead_s + n * self.per_seq_overhead_s
+        host = self.step_overhead_s + n * self.per_seq_overhead_s
+        return linear, head, sampler, small, attn, comm, swap, host
 
     def loop_overhead(self, rows: int) -> float:
         """Seconds of host (scheduler, engine loop) time that ``iteration_time`` adds to a step."""
@@ -277,12 +348,15 @@ class RooflineCostModel:
 
     def describe(self) -> dict[str, Any]:
         """The constants behind the predictions (rates in FLOP/s and bytes/s, times in seconds)."""
+        hw = self.hardware
         return {
-            "type": "roofline", "model": self.model.name, "hardware": self.hardware.name,
+            "type": "roofline", "model": self.model.name, "hardware": hw.name,
             "tensor_parallel": self.tp, "flops_efficiency": self.flops_efficiency,
             "bandwidth_efficiency": self.bandwidth_efficiency, "effective_flops": self._flops_rate,
-            "effective_bandwidth": self._bytes_rate, "tile_tokens": self.tile,
-            "weight_bytes_per_rank": self._weight_bytes, "kv_bytes_per_token_per_rank": self._kv_bytes_per_token,
+            "effective_bandwidth": self._weight_rate, "stream_bandwidth": self._stream_rate,
+            "attention_flops": self._attn_rate, "kernel_floor_s": hw.kernel_floor_s, "tile_tokens": self.tile,
+            "weight_bytes_per_rank": self.model.streamed_weight_bytes / self.tp,
+            "kv_bytes_per_token_per_rank": self._kv_bytes_per_token,
             "step_overhead_s": self.step_overhead_s, "per_seq_overhead_s": self.per_seq_overhead_s,
             "tp_comm_efficiency": self.tp_comm_efficiency, "tp_comm_latency_s": self.tp_comm_latency_s,
             "pcie_bandwidth": self._pcie,

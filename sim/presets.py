@@ -3,8 +3,9 @@
 Model shapes are the published Hugging Face ``config.json`` values (sources next to each entry).
 Hardware figures are datasheet peaks: dense (no 2:4 sparsity) BF16 tensor-core FLOP/s, HBM
 bandwidth, and the memory the driver reports (``nvidia-smi`` total), because that is what
-vLLM's ``gpu_memory_utilization`` multiplies. The cost model applies efficiency factors to the
-peaks; nothing here is "achievable" throughput.
+vLLM's ``gpu_memory_utilization`` multiplies. Next to the peaks, each GPU carries the fractions of
+them that real kernels reach (weight streaming, streaming passes, GEMM and attention FLOP/s) and
+its kernel floor, measured from public kernel timings and cited next to ``HARDWARE``.
 """
 
 from __future__ import annotations
@@ -150,6 +151,14 @@ class HardwareConfig:
     runtime_reserve_bytes: float = 1 * GiB
     # Rows of a GEMM tile: a step's token count is padded up to a multiple of it (1 = no padding).
     gemm_tile_tokens: int = 64
+    # What real kernels reach of the peaks above (fractions), for the roofline cost model. Measured
+    # per GPU from public kernel timings (sources next to HARDWARE); these defaults are for hardware
+    # nobody has profiled: round figures inside the range the profiled GPUs span.
+    weight_bandwidth_fraction: float = 0.85  # GEMMs streaming their weights, beyond the kernel floor
+    stream_bandwidth_fraction: float = 0.85  # streaming kernels: decode attention's KV read, norms, activation
+    gemm_flops_fraction: float = 0.75  # large bf16 GEMMs (thousands of rows)
+    attention_flops_fraction: float = 0.6  # prefill flash attention, on the causal FLOPs
+    kernel_floor_s: float = 4e-6  # the shortest a kernel takes: launch, ramp-up and tail (seconds)
 
 
 # Sources: NVIDIA A100 datasheet (nvidia.com/.../a100-80gb-datasheet-update-nvidia-us-1521051-r2-web.pdf),
@@ -166,25 +175,67 @@ class HardwareConfig:
 # RTX 4090 (Ada Lovelace whitepaper, appendix table): 24 GB GDDR6X (24564 MiB), 1008 GB/s,
 # 165.2 TFLOP/s dense BF16 with FP32 accumulate (GeForce runs FP32 accumulate at half rate);
 # PCIe Gen4, no NVLink (and no peer-to-peer), so TP all-reduces cross PCIe through the host.
+#
+# Achievable fractions, from the public kernel timings in ../shared/data/gpu (SOURCES.md there:
+# LLMServingSim, MIT (c) 2024 CASYS Lab at KAIST; Vidur, MIT (c) Microsoft Corporation;
+# inference-sim, Apache-2.0). `python benchmarks/roofline_vs_measured.py --constants` recomputes
+# every figure below from those files. "GEMM fit": least squares of time = floor + weight bytes /
+# (bandwidth x fraction) over the model's GEMMs at 1, 2, 4 and 8 rows (the weight-bound end);
+# "GEMM FLOP/s": the model's layer GEMMs' FLOPs over their summed time at the largest rows given.
+# - h100-sxm: weight 0.89 (GEMM fit: llmservingsim/v0-H100-Llama-3.1-8B/layers.csv o/down/lm_head
+#   0.87, floor 3.4 us; vidur/compute/h100/.../Llama-2-7b-hf/mlp.csv 0.92, floor 5.5 us); stream
+#   0.87 (inference-sim/h100/mha_decode_h100_32-{8,32}-128-tp1.csv, batch >= 64 at kv 1024-4096:
+#   0.76-0.94); GEMM FLOP/s 0.76 (v0 layers.csv at 2048 rows 0.765; Vidur at 1024 / 4096: 0.74 / 0.75);
+#   attention 0.73 (mha_prefill_h100_*.csv at 8192 tokens, mfu 0.729-0.731); floor 4 us (GEMM
+#   fits 3.4-5.5 us, Vidur's norm and rotary at 1 token 4 us).
+# - a100-80g: weight 0.82 (GEMM fit: vidur/compute/a100/.../Meta-Llama-3-8B/mlp.csv 0.82, floor
+#   4.7 us); stream 0.88 (same file, residual add at 4096-32768 tokens, 3 passes: 0.83-0.88; no
+#   attention table for the A100); GEMM FLOP/s 0.70 (same file, 1024-4096 rows: 0.66-0.73);
+#   attention 0.6 (not measured here: FlashAttention-2 reports 50-73 % of peak on the A100
+#   forward pass, arXiv:2307.08691); floor 4.5 us (GEMM fit 4.7 us; norm at 1 token 5 us).
+# - rtx-pro-6000: weight 0.84 (GEMM fit: llmservingsim/profiles/RTXPRO6000/*/tp1 dense.csv qkv/o/
+#   gate_up/down + per_sequence.csv lm_head: Llama-3.1-8B 0.85, floor 4.0 us, Qwen3-32B 0.82,
+#   floor 2.0 us); stream 0.84 (attention.csv decode, n_decode >= 64 at kv 4096: 0.80-0.84);
+#   GEMM FLOP/s 0.78 (dense.csv at 2048 rows: 0.785 / 0.777); attention 0.43 (attention.csv, a
+#   2048-token chunk with no cached context: 0.40 / 0.46); floor 3 us (GEMM fits 2.0-4.0 us; norm,
+#   rotary, activation, embedding at 1 token 2.3-4.2 us).
+# - rtx-4090: weight 0.95 (GEMM fit, RTX4090 Llama-3.1-8B tp1: 0.95, floor 4.3 us); stream 0.93
+#   (attention.csv decode n_decode >= 64 at kv 4096: 0.90-0.94); GEMM FLOP/s 1.0 (dense.csv at
+#   2048 rows: 1.00 of the datasheet's 165.2, boost clocks); attention 0.62 (2048-token chunk, no
+#   cached context); floor 3 us (GEMM fit 4.3 us; small ops at 1 token 1.9-2.8 us).
+# - h200: not profiled; the H100's fractions (same Hopper SM, faster HBM3e).
+H100_FRACTIONS = dict(weight_bandwidth_fraction=0.89, stream_bandwidth_fraction=0.87, gemm_flops_fraction=0.76,
+                      attention_flops_fraction=0.73, kernel_floor_s=4e-6)
 HARDWARE: dict[str, HardwareConfig] = {
     "a100-80g": HardwareConfig("a100-80g", peak_flops=312e12, hbm_bandwidth=2.039e12,
-                               memory_bytes=81920 * MiB, pcie_bandwidth=25e9, interconnect_bandwidth=300e9),
+                               memory_bytes=81920 * MiB, pcie_bandwidth=25e9, interconnect_bandwidth=300e9,
+                               weight_bandwidth_fraction=0.82, stream_bandwidth_fraction=0.88,
+                               gemm_flops_fraction=0.70, attention_flops_fraction=0.6, kernel_floor_s=4.5e-6),
     "h100-sxm": HardwareConfig("h100-sxm", peak_flops=989e12, hbm_bandwidth=3.35e12,
-                               memory_bytes=81559 * MiB, pcie_bandwidth=50e9, interconnect_bandwidth=450e9),
+                               memory_bytes=81559 * MiB, pcie_bandwidth=50e9, interconnect_bandwidth=450e9,
+                               **H100_FRACTIONS),
     "h200": HardwareConfig("h200", peak_flops=989e12, hbm_bandwidth=4.8e12,
-                           memory_bytes=143771 * MiB, pcie_bandwidth=50e9, interconnect_bandwidth=450e9),
+                           memory_bytes=143771 * MiB, pcie_bandwidth=50e9, interconnect_bandwidth=450e9,
+                           **H100_FRACTIONS),
     "l40s": HardwareConfig("l40s", peak_flops=362e12, hbm_bandwidth=864e9,
                            memory_bytes=46068 * MiB, pcie_bandwidth=25e9, interconnect_bandwidth=25e9),
     "rtx-pro-6000": HardwareConfig("rtx-pro-6000", peak_flops=503.8e12, hbm_bandwidth=1.792e12,
-                                   memory_bytes=97887 * MiB, pcie_bandwidth=50e9, interconnect_bandwidth=50e9),
+                                   memory_bytes=97887 * MiB, pcie_bandwidth=50e9, interconnect_bandwidth=50e9,
+                                   weight_bandwidth_fraction=0.84, stream_bandwidth_fraction=0.84,
+                                   gemm_flops_fraction=0.78, attention_flops_fraction=0.43, kernel_floor_s=3e-6),
     "rtx-4090": HardwareConfig("rtx-4090", peak_flops=165.2e12, hbm_bandwidth=1.008e12,
-                               memory_bytes=24564 * MiB, pcie_bandwidth=25e9, interconnect_bandwidth=25e9),
+                               memory_bytes=24564 * MiB, pcie_bandwidth=25e9, interconnect_bandwidth=25e9,
+                               weight_bandwidth_fraction=0.95, stream_bandwidth_fraction=0.93,
+                               gemm_flops_fraction=1.0, attention_flops_fraction=0.62, kernel_floor_s=3e-6),
     # This machine (2 AMD EPYC cores, AVX2 FMA): fp32 PyTorch matmuls reach a few tens of GFLOP/s
     # and a stream copy ~10 GB/s. Rough on purpose: calibration/profiles/cpu-tiny.json replaces it.
     # memory_bytes is the slice of host RAM live mode may use for weights + KV, not the whole RAM.
+    # The fractions are the old GPU-wide guesses (0.8 of bandwidth, 0.6 of FLOP/s); no launch floor.
     "cpu-2core": HardwareConfig("cpu-2core", peak_flops=50e9, hbm_bandwidth=10e9, memory_bytes=4 * GiB,
                                 pcie_bandwidth=5e9, interconnect_bandwidth=5e9,
-                                runtime_reserve_bytes=256 * MiB, gemm_tile_tokens=1),
+                                runtime_reserve_bytes=256 * MiB, gemm_tile_tokens=1,
+                                weight_bandwidth_fraction=0.8, stream_bandwidth_fraction=0.8,
+                                gemm_flops_fraction=0.6, attention_flops_fraction=0.6, kernel_floor_s=0.0),
 }
 
 

@@ -1,5 +1,9 @@
+import importlib.util
 import json
+import sys
 import timeit
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -7,6 +11,8 @@ from pydantic import ValidationError
 from servesim.sim.batch import step_sums
 from servesim.sim.cost_model import (
     FEATURE_NAMES,
+    ROOFLINE_TERMS,
+    SAMPLER_KERNELS,
     ConstantCostModel,
     CostModelConfig,
     FittedCostModel,
@@ -19,7 +25,7 @@ from servesim.sim.cost_model import (
     step_features,
     to_profile_dict,
 )
-from servesim.sim.presets import get_hardware, get_model
+from servesim.sim.presets import HARDWARE, get_hardware, get_model
 
 I64 = np.int64
 
@@ -176,15 +182,21 @@ def test_decode_time_grows_with_kv_read(llama8b_h100):
     times = [cm.iteration_time(q, np.full(32, c, dtype=I64)) for c in (0, 512, 2048, 8192)]
     assert times == sorted(times) and times[-1] > times[0]
     slope = (times[2] - times[1]) / (32 * (2048 - 512))
-    assert slope == pytest.approx(model.kv_bytes_per_token / (hw.hbm_bandwidth * 0.8))
+    # KV is read at what decode attention measurably reaches, not at the weights' streaming rate
+    assert slope == pytest.approx(model.kv_bytes_per_token / (hw.hbm_bandwidth * hw.stream_bandwidth_fraction))
+    assert hw.stream_bandwidth_fraction != hw.weight_bandwidth_fraction
 
 
 def test_small_batch_decode_is_weight_read_bound(llama8b_h100):
     model, hw = llama8b_h100
     t = RooflineCostModel(model, hw).iteration_time(arr(1), arr(100))
-    assert t == pytest.approx(model.weight_bytes / (hw.hbm_bandwidth * 0.8), rel=0.2)
-    # Bandwidth, not FLOPs, sets it.
-    assert RooflineCostModel(model, hw, flops_efficiency=0.3).iteration_time(arr(1), arr(100)) == pytest.approx(t)
+    no_floor = RooflineCostModel(model, replace(hw, kernel_floor_s=0.0))
+    kernels = no_floor.iteration_time(arr(1), arr(100)) - no_floor.loop_overhead(1)
+    assert kernels == pytest.approx(model.streamed_weight_bytes / (hw.hbm_bandwidth * hw.weight_bandwidth_fraction),
+                                    rel=0.05)
+    # Bandwidth, not FLOPs, sets it: FLOP/s at 0.3 of peak barely moves it (the 64-row GEMM tile's
+    # compute comes near the weight read only then), bandwidth at 0.4 of peak nearly doubles it.
+    assert t < RooflineCostModel(model, hw, flops_efficiency=0.3).iteration_time(arr(1), arr(100)) < 1.15 * t
     assert RooflineCostModel(model, hw, bandwidth_efficiency=0.4).iteration_time(arr(1), arr(100)) > 1.8 * t
 
 
@@ -198,9 +210,10 @@ def test_weights_are_read_once_per_step_not_per_sequence(llama8b_h100):
 def test_long_prefill_is_compute_bound(llama8b_h100):
     model, hw = llama8b_h100
     t = RooflineCostModel(model, hw).iteration_time(arr(4096), arr(0))
-    assert t == pytest.approx(2 * model.num_params * 4096 / (hw.peak_flops * 0.6), rel=0.2)
+    assert t == pytest.approx(2 * model.num_params * 4096 / (hw.peak_flops * hw.gemm_flops_fraction), rel=0.2)
+    # far from the ridge point the weight read hides under the compute
     assert RooflineCostModel(model, hw, bandwidth_efficiency=0.4).iteration_time(arr(4096), arr(0)) \
-        == pytest.approx(t)
+        == pytest.approx(t, rel=0.03)
 
 
 def test_doubling_tensor_parallel_roughly_halves_a_large_prefill():
@@ -217,8 +230,62 @@ def test_tensor_parallel_decode_pays_all_reduce_latency(llama8b_h100):
 
 
 def test_describe_reports_the_constants(llama8b_h100):
+    hw = llama8b_h100[1]
     d = RooflineCostModel(*llama8b_h100, step_overhead_s=1e-3).describe()
-    assert d["step_overhead_s"] == 1e-3 and d["effective_flops"] == pytest.approx(989e12 * 0.6)
+    assert d["step_overhead_s"] == 1e-3 and d["effective_flops"] == pytest.approx(989e12 * hw.gemm_flops_fraction)
+    assert d["kernel_floor_s"] == hw.kernel_floor_s
+
+
+def test_breakdown_terms_sum_to_the_step_time(llama8b_h100):
+    cm = RooflineCostModel(*llama8b_h100, tensor_parallel=2)
+    sums = step_sums(arr(1, 1, 300), arr(500, 20, 64))
+    parts = cm.breakdown(sums, 1e6)
+    assert tuple(parts) == ROOFLINE_TERMS and all(v > 0 for v in parts.values())
+    assert sum(parts.values()) == pytest.approx(cm.step_time(sums, 1e6))
+    assert parts["host"] == cm.loop_overhead(3)
+
+
+def test_every_kernel_of_a_step_pays_the_kernel_floor(llama8b_h100):
+    model, hw = llama8b_h100
+    q, ctx = arr(1, 1), arr(100, 100)
+    without = RooflineCostModel(model, replace(hw, kernel_floor_s=0.0)).iteration_time(q, ctx)
+    floor = 5e-6
+    with_floor = RooflineCostModel(model, replace(hw, kernel_floor_s=floor)).iteration_time(q, ctx)
+    L = model.num_layers
+    # per layer: 4 GEMMs, 2 norms + rotary + activation, KV write + attention; per step: embedding,
+    # final norm, LM head and the sampler's kernels
+    kernels = 4 * L + 4 * L + 2 * L + 2 + 1 + SAMPLER_KERNELS
+    assert with_floor - without == pytest.approx(kernels * floor)
+
+
+def test_lm_head_and_sampler_scale_with_sequences_not_tokens(llama8b_h100):
+    cm = RooflineCostModel(*llama8b_h100)
+    one_prefill = cm.breakdown(step_sums(arr(512), arr(0)))
+    one_decode = cm.breakdown(step_sums(arr(1), arr(511)))
+    many_decodes = cm.breakdown(step_sums(np.ones(512, dtype=I64), np.zeros(512, dtype=I64)))
+    for term in ("lm_head", "sampler"):
+        assert one_prefill[term] == one_decode[term] < many_decodes[term]
+    assert one_prefill["small_ops"] > one_decode["small_ops"]  # norms, rotary, activation: per token
+
+
+def test_a_gemm_at_its_ridge_point_is_slower_than_either_bound(llama8b_h100):
+    model, hw = llama8b_h100
+    cm = RooflineCostModel(model, replace(hw, kernel_floor_s=0.0))
+    weights = model.num_layers * model.layer_matmul_params * model.dtype_bytes / (hw.hbm_bandwidth * hw.weight_bandwidth_fraction)
+    per_token = 2 * model.num_layers * model.layer_matmul_params / (hw.peak_flops * hw.gemm_flops_fraction)
+    ridge = round(weights / per_token / 64) * 64
+    linear = cm.breakdown(step_sums(arr(ridge), arr(0)))["linear"]
+    assert linear > 1.25 * max(weights, ridge * per_token)
+    far = cm.breakdown(step_sums(arr(16 * ridge), arr(0)))["linear"]
+    assert far == pytest.approx(16 * ridge * per_token, rel=0.02)
+
+
+def test_hardware_presets_carry_fractions_of_their_peaks():
+    for name, hw in HARDWARE.items():
+        fractions = (hw.weight_bandwidth_fraction, hw.stream_bandwidth_fraction, hw.gemm_flops_fraction,
+                     hw.attention_flops_fraction)
+        assert all(0.0 < f <= 1.0 for f in fractions), name
+        assert 0.0 <= hw.kernel_floor_s < 20e-6, name
 
 
 # ---- fitted profile ----
@@ -394,3 +461,22 @@ def test_iteration_time_is_cheap_enough_for_100k_steps(llama8b_h100):
         per_call = min(timeit.repeat(lambda cm=cm: cm.iteration_time(q, ctx), number=2000, repeat=5)) / 2000
         print(f"{type(cm).__name__}: {per_call * 1e6:.1f} us per 512-row mixed step")
         assert per_call < 150e-6  # target ~15 us; the bound only catches a per-row Python loop
+
+
+GPU_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gpu"
+
+
+@pytest.mark.skipif(not (GPU_DATA / "SOURCES.md").is_file(), reason="needs the shared GPU data (../shared/data/gpu)")
+def test_the_default_roofline_tracks_public_gpu_kernel_timings(monkeypatch):
+    spec = importlib.util.spec_from_file_location(
+        "roofline_vs_measured", Path(__file__).resolve().parents[1] / "benchmarks" / "roofline_vs_measured.py")
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)  # its dataclass looks its module up
+    spec.loader.exec_module(bench)
+    points = bench.compare(GPU_DATA)
+    assert {p["column"] for p in points} >= {"H100 llama-3.1-8b", "A100 llama-3-8b", "RTX 4090 llama-3.1-8b"}
+    within = [p for p in points if abs(p["ratio"] - 1) <= 0.10]
+    # two known misses (README, Benchmarks): Vidur's H100 gate/up GEMM at 256 rows is as slow as at
+    # 512, and the RTX 4090's GEMMs overlap memory and compute better than the blend assumes there
+    assert len(within) >= len(points) - 2
+    assert all(0.8 <= p["ratio"] <= 1.2 for p in points)
