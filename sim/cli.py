@@ -10,20 +10,9 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from .errors import USER_ERRORS, UserError, one_line_error
+
 EXIT_USAGE = 2
-
-
-class UserError(Exception):
-    """An error the user can fix; printed as one line, exit status 2."""
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from .cost_model import ProfileError
-    from .presets import PresetError
-    from .scenario import ScenarioError
-    from .workload import WorkloadError
-
-    return (UserError, ScenarioError, WorkloadError, ProfileError, PresetError, FileNotFoundError)
 
 
 def _load(args: argparse.Namespace):
@@ -337,11 +326,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.fn(args) or 0)
-    except _user_errors() as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if isinstance(e, FileNotFoundError) and e.filename:
-            msg = f"file not found: {e.filename}"
-        print(f"servesim {args.command}: error: {msg}", file=sys.stderr)
+    except USER_ERRORS as e:
+        print(f"servesim {args.command}: error: {one_line_error(e)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("servesim: interrupted", file=sys.stderr)

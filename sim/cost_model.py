@@ -82,6 +82,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 
 from .batch import step_sums as _step_sums
+from .errors import ProfileError
 from .presets import HardwareConfig, ModelConfig, kv_heads_per_rank
 
 PROFILE_FORMAT = "servesim-profile/2"
@@ -107,10 +108,6 @@ class CostModel(Protocol):
 # The shipped models also answer ``step_time(sums, swap_bytes)`` from a step's ``Batch.sums``
 # (``batch.step_sums`` of its rows), so the simulator computes each step's aggregates once and
 # shares them with the metrics; ``iteration_time`` is the same computation from the raw rows.
-
-
-class ProfileError(ValueError):
-    """A cost-model profile that is missing or malformed."""
 
 
 def classify_step(q_lens: np.ndarray) -> Literal["prefill", "decode", "mixed", "empty"]:

@@ -200,6 +200,14 @@ class MetricsRecorder:
         # ITLs are staged in a buffer so the histogram's log/bincount runs on big chunks.
         self._itl_buf = np.empty(self._ITL_BUFFER, dtype=np.float64)
         self._itl_n = 0
+        # prompt tokens looked up in / served from the prefix cache, all replicas (set at the end)
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+
+    def on_prefix_cache(self, query_tokens: int, hit_tokens: int) -> None:
+        """Add one replica's prefix-cache counters (tokens), read off its block manager after the run."""
+        self.prefix_cache_queries += query_tokens
+        self.prefix_cache_hits += hit_tokens
 
     def on_iteration(
         self,
@@ -375,12 +383,15 @@ def summarize(
     itl_hist: LogHistogram | None = None,
     slo: Mapping[str, float] | None = None,
     duration_s: float | None = None,
+    prefix_cache: tuple[int, int] | None = None,
 ) -> dict[str, float | int]:
     """Summary of a run with vLLM ``benchmark_serving.py`` key names (latencies in ms, rates per s).
 
     Latency statistics use finished requests only; rejected requests count in ``rejected`` and fail
     every SLO in ``slo_attainment``. ``duration_s`` defaults to first arrival to last finish
-    (seconds). Values are plain Python ints/floats, nan where undefined; key order is fixed.
+    (seconds). ``prefix_cache`` is (prompt tokens looked up, tokens served from the cache), summed
+    over replicas; without it the prefix-cache keys are nan. Values are plain Python ints/floats,
+    nan where undefined; key order is fixed.
     """
     fin = requests_df[requests_df["state"] == "finished"]
     completed = len(fin)
@@ -425,6 +436,10 @@ def summarize(
         s["max_kv_usage"] = math.nan
         s["mean_batch_size"] = math.nan
     s["num_iterations"] = n_it
+    # vLLM's prefix_cache_hit_rate: cached prompt tokens over prompt tokens looked up
+    queries, hits = prefix_cache if prefix_cache is not None else (0, math.nan)
+    s["prefix_cache_hit_rate"] = _div(hits, queries)
+    s["prefix_cache_hit_tokens"] = hits
     return s
 
 

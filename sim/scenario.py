@@ -16,17 +16,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, Tag, ValidationError, field_validator, model_validator
 
-from .cluster import ClusterConfig
 from .cost_model import CostModelConfig
+from .errors import ScenarioError
 from .hints import did_you_mean
 from .presets import HARDWARE, MODELS, get_hardware
+from .router import ClusterConfig
 from .schedulers import SchedulerConfig
 from .schedulers.engine_presets import BUILTIN_TAG, SchedulerSection, apply_preset_defaults
 from .workload import WorkloadConfig
-
-
-class ScenarioError(ValueError):
-    """A problem with a scenario a user can fix; the message is one line."""
 
 
 class KVCacheConfig(BaseModel):
@@ -39,6 +36,8 @@ class KVCacheConfig(BaseModel):
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
     enable_prefix_caching: bool = False
     swap_space_gb: float = Field(4.0, ge=0.0, description="host memory for swapped-out blocks, GiB per replica")
+    # vLLM V0's BlockSpaceManager keeps 1% of blocks free when admitting; engine presets set their own
+    watermark: float = Field(0.01, ge=0.0, lt=1.0, description="fraction of blocks kept free on admission")
 
 
 class LiveConfig(BaseModel):

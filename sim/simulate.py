@@ -70,7 +70,7 @@ def build_scheduler(sc: Scenario, kv: KVPlan) -> Scheduler:
         kv.block_size,
         enable_prefix_caching=sc.kv_cache.enable_prefix_caching,
         num_host_blocks=kv.num_host_blocks,
-        watermark=sc.scheduler.watermark,
+        watermark=sc.kv_cache.watermark,
     )
     return make_scheduler(sc.scheduler, block_manager)
 
@@ -134,6 +134,9 @@ def run_replicas(
         cluster.run(requests)
     finally:
         bar.close()
+    for rep in replicas:
+        kv = rep.scheduler.kv
+        recorder.on_prefix_cache(kv.prefix_queries * kv.block_size, kv.prefix_hits * kv.block_size)
     return recorder, replicas
 
 
@@ -163,7 +166,8 @@ def finish_run(sc: Scenario, mode: str, requests: list[Request], recorder: Metri
     requests_df = recorder.requests_frame().sort_values("request_id", kind="stable").reset_index(drop=True)
     iterations_df = recorder.iterations_frame()
     hist = recorder.itl_histogram
-    summary = summarize(requests_df, iterations_df, hist, slo=sc.slo or None)
+    summary = summarize(requests_df, iterations_df, hist, slo=sc.slo or None,
+                        prefix_cache=(recorder.prefix_cache_queries, recorder.prefix_cache_hits))
     return RunResult(sc, mode, requests, requests_df, iterations_df, summary, hist, kv, wall_s)
 
 

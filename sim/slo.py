@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from .errors import ScenarioError
 from .hints import did_you_mean
 from .metrics import LogHistogram
-from .scenario import ScenarioError
 
 METRIC_COLUMNS = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e", "queueing_delay": "queueing_delay", "itl": None}
 PER_REQUEST_METRICS = ("ttft", "tpot", "e2el", "queueing_delay")

@@ -31,7 +31,7 @@ ENGINES_DIR = Path(__file__).resolve().parent.parent / "scenarios" / "engines"
 def build(knobs: dict, num_blocks: int, block_size: int, *, prefix: bool = False, hardware: str = "h100-sxm"):
     """The scheduler a preset builds over a cache of ``num_blocks`` blocks of ``block_size`` tokens."""
     cfg = PRESETS[knobs["preset"]].model_validate(knobs).resolved(get_hardware(hardware), "llama-3.1-8b")
-    kv = BlockManager(num_blocks, block_size, enable_prefix_caching=prefix, watermark=cfg.watermark)
+    kv = BlockManager(num_blocks, block_size, enable_prefix_caching=prefix, watermark=cfg.KV_DEFAULTS["watermark"])
     return cfg.build(kv)
 
 
@@ -171,7 +171,7 @@ def test_vllm_v0_budget_is_the_context_length_without_chunking():
     assert sc.scheduler.max_num_batched_tokens == 131072  # llama-3.1's context
     sc = scenario_from_dict(small_scenario({"preset": "vllm-v0", "max_model_len": 1024}))
     assert sc.scheduler.max_num_batched_tokens == 2048  # max(max_model_len, 2048)
-    assert sc.scheduler.watermark == 0.01
+    assert sc.kv_cache.watermark == 0.01
 
 
 # ---- Transformers ----------------------------------------------------------------------------------

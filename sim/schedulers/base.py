@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -43,7 +43,13 @@ class SchedulerConfig(BaseModel):
     # continuous only: vLLM v0 runs a prefill-only step whenever it can admit a prompt
     # (prefill_first); decode_first runs every decode and fills the rest of the budget with whole prompts.
     schedule_order: Literal["prefill_first", "decode_first"] = "prefill_first"
-    watermark: float = Field(0.01, ge=0.0, lt=1.0, description="fraction of blocks kept free on admission")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kv_knobs_elsewhere(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "watermark" in data:
+            raise ValueError("watermark is a KV-cache knob: set kv_cache.watermark")
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> SchedulerConfig:

@@ -30,7 +30,8 @@ sglang             RetractingScheduler (prefill-or-decode       schedule_policy,
 KV-cache knobs stay in the ``kv_cache`` section under their vLLM names; a preset only changes the
 defaults the user did not set (``block_size``: TensorRT-LLM's ``tokens_per_block``, SGLang's
 ``page_size``, Transformers' ``block_size``; ``enable_prefix_caching``: TensorRT-LLM's
-``enable_block_reuse``, SGLang's radix cache, Transformers' ``allow_block_sharing``). Writing one of
+``enable_block_reuse``, SGLang's radix cache, Transformers' ``allow_block_sharing``; ``watermark``:
+1% for vLLM V0's block manager, none for the others). Writing one of
 those engine names under ``scheduler`` is an error that says where it goes.
 """
 
@@ -42,25 +43,13 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, T
 
 from ..hints import did_you_mean
 from ..kv_cache import BlockManager
-from ..presets import GiB, HardwareConfig
+from ..presets import GiB, HardwareConfig, get_model
 from .base import Scheduler, SchedulerConfig
 from .chunked import ChunkedScheduler
 from .composed import ComposedScheduler, Composition
 from .continuous import ContinuousScheduler
 from .dynamic_batcher import DynamicBatcher
 from .retracting import RetractingScheduler
-
-# max_position_embeddings of each model preset's config.json (the context vLLM and SGLang derive
-# their defaults from); "tiny" is servesim's own test model.
-CONTEXT_LENGTH: dict[str, int] = {
-    "llama-3.2-1b": 131072,
-    "llama-3.1-8b": 131072,
-    "llama-3.1-70b": 131072,
-    "mistral-7b": 32768,
-    "qwen2.5-7b": 131072,
-    "tiny": 4096,
-}
-_DEFAULT_CONTEXT = 4096
 
 # Knobs that belong in the kv_cache section, under the names engines give them.
 _KV_KNOBS = {
@@ -77,6 +66,7 @@ _KV_KNOBS = {
     "mem_fraction_static": "kv_cache.gpu_memory_utilization",
     "max_memory_percent": "kv_cache.gpu_memory_utilization",
     "swap_space": "kv_cache.swap_space_gb",
+    "watermark": "kv_cache.watermark",
 }
 
 
@@ -122,11 +112,6 @@ class EnginePreset(BaseModel):
         """The preset's name, where a built-in config has its scheduler type (run header, CLI)."""
         return self.preset  # type: ignore[attr-defined]
 
-    @property
-    def watermark(self) -> float:
-        """Fraction of KV blocks the block manager keeps free on admission."""
-        return 0.0
-
     # ---- resolution and construction --------------------------------------------------------
     def resolved(self, hardware: HardwareConfig, model: str) -> EnginePreset:
         """A copy with every knob left unset filled in as the engine would on ``hardware`` for ``model``."""
@@ -162,7 +147,7 @@ class VllmV1Preset(EnginePreset):
 
     ENGINE: ClassVar[str] = "vLLM V1"
     MODELLED: ClassVar[str] = "vLLM V1 engine (v0.8+; main @ 00024d3)"
-    KV_DEFAULTS: ClassVar[dict[str, Any]] = {"block_size": 16, "enable_prefix_caching": True}
+    KV_DEFAULTS: ClassVar[dict[str, Any]] = {"block_size": 16, "enable_prefix_caching": True, "watermark": 0.0}
     NOT_MODELLED: ClassVar[dict[str, str]] = {
         "enable_chunked_prefill": "V1 always chunks prefills in the version modelled; use preset vllm-v0 "
         "for whole-prompt scheduling",
@@ -192,7 +177,7 @@ class VllmV1Preset(EnginePreset):
         cfg = SchedulerConfig(
             type="chunked", max_num_seqs=self.max_num_seqs or 256, max_num_batched_tokens=self.max_num_batched_tokens
             or 2048, long_prefill_token_threshold=self.long_prefill_token_threshold, max_model_len=self.max_model_len,
-            policy=self.policy, preemption_mode="recompute", watermark=0.0,
+            policy=self.policy, preemption_mode="recompute",
         )
         return ChunkedScheduler(cfg, block_manager)
 
@@ -212,7 +197,7 @@ class VllmV0Preset(EnginePreset):
 
     ENGINE: ClassVar[str] = "vLLM V0"
     MODELLED: ClassVar[str] = "vLLM V0 scheduler (v0.6.x, chunked prefill off)"
-    KV_DEFAULTS: ClassVar[dict[str, Any]] = {"block_size": 16, "enable_prefix_caching": False}
+    KV_DEFAULTS: ClassVar[dict[str, Any]] = {"block_size": 16, "enable_prefix_caching": False, "watermark": 0.01}
     NOT_MODELLED: ClassVar[dict[str, str]] = {
         "enable_chunked_prefill": "this preset is V0 with chunked prefill off; use preset vllm-v1 or "
         "scheduler.type: chunked for chunked prefill",
@@ -227,12 +212,8 @@ class VllmV0Preset(EnginePreset):
     policy: Literal["fcfs", "priority"] = "fcfs"
     preemption_mode: Literal["recompute", "swap"] = "recompute"
 
-    @property
-    def watermark(self) -> float:
-        return 0.01  # BlockSpaceManager's fixed watermark
-
     def resolved(self, hardware: HardwareConfig, model: str) -> VllmV0Preset:
-        max_len = self.max_model_len or CONTEXT_LENGTH.get(model, _DEFAULT_CONTEXT)
+        max_len = self.max_model_len or get_model(model).max_position_embeddings
         return self.model_copy(update={
             "max_model_len": max_len,
             "max_num_batched_tokens": self.max_num_batched_tokens or max(max_len, 2048),
@@ -242,7 +223,7 @@ class VllmV0Preset(EnginePreset):
         cfg = SchedulerConfig(
             type="continuous", max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens
             or 2048, max_model_len=self.max_model_len, policy=self.policy, preemption_mode=self.preemption_mode,
-            schedule_order="prefill_first", watermark=self.watermark,
+            schedule_order="prefill_first",
         )
         return ContinuousScheduler(cfg, block_manager)
 
@@ -269,7 +250,7 @@ class TransformersPreset(EnginePreset):
 
     ENGINE: ClassVar[str] = "Transformers"
     MODELLED: ClassVar[str] = "Transformers continuous batching (v5.x ContinuousBatchingManager)"
-    KV_DEFAULTS: ClassVar[dict[str, Any]] = {"block_size": 256, "enable_prefix_caching": True}
+    KV_DEFAULTS: ClassVar[dict[str, Any]] = {"block_size": 256, "enable_prefix_caching": True, "watermark": 0.0}
     RENAMED: ClassVar[dict[str, str]] = {
         "max_num_batched_tokens": "max_batch_tokens",
         "max_num_seqs": "max_requests_per_batch",
@@ -315,7 +296,7 @@ class TransformersPreset(EnginePreset):
         # Every request holding KV holds at least one block: that bounds how many can be active.
         cfg = SchedulerConfig(
             type="chunked", max_num_seqs=max(block_manager.num_blocks, 1), max_num_batched_tokens=self.max_batch_tokens,
-            preemption_mode="soft_reset", watermark=0.0,
+            preemption_mode="soft_reset",
         )
         return ComposedScheduler(cfg, block_manager, comp)
 
@@ -341,7 +322,7 @@ class TensorRTLLMPreset(EnginePreset):
 
     ENGINE: ClassVar[str] = "TensorRT-LLM"
     MODELLED: ClassVar[str] = "TensorRT-LLM 1.x capacity + micro-batch scheduler"
-    KV_DEFAULTS: ClassVar[dict[str, Any]] = {"block_size": 32, "enable_prefix_caching": True}
+    KV_DEFAULTS: ClassVar[dict[str, Any]] = {"block_size": 32, "enable_prefix_caching": True, "watermark": 0.0}
     RENAMED: ClassVar[dict[str, str]] = {
         "max_num_seqs": "max_batch_size",
         "max_num_batched_tokens": "max_num_tokens",
@@ -380,7 +361,7 @@ class TensorRTLLMPreset(EnginePreset):
         # A pause keeps what was generated as prompt: soft reset arithmetic, back at the head.
         cfg = SchedulerConfig(
             type="chunked", max_num_seqs=self.max_batch_size, max_num_batched_tokens=self.max_num_tokens,
-            max_model_len=self.max_seq_len, preemption_mode=self.preemption_mode, watermark=0.0,
+            max_model_len=self.max_seq_len, preemption_mode=self.preemption_mode,
         )
         return ComposedScheduler(cfg, block_manager, comp)
 
@@ -404,7 +385,7 @@ class TritonDynamicPreset(EnginePreset):
 
     ENGINE: ClassVar[str] = "Triton dynamic batcher"
     MODELLED: ClassVar[str] = "Triton Inference Server 2.x dynamic batcher"
-    KV_DEFAULTS: ClassVar[dict[str, Any]] = {"block_size": 16, "enable_prefix_caching": False}
+    KV_DEFAULTS: ClassVar[dict[str, Any]] = {"block_size": 16, "enable_prefix_caching": False, "watermark": 0.0}
     RENAMED: ClassVar[dict[str, str]] = {
         "max_num_seqs": "max_batch_size",
         "preferred_batch_sizes": "preferred_batch_size",
@@ -428,7 +409,7 @@ class TritonDynamicPreset(EnginePreset):
         return self
 
     def build(self, block_manager: BlockManager) -> Scheduler:
-        cfg = SchedulerConfig(type="static", max_num_seqs=self.max_batch_size, watermark=0.0)
+        cfg = SchedulerConfig(type="static", max_num_seqs=self.max_batch_size)
         return DynamicBatcher(
             cfg, block_manager, max_queue_delay_s=self.max_queue_delay_microseconds * 1e-6,
             preferred_batch_sizes=tuple(self.preferred_batch_size),
@@ -469,7 +450,7 @@ class SGLangPreset(EnginePreset):
 
     ENGINE: ClassVar[str] = "SGLang"
     MODELLED: ClassVar[str] = "SGLang v0.4.9-v0.5 scheduler"
-    KV_DEFAULTS: ClassVar[dict[str, Any]] = {"block_size": 1, "enable_prefix_caching": True}
+    KV_DEFAULTS: ClassVar[dict[str, Any]] = {"block_size": 1, "enable_prefix_caching": True, "watermark": 0.0}
     RENAMED: ClassVar[dict[str, str]] = {
         "max_num_seqs": "max_running_requests",
         "max_num_batched_tokens": "chunked_prefill_size",
@@ -490,7 +471,7 @@ class SGLangPreset(EnginePreset):
     context_length: int | None = Field(None, ge=1)
 
     # the model's context length, set by ``resolved``: the default max_running_requests needs it
-    _context: int = PrivateAttr(_DEFAULT_CONTEXT)
+    _context: int = PrivateAttr(4096)
 
     @property
     def preemption_mode(self) -> str:
@@ -500,7 +481,7 @@ class SGLangPreset(EnginePreset):
         out = self.model_copy(update={
             "chunked_prefill_size": self.chunked_prefill_size or _sglang_chunked_prefill_size(hardware),
         })
-        out._context = self.context_length or CONTEXT_LENGTH.get(model, _DEFAULT_CONTEXT)
+        out._context = self.context_length or get_model(model).max_position_embeddings
         return out
 
     def build(self, block_manager: BlockManager) -> Scheduler:
@@ -512,7 +493,7 @@ class SGLangPreset(EnginePreset):
             running = min(max(int(pool / (self.context_length or self._context) * 512), 2048), 4096)
         cfg = SchedulerConfig(
             type="chunked", max_num_seqs=running, max_num_batched_tokens=chunk if chunked else self.max_prefill_tokens,
-            max_model_len=self.context_length, preemption_mode="recompute", watermark=0.0,
+            max_model_len=self.context_length, preemption_mode="recompute",
         )
         return RetractingScheduler(
             cfg, block_manager, waiting_order=self.schedule_policy, max_prefill_tokens=self.max_prefill_tokens,
