@@ -164,7 +164,7 @@ class PlanResult:
         st = self.settings
         return {
             "scenario": self.scenario.name,
-            "scheduler": self.scenario.scheduler.type,
+            "scheduler": self.scenario.scheduler_name,
             "slo": [str(t) for t in st.terms],
             "attainment": st.attainment,
             "seeds": list(range(self.scenario.seed, self.scenario.seed + st.seeds)),

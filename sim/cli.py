@@ -32,7 +32,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     stats = workload_stats(result.requests)
     print(
         f"servesim run: {sc.name} | {sc.model} on {sc.hardware} (tp={sc.tensor_parallel}) x{sc.cluster.num_replicas} | "
-        f"{sc.scheduler.type} scheduler | {result.kv.num_blocks} KV blocks of {result.kv.block_size} tokens | "
+        f"{sc.scheduler_name} scheduler | {result.kv.num_blocks} KV blocks of {result.kv.block_size} tokens | "
         f"{int(stats.get('count', len(result.requests)))} requests, seed {sc.seed}"
     )
     print(format_summary_table(result.summary))
@@ -61,7 +61,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     out = write_results(result, args.out or default_out_dir(sc, "live"), plots=not args.no_plots)
     print(
         f"servesim live: {sc.name} | {sc.model} ({sc.live.dtype}, {sc.live.backend} on {sc.live.device}) | "
-        f"{sc.scheduler.type} scheduler | {result.kv.num_blocks} KV blocks of {result.kv.block_size} tokens "
+        f"{sc.scheduler_name} scheduler | {result.kv.num_blocks} KV blocks of {result.kv.block_size} tokens "
         f"({result.kv.source}) | {len(result.requests)} requests, seed {sc.seed}"
     )
     print(format_summary_table(result.summary))
@@ -97,7 +97,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     sc = _load(args)
     parse_max_error(args.max_error)  # a bad threshold is a usage error before anything runs
     out = Path(args.out) if args.out else Path("results") / f"{sc.name}-validate"
-    print(f"servesim validate: {sc.name} | {sc.model} | {sc.scheduler.type} scheduler | seed {sc.seed} | "
+    print(f"servesim validate: {sc.name} | {sc.model} | {sc.scheduler_name} scheduler | seed {sc.seed} | "
           f"sim cost model: {'profile ' + args.profile if args.profile else sc.cost_model.type}", flush=True)
     result = validate(sc, out, profile=args.profile, max_error=args.max_error, source=args.scenario,
                       overrides=args.set, progress=False if args.quiet else None, plots=not args.no_plots,
@@ -219,7 +219,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                       window_s=args.duration, min_requests=args.min_requests, start_rate=args.start_rate)
     result = plan(sc, st, target_rate=args.target_rate, workers=args.workers, progress=not args.quiet)
     out = write_plan(result, args.out or Path("results") / f"{sc.name}-plan", plots=not args.no_plots)
-    print(f"servesim plan: {sc.name} | {sc.model} on {sc.hardware} | {sc.scheduler.type} scheduler")
+    print(f"servesim plan: {sc.name} | {sc.model} on {sc.hardware} | {sc.scheduler_name} scheduler")
     print(format_plan(result))
     print(f"results in {out}/ (plan.csv, plan.json{'' if args.no_plots else ', latency_vs_rate.png'})")
     return 0

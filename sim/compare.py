@@ -233,8 +233,8 @@ def format_compare(result: CompareResult) -> str:
                       str(m.fail_on).split("=", 1)[1] if m.fail_on else "",
                       "REGRESSION" if m.flagged else ""])
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
-    lines = [f"baseline {result.baseline.name} ({result.baseline.scheduler.type}) vs candidate "
-             f"{result.candidate.name} ({result.candidate.scheduler.type}), seeds {result.seeds[0]}..{result.seeds[-1]}, "
+    lines = [f"baseline {result.baseline.name} ({result.baseline.scheduler_name}) vs candidate "
+             f"{result.candidate.name} ({result.candidate.scheduler_name}), seeds {result.seeds[0]}..{result.seeds[-1]}, "
              f"same workload; CI: paired bootstrap over seeds ({BOOTSTRAP_RESAMPLES} resamples)"]
     for note in result.notes:
         lines.append(f"note: {note}")

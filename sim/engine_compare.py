@@ -23,9 +23,9 @@ from typing import Any
 
 import pandas as pd
 
+from .engine_presets import PRESETS
 from .hints import did_you_mean
 from .scenario import Scenario, ScenarioError, read_scenario_file, scenario_from_dict
-from .schedulers.engine_presets import PRESETS
 from .simulate import RunResult, simulate, write_results
 from .workload import generate_requests
 

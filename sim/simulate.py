@@ -72,7 +72,7 @@ def build_scheduler(sc: Scenario, kv: KVPlan) -> Scheduler:
         num_host_blocks=kv.num_host_blocks,
         watermark=sc.kv_cache.watermark,
     )
-    return make_scheduler(sc.scheduler, block_manager)
+    return make_scheduler(sc.policy, block_manager)
 
 
 @dataclass
@@ -101,8 +101,8 @@ class RunResult:
             "model": sc.model,
             "hardware": sc.hardware,
             "tensor_parallel": sc.tensor_parallel,
-            "scheduler": sc.scheduler.type,
-            "preemption_mode": sc.scheduler.preemption_mode,
+            "scheduler": sc.scheduler_name,
+            "preemption_mode": sc.policy.preemption_mode,
             "cost_model": sc.cost_model.type,
             "num_replicas": sc.cluster.num_replicas,
             "router": sc.cluster.router,

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from servesim.sim.engine_presets import PRESETS
 from servesim.sim.kv_cache import BlockManager
 from servesim.sim.presets import get_hardware
 from servesim.sim.request import Request, RequestState
 from servesim.sim.scenario import ScenarioError, load_scenario, scenario_from_dict, scenario_to_yaml
-from servesim.sim.schedulers import PRESETS, ComposedScheduler, DynamicBatcher, RetractingScheduler
+from servesim.sim.schedulers import ComposedScheduler, DynamicBatcher, RetractingScheduler, make_scheduler
 from servesim.sim.schedulers.base import RunningTable
 from servesim.sim.schedulers.blocks import (
     blocks_to_completion,
@@ -30,9 +31,10 @@ ENGINES_DIR = Path(__file__).resolve().parent.parent / "scenarios" / "engines"
 
 def build(knobs: dict, num_blocks: int, block_size: int, *, prefix: bool = False, hardware: str = "h100-sxm"):
     """The scheduler a preset builds over a cache of ``num_blocks`` blocks of ``block_size`` tokens."""
-    cfg = PRESETS[knobs["preset"]].model_validate(knobs).resolved(get_hardware(hardware), "llama-3.1-8b")
+    hw = get_hardware(hardware)
+    cfg = PRESETS[knobs["preset"]].model_validate(knobs).resolved(hw, "llama-3.1-8b")
     kv = BlockManager(num_blocks, block_size, enable_prefix_caching=prefix, watermark=cfg.KV_DEFAULTS["watermark"])
-    return cfg.build(kv)
+    return make_scheduler(cfg.translate(hw, "llama-3.1-8b"), kv)
 
 
 def run_steps(sched, requests: list[Request], step_s: float = 1.0, max_steps: int = 50_000):
@@ -132,7 +134,7 @@ def test_builtin_scheduler_errors_read_as_before():
         scenario_from_dict(small_scenario({"type": "chunked", "max_num_seq": 4}))
     msg = str(err.value)
     assert "scheduler.max_num_seq: unknown field" in msg and "did you mean 'max_num_seqs'" in msg
-    assert "max_batch_size" not in msg  # the allowed list is SchedulerConfig's, not the presets'
+    assert "max_batch_size" not in msg  # the allowed list is the chunked policy's, not the presets'
 
 
 def test_chunk_tokens_cuts_at_the_unit_only_when_short_of_the_end():
@@ -415,5 +417,5 @@ def test_sglang_admission_reserves_for_the_running_requests_future_tokens():
 
 # ---- the shipped engine scenarios -------------------------------------------------------------------
 def test_every_preset_has_a_scenario_that_uses_it():
-    used = {load_scenario(p).scheduler.type for p in ENGINES_DIR.glob("*.yaml")}
+    used = {load_scenario(p).scheduler_name for p in ENGINES_DIR.glob("*.yaml")}
     assert set(PRESETS) <= used

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 from servesim.sim.kv_cache import BlockManager
 from servesim.sim.request import Request, RequestState
-from servesim.sim.schedulers import SchedulerConfig, make_scheduler
+from servesim.sim.schedulers import make_scheduler, policy_config
 from servesim.sim.schedulers.chunked import ChunkedScheduler
 from servesim.sim.schedulers.continuous import ContinuousScheduler
 
 
 def make(kind: str, num_blocks: int = 1000, block_size: int = 16, host: int = 0, **cfg):
     kv = BlockManager(num_blocks, block_size, num_host_blocks=host, watermark=cfg.pop("watermark", 0.0))
-    return make_scheduler(SchedulerConfig(type=kind, **cfg), kv)
+    return make_scheduler(policy_config(type=kind, **cfg), kv)
 
 
 def drive(sched, requests: list[Request], step_s: float = 1.0, max_steps: int = 100_000):
@@ -271,8 +271,8 @@ def test_fast_paths_match_the_explicit_rows_code_step_for_step(kind, mode, prefi
     knobs = {"long_prefill_token_threshold": 20} if policy == "chunked" else {"schedule_order": order}
     for cls in classes:
         kv = BlockManager(90, 4, enable_prefix_caching=prefix_caching, num_host_blocks=60)
-        cfg = SchedulerConfig(type=policy, max_num_seqs=24, max_num_batched_tokens=48 if policy == "chunked" else 120,
-                              preemption_mode=mode, **knobs)
+        cfg = policy_config(type=policy, max_num_seqs=24, max_num_batched_tokens=48 if policy == "chunked" else 120,
+                            preemption_mode=mode, **knobs)
         reqs = workload()
         runs.append((drive(cls(cfg, kv), reqs), reqs))
     (fast, fast_reqs), (ref, ref_reqs) = runs

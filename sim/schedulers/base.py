@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -22,27 +22,24 @@ from ..batch import Batch
 from ..kv_cache import BlockManager
 from ..request import Request, RequestState
 
-SchedulerType = Literal["static", "continuous", "chunked"]
 PreemptionMode = Literal["recompute", "soft_reset", "swap"]
 
 
-class SchedulerConfig(BaseModel):
-    """Scheduler knobs; names follow vLLM where vLLM has the knob."""
+class PolicyConfig(BaseModel):
+    """The knobs every policy reads; names follow vLLM where vLLM has the knob.
+
+    Each policy subclasses this with a ``type: Literal[NAME]`` and only the knobs it adds; the
+    scenario's ``scheduler`` section is the union of them, tagged by ``type``.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
-    type: SchedulerType = "chunked"
+    type: str
     max_num_seqs: int = Field(256, ge=1, description="most sequences running at once (static: batch size)")
     max_num_batched_tokens: int = Field(8192, ge=1, description="token budget of one step")
-    long_prefill_token_threshold: int = Field(
-        0, ge=0, description="chunked: cap on one request's prefill tokens per step (0 = no cap)"
-    )
     max_model_len: int | None = Field(None, ge=1, description="reject requests whose prompt+output exceed this")
     policy: Literal["fcfs", "priority"] = "fcfs"
     preemption_mode: PreemptionMode = "recompute"
-    # continuous only: vLLM v0 runs a prefill-only step whenever it can admit a prompt
-    # (prefill_first); decode_first runs every decode and fills the rest of the budget with whole prompts.
-    schedule_order: Literal["prefill_first", "decode_first"] = "prefill_first"
 
     @model_validator(mode="before")
     @classmethod
@@ -50,13 +47,6 @@ class SchedulerConfig(BaseModel):
         if isinstance(data, dict) and "watermark" in data:
             raise ValueError("watermark is a KV-cache knob: set kv_cache.watermark")
         return data
-
-    @model_validator(mode="after")
-    def _check(self) -> SchedulerConfig:
-        if self.type == "static" and self.preemption_mode != "recompute":
-            # static reserves KV up front and never preempts; a mode other than the default is a mistake
-            raise ValueError("preemption_mode has no effect on a static scheduler (it never preempts); remove it")
-        return self
 
 
 @dataclass(slots=True)
@@ -147,16 +137,18 @@ def _readonly(a: np.ndarray) -> np.ndarray:
 class Scheduler:
     """Shared state and mechanics; subclasses implement ``schedule``."""
 
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+    config_type: ClassVar[type[PolicyConfig]] = PolicyConfig
+
+    def __init__(self, config: PolicyConfig, block_manager: BlockManager) -> None:
         self.config = config
         self.kv = block_manager
         self.block_size = block_manager.block_size
-        self.max_num_seqs = config.max_num_seqs
+        self.max_num_seqs = self.seats(config, block_manager)
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.preemption_mode = config.preemption_mode
         self.waiting: deque[Request] = deque()
         self.swapped: deque[Request] = deque()
-        self.run = RunningTable(config.max_num_seqs)
+        self.run = RunningTable(self.max_num_seqs)
         self.num_preemptions = 0
         self._order = 0  # admission counter
         self._preempted_this_step: list[Request] = []
@@ -168,6 +160,11 @@ class Scheduler:
         self._c_arange = self._c_ones = _readonly(np.zeros(0, dtype=np.int64))
         self._c_true = _readonly(np.zeros(0, dtype=bool))
         self._c_views: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    @staticmethod
+    def seats(config: PolicyConfig, block_manager: BlockManager) -> int:
+        """Most requests running at once: ``max_num_seqs``; a policy may derive it from the cache."""
+        return config.max_num_seqs
 
     # ---- interface -------------------------------------------------------------------------
     def add(self, request: Request) -> bool:

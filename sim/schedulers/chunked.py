@@ -10,16 +10,30 @@ request is admitted in that step.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
+from pydantic import Field
 
 from ..batch import Batch
-from .base import Scheduler
+from .base import PolicyConfig, Scheduler
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 _EMPTY.flags.writeable = False
 
 
+class ChunkedConfig(PolicyConfig):
+    """Chunked prefill under one token budget per step (the default policy)."""
+
+    type: Literal["chunked"] = "chunked"
+    long_prefill_token_threshold: int = Field(
+        0, ge=0, description="cap on one request's prefill tokens per step (0 = no cap)"
+    )
+
+
 class ChunkedScheduler(Scheduler):
+    config_type = ChunkedConfig
+
     def schedule(self, now: float) -> Batch:
         run = self.run
         budget = self.max_num_batched_tokens

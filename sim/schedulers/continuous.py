@@ -11,13 +11,26 @@ preempted by recompute, soft reset or swap.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 
 from ..batch import Batch
-from .base import Scheduler
+from .base import PolicyConfig, Scheduler
+
+
+class ContinuousConfig(PolicyConfig):
+    """Continuous batching of whole prompts."""
+
+    type: Literal["continuous"] = "continuous"
+    # vLLM v0 runs a prefill-only step whenever it can admit a prompt (prefill_first);
+    # decode_first runs every decode and fills the rest of the budget with whole prompts.
+    schedule_order: Literal["prefill_first", "decode_first"] = "prefill_first"
 
 
 class ContinuousScheduler(Scheduler):
+    config_type = ContinuousConfig
+
     def schedule(self, now: float) -> Batch:
         prefill_first = self.config.schedule_order == "prefill_first"
         if prefill_first:
