@@ -13,6 +13,7 @@ never written after it is built; some are read-only views of shared scheduler ar
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -21,7 +22,18 @@ from .request import Request
 _add = np.add.reduce  # ndarray.sum without its Python wrapper
 
 
-def step_sums(q: np.ndarray, ctx: np.ndarray, decode_head: int = 0) -> tuple[int, int, int, int, int, int]:
+class StepSums(NamedTuple):
+    """A step's aggregates; a tuple, so ``n, n_dec, tokens, pairs, decode_kv, prefill_kv = sums`` works."""
+
+    seqs: int  # rows
+    decode_seqs: int  # rows with q == 1
+    tokens: int  # sum of q
+    prefill_attn_pairs: int  # over rows with q > 1: q * (ctx + (q + 1) / 2)
+    decode_kv_tokens: int  # over rows with q == 1: ctx + 1
+    prefill_kv_tokens: int  # over rows with q > 1: ctx + q
+
+
+def step_sums(q: np.ndarray, ctx: np.ndarray, decode_head: int = 0) -> StepSums:
     """(rows, decode rows, tokens, prefill attention pairs, decode KV tokens, prefill KV tokens).
 
     Decode rows are rows with q == 1; prefill attention pairs are the sum over the other rows of
@@ -34,14 +46,14 @@ def step_sums(q: np.ndarray, ctx: np.ndarray, decode_head: int = 0) -> tuple[int
     n = q.shape[0]
     ctx_sum = int(_add(ctx))
     if decode_head == n:
-        return n, n, n, 0, ctx_sum + n, 0
+        return StepSums(n, n, n, 0, ctx_sum + n, 0)
     if decode_head and n - decode_head <= _FEW:
         ql = q[decode_head:].tolist()
         cl = ctx[decode_head:].tolist()
     else:
         pre = (q != 1).nonzero()[0]
         if len(pre) == 0:  # decode-only, the common step
-            return n, n, n, 0, ctx_sum + n, 0
+            return StepSums(n, n, n, 0, ctx_sum + n, 0)
         if len(pre) > _FEW:
             tokens = int(_add(q))
             dec = q == 1
@@ -49,7 +61,7 @@ def step_sums(q: np.ndarray, ctx: np.ndarray, decode_head: int = 0) -> tuple[int
             # sum over all rows of q * (ctx + (q + 1) / 2), minus what decode rows add (ctx + 1 each).
             decode_kv = int(np.dot(dec, ctx)) + n_dec if n_dec else 0
             pairs = int(np.dot(q, ctx)) + (int(np.dot(q, q)) + tokens) // 2 - decode_kv
-            return n, n_dec, tokens, pairs, decode_kv, ctx_sum + tokens - decode_kv
+            return StepSums(n, n_dec, tokens, pairs, decode_kv, ctx_sum + tokens - decode_kv)
         ql = q[pre].tolist()
         cl = ctx[pre].tolist()
     # every row outside ql/cl has q == 1
@@ -63,7 +75,7 @@ def step_sums(q: np.ndarray, ctx: np.ndarray, decode_head: int = 0) -> tuple[int
             pairs += qi * ci + qi * (qi + 1) // 2
             pre_ctx += ci
     decode_kv = ctx_sum - pre_ctx + n_dec
-    return n, n_dec, tokens, pairs, decode_kv, ctx_sum + tokens - decode_kv
+    return StepSums(n, n_dec, tokens, pairs, decode_kv, ctx_sum + tokens - decode_kv)
 
 
 _FEW = 64  # up to this many rows of a step are summed as Python ints
@@ -90,7 +102,7 @@ class Batch:
     # token and samples (a pure decode step, whose aggregates need almost no work).
     prefix_slots: bool = False
     decode_rows: int = 0  # leading rows known to be plain decodes (q == 1, samples)
-    _sums: tuple[int, int, int, int, int, int] | None = None
+    _sums: StepSums | None = None
     _num_decode: int = -1
 
     @property
@@ -115,7 +127,7 @@ class Batch:
         return m > 0 and m == len(self.num_new_tokens)
 
     @property
-    def sums(self) -> tuple[int, int, int, int, int, int]:
+    def sums(self) -> StepSums:
         """``step_sums`` of the rows, computed once."""
         sums = self._sums
         if sums is None:
@@ -124,7 +136,7 @@ class Batch:
 
     @property
     def num_tokens(self) -> int:
-        return self.sums[2]
+        return self.sums.tokens
 
     @property
     def num_decode_tokens(self) -> int:
