@@ -12,6 +12,7 @@ never written after it is built; some are read-only views of shared scheduler ar
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -81,35 +82,37 @@ def step_sums(q: np.ndarray, ctx: np.ndarray, decode_head: int = 0) -> StepSums:
 _FEW = 64  # up to this many rows of a step are summed as Python ints
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Batch:
+    """One step: per row (request), the tokens it computes and the tokens it has in the KV cache.
+
+    Built by keyword. Holds nothing of the scheduler's own bookkeeping: what an executor, the
+    cost model and the metrics read, and a way to list the rows' requests when one asks.
+    """
+
     num_new_tokens: np.ndarray  # int64, tokens computed for each request this step
     num_context_tokens: np.ndarray  # int64, tokens of each request already in the KV cache
     # Rows whose computation reaches the end of their tokens sample one output token.
     samples: np.ndarray  # bool
-    # Running-table slots of the rows (scheduler-private bookkeeping).
-    slots: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     preempted: list[Request] = field(default_factory=list)
     # KV block copies done before the step: (device block, host block) and (host, device) pairs.
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
+    # The rows' leading plain decodes (q == 1, samples), when known: a pure decode step's
+    # aggregates then need almost no work.
+    decode_rows: int = 0
     # The Request of each row is looked up only when asked for (live mode, tests): simulation
     # never needs the objects, and building the list every step is a measurable cost.
-    _source: list[Request] | None = None
+    requests_of: Callable[[], list[Request]] | None = None
     _requests: list[Request] | None = None
-    # Set by the scheduler when it knows them: the slots are 0..size-1 (every running row, in
-    # table order, so the update can work on whole-table slices), and every row computes one
-    # token and samples (a pure decode step, whose aggregates need almost no work).
-    prefix_slots: bool = False
-    decode_rows: int = 0  # leading rows known to be plain decodes (q == 1, samples)
     _sums: StepSums | None = None
     _num_decode: int = -1
 
     @property
     def requests(self) -> list[Request]:
+        """The Request of each row, in row order."""
         if self._requests is None:
-            src = self._source or []
-            self._requests = [src[i] for i in self.slots.tolist()]
+            self._requests = self.requests_of() if self.requests_of is not None else []
         return self._requests
 
     @property
@@ -177,10 +180,10 @@ class Batch:
         ctx = np.asarray(num_context_tokens, dtype=np.int64)
         if samples is None:
             samples = ctx + new >= np.asarray([r.num_tokens for r in requests], dtype=np.int64)
-        return Batch(new, ctx, np.asarray(samples, dtype=bool), np.arange(len(requests), dtype=np.int64),
-                     _source=list(requests))
+        return Batch(num_new_tokens=new, num_context_tokens=ctx, samples=np.asarray(samples, dtype=bool),
+                     _requests=list(requests))
 
     @staticmethod
     def empty() -> Batch:
         z = np.zeros(0, dtype=np.int64)
-        return Batch(z, z.copy(), np.zeros(0, dtype=bool), z.copy())
+        return Batch(num_new_tokens=z, num_context_tokens=z.copy(), samples=np.zeros(0, dtype=bool))

@@ -17,13 +17,13 @@ from servesim.sim.presets import get_hardware
 from servesim.sim.request import Request, RequestState
 from servesim.sim.scenario import ScenarioError, load_scenario, scenario_from_dict, scenario_to_yaml
 from servesim.sim.schedulers import ComposedScheduler, DynamicBatcher, RetractingScheduler, make_scheduler
-from servesim.sim.schedulers.base import RunningTable
 from servesim.sim.schedulers.blocks import (
     blocks_to_completion,
     chunk_tokens,
     fewest_outputs_longest_prompt,
     latest_arrival,
 )
+from servesim.sim.schedulers.running import RunningTable
 from servesim.sim.simulate import simulate
 
 ENGINES_DIR = Path(__file__).resolve().parent.parent / "scenarios" / "engines"
@@ -382,7 +382,7 @@ def test_sglang_never_mixes_prefill_and_decode_and_retracts_fewest_outputs_first
         assert batch.num_prefill_tokens == 0 or batch.num_decode_tokens == 0, "a mixed step"
         if batch.preempted:
             # every victim had no more outputs than any request left decoding
-            kept = sched.run.out[batch.slots]
+            kept = sched.run.out[sched.scheduled.rows]
             assert batch.num_prefill_tokens == 0 and len(kept)
             assert max(v.num_output_tokens for v in batch.preempted) <= kept.min()
             retractions += len(batch.preempted)

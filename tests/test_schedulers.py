@@ -282,8 +282,9 @@ def test_fast_paths_match_the_explicit_rows_code_step_for_step(kind, mode, prefi
         del saw["decode_head"]  # its steps are prefill-only or decode-only
     for (t1, b1, o1), (t2, b2, o2) in zip(fast, ref, strict=True):
         assert t1 == t2
-        for name in ("num_new_tokens", "num_context_tokens", "samples", "slots"):
+        for name in ("num_new_tokens", "num_context_tokens", "samples"):
             np.testing.assert_array_equal(getattr(b1, name), getattr(b2, name), err_msg=name)
+        assert [r.request_id for r in b1.requests] == [r.request_id for r in b2.requests]
         assert b1.sums == b2.sums == _naive_sums(b2.num_new_tokens, b2.num_context_tokens)
         plain = (b2.num_new_tokens == 1) & b2.samples & (b2.num_context_tokens > 0)
         assert b1.num_decode_tokens == b2.num_decode_tokens == int(plain.sum())
@@ -309,7 +310,7 @@ def test_fast_path_batch_arrays_are_read_only_and_not_shared_with_the_table():
         sched.add(req(i, 5, 4))
     sched.update(sched.schedule(0.0), 1.0)
     batch = sched.schedule(1.0)
-    assert batch.decode_only and batch.prefix_slots
+    assert batch.decode_only and sched.scheduled.whole
     ctx = batch.num_context_tokens.copy()
     sched.update(batch, 2.0)
     np.testing.assert_array_equal(batch.num_context_tokens, ctx)  # a snapshot, not a table view

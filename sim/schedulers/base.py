@@ -5,14 +5,17 @@ It owns the waiting, running and swapped queues and talks to the KV ``BlockManag
 allocate / free / can_allocate / swap. It never sleeps, never reads a clock (``now`` is handed in)
 and imports neither SimPy nor torch, which is what lets live mode reuse it unchanged.
 
-Running requests keep their hot counters in numpy arrays (``RunningTable``) so a step over a few
-hundred decoding sequences costs a handful of vector operations, not a Python loop per request.
+Running requests keep their hot counters in numpy arrays (``running.py``: ``RunningTable``) so a
+step over a few hundred decoding sequences costs a handful of vector operations, not a Python loop
+per request. ``update`` applies the step ``schedule`` last returned: the scheduler keeps that
+step's table rows (``scheduled``) itself, so the ``Batch`` carries none of its bookkeeping.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -21,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ..batch import Batch
 from ..kv_cache import BlockManager
 from ..request import Request, RequestState
+from .running import RunningTable, StepRows, _readonly
 
 PreemptionMode = Literal["recompute", "soft_reset", "swap"]
 
@@ -58,80 +62,8 @@ class StepOutput:
     num_first_tokens: int
 
 
-class RunningTable:
-    """Running requests as a structure of arrays, in admission order (oldest first).
-
-    The int columns are rows of one 2-D array, so removing rows moves them all in one operation.
-    """
-
-    __slots__ = ("reqs", "n", "ints", "computed", "tokens", "out", "out_len", "nblocks", "prio", "last_tok")
-
-    def __init__(self, capacity: int) -> None:
-        cap = max(capacity, 1)
-        self.reqs: list[Request] = []
-        self.n = 0
-        self._bind(np.zeros((6, cap), dtype=np.int64), np.zeros(cap, dtype=np.float64))
-
-    def _bind(self, ints: np.ndarray, last_tok: np.ndarray) -> None:
-        self.ints = ints
-        self.computed = ints[0]  # tokens with KV in the cache
-        self.tokens = ints[1]  # tokens that exist (prompt + outputs)
-        self.out = ints[2]  # outputs generated so far
-        self.out_len = ints[3]  # outputs wanted
-        self.nblocks = ints[4]  # device blocks held
-        self.prio = ints[5]
-        self.last_tok = last_tok  # time of the last output token
-
-    def append(self, req: Request, nblocks: int) -> int:
-        i = self.n
-        if i == self.ints.shape[1]:
-            self._bind(np.concatenate([self.ints, np.zeros_like(self.ints)], axis=1),
-                       np.concatenate([self.last_tok, np.zeros_like(self.last_tok)]))
-        self.reqs.append(req)
-        self.ints[:, i] = (req.num_computed_tokens, req.num_tokens, req.num_output_tokens, req.output_len,
-                            nblocks, req.priority)
-        self.last_tok[i] = req.last_token_time
-        self.n = i + 1
-        return i
-
-    def sync(self, i: int) -> Request:
-        """Write row i's counters back to its Request."""
-        req = self.reqs[i]
-        req.num_computed_tokens = int(self.computed[i])
-        req.num_output_tokens = int(self.out[i])
-        req.last_token_time = float(self.last_tok[i])
-        return req
-
-    def remove(self, drop: np.ndarray) -> None:
-        """Remove the rows where ``drop`` (bool, length n) is true, keeping order."""
-        self.remove_rows(drop.nonzero()[0].tolist(), drop)
-
-    def remove_rows(self, gone: list[int], drop: np.ndarray | None = None) -> None:
-        """Remove rows ``gone`` (ascending, distinct), keeping order; ``drop`` is their mask if known."""
-        n = self.n
-        k = n - len(gone)
-        if len(gone) == 1:  # the common case: shift the tail down by one
-            i = gone[0]
-            self.ints[:, i : n - 1] = self.ints[:, i + 1 : n]
-            self.last_tok[i : n - 1] = self.last_tok[i + 1 : n]
-        else:
-            if drop is None:
-                drop = np.zeros(n, dtype=bool)
-                drop[gone] = True
-            keep = ~drop
-            self.ints[:, :k] = self.ints[:, :n][:, keep]
-            self.last_tok[:k] = self.last_tok[:n][keep]
-        # A new list, never an in-place edit: a Batch handed out earlier still indexes the old one.
-        reqs = list(self.reqs)
-        for i in reversed(gone):
-            del reqs[i]
-        self.reqs = reqs
-        self.n = k
-
-
-def _readonly(a: np.ndarray) -> np.ndarray:
-    a.flags.writeable = False
-    return a
+def _requests_at(table: list[Request], rows: np.ndarray) -> list[Request]:
+    return [table[i] for i in rows.tolist()]
 
 
 class Scheduler:
@@ -160,6 +92,7 @@ class Scheduler:
         self._c_arange = self._c_ones = _readonly(np.zeros(0, dtype=np.int64))
         self._c_true = _readonly(np.zeros(0, dtype=bool))
         self._c_views: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.scheduled = StepRows(self._c_arange)  # the rows of the step last scheduled
 
     @staticmethod
     def seats(config: PolicyConfig, block_manager: BlockManager) -> int:
@@ -401,8 +334,10 @@ class Scheduler:
         if self._swapped_in_now:
             self._swapped_in_now.clear()
         self.kv.end_step()
-        return Batch(new.astype(np.int64, copy=False), ctx, samples, rows, pre, so, si, run.reqs, None,
-                     prefix, decode_rows)
+        self.scheduled = StepRows(rows, prefix, decode_rows)
+        return Batch(num_new_tokens=new.astype(np.int64, copy=False), num_context_tokens=ctx, samples=samples,
+                     preempted=pre, swap_out=so, swap_in=si, decode_rows=decode_rows,
+                     requests_of=partial(_requests_at, run.reqs, rows))
 
     def _try_swap_in_one(self, now: float) -> bool:
         """Bring the oldest swapped request back into the running table if its blocks fit."""
@@ -418,64 +353,22 @@ class Scheduler:
 
     # ---- update ----------------------------------------------------------------------------
     def update(self, batch: Batch, now: float) -> StepOutput:
-        """Apply a finished step at time ``now`` (seconds): advance counters, emit tokens, retire."""
-        run = self.run
-        rows = batch.slots
-        if len(rows) == 0:
+        """Apply the step ``schedule`` last returned (``batch``), finished at ``now`` (seconds):
+        advance counters, emit tokens, retire the requests that are done."""
+        step = self.scheduled
+        if len(step.rows) == 0:
             return StepOutput([], np.zeros(0), 0)
-        if batch.prefix_slots:
-            return self._update_prefix(batch, now)
-        run.computed[rows] += batch.num_new_tokens
-        srows = rows[batch.samples]
-        had = run.out[srows] > 0
-        itl = now - run.last_tok[srows[had]]
-        first = srows[~had]
-        run.out[srows] += 1
-        run.tokens[srows] += 1
-        run.last_tok[srows] = now
-        for i in first.tolist():
-            req = run.reqs[i]
-            if req.first_token_time != req.first_token_time:
-                req.first_token_time = now
-        if self.kv.enable_prefix_caching:
-            for j in (batch.num_new_tokens > 1).nonzero()[0].tolist():
-                i = int(rows[j])
-                self.kv.cache_computed_blocks(run.reqs[i], int(run.computed[i]))
-        done = srows[run.out[srows] >= run.out_len[srows]]
-        return StepOutput(self._finish_rows(done, now), itl, len(first))
-
-    def _update_prefix(self, batch: Batch, now: float) -> StepOutput:
-        """``update`` for a batch whose slots are 0..k-1: whole-table slices, no fancy indexing."""
         run = self.run
-        k = len(batch.slots)
         new = batch.num_new_tokens
-        out = run.out[:k]
-        last = run.last_tok[:k]
-        had = out > 0
-        if batch.decode_rows == k:  # every row computes one token and samples
-            if np.count_nonzero(had) == k:
-                itl = now - last
-                first: list[int] = []
-            else:
-                itl = now - last[had]
-                first = (~had).nonzero()[0].tolist()
-            run.ints[:3, :k] += 1  # computed, tokens and out, one op
-            last.fill(now)
-            done = (out >= run.out_len[:k]).nonzero()[0]
-        else:
-            s = batch.samples
-            itl = now - last[had & s]
-            first = (s > had).nonzero()[0].tolist()  # sampling rows without an earlier output
-            run.computed[:k] += new
-            run.ints[1:3, :k] += s  # tokens and out
-            last[s] = now
-            done = (s & (out >= run.out_len[:k])).nonzero()[0]
+        itl, first, done = run.advance(step, new, batch.samples, now)
         for i in first:
             req = run.reqs[i]
             if req.first_token_time != req.first_token_time:
                 req.first_token_time = now
         if self.kv.enable_prefix_caching:
-            for i in (new > 1).nonzero()[0].tolist():
+            rows = step.rows
+            for j in (new > 1).nonzero()[0].tolist():
+                i = j if step.whole else int(rows[j])
                 self.kv.cache_computed_blocks(run.reqs[i], int(run.computed[i]))
         return StepOutput(self._finish_rows(done, now), itl, len(first))
 

@@ -14,7 +14,8 @@ import numpy as np
 
 from ..kv_cache import BlockManager
 from ..request import Request
-from .base import RunningTable, Scheduler
+from .base import Scheduler
+from .running import RunningTable
 
 
 # ---- budget --------------------------------------------------------------------------------------
