@@ -174,6 +174,14 @@ class Scheduler:
             req.first_scheduled_time = now
         return self.run.append(req, self.kv.num_blocks_of(req))
 
+    def _admit_queued(self, req: Request, fresh: bool, cached: int, computed: int, now: float) -> int:
+        """Admit a queued request that ``blocks.attach_cached_prefix`` looked up and that now holds
+        its blocks (the caller took it off the queue); returns its row."""
+        if fresh and req.num_preemptions == 0:
+            req.num_cached_tokens = cached
+        req.num_computed_tokens = computed
+        return self._admit(req, now)
+
     def _pick_victim(self, candidates: np.ndarray) -> int:
         """Row to preempt among ``candidates`` (bool mask): newest first, or lowest priority."""
         rows = candidates.nonzero()[0]

@@ -29,7 +29,6 @@ from ..kv_cache import BlockManager
 from ..request import Request
 from .base import PolicyConfig, Scheduler
 from .blocks import (
-    admit_queued,
     attach_cached_prefix,
     blocks_to_completion,
     chunk_tokens,
@@ -226,7 +225,7 @@ class ComposedScheduler(Scheduler):
                     continue
                 break
             del self.waiting[i]
-            rows.append(admit_queued(self, req, fresh, cached, computed, now))
+            rows.append(self._admit_queued(req, fresh, cached, computed, now))
             new.append(tokens)
             budget -= tokens
             count += 1

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..batch import Batch
 from .base import PolicyConfig, Scheduler
+from .blocks import attach_cached_prefix, drop_cached_prefix
 
 
 class ContinuousConfig(PolicyConfig):
@@ -107,26 +108,16 @@ class ContinuousScheduler(Scheduler):
         new: list[int] = []
         while self.waiting and self.run.n < self.max_num_seqs:
             req = self.waiting[0]
-            fresh = not kv.holds(req)
-            cached = kv.lookup_prefix(req) if fresh else 0
-            computed = cached if fresh else req.num_computed_tokens
+            fresh, cached, computed = attach_cached_prefix(kv, req)
             tokens = req.num_tokens - computed
             # A preempted request re-prefills prompt + outputs, which may exceed the budget; let it
             # run alone rather than starve forever.
             alone_ok = not rows and req.num_preemptions > 0
-            if tokens > budget and not alone_ok:
-                if cached:
-                    kv.free(req)
-                break
-            if not kv.allocate(req, computed + tokens, watermark=True):
-                if cached:
-                    kv.free(req)
+            if (tokens > budget and not alone_ok) or not kv.allocate(req, computed + tokens, watermark=True):
+                drop_cached_prefix(kv, req, cached)
                 break
             self.waiting.popleft()
-            if fresh and req.num_preemptions == 0:
-                req.num_cached_tokens = cached
-            req.num_computed_tokens = computed
-            rows.append(self._admit(req, now))
+            rows.append(self._admit_queued(req, fresh, cached, computed, now))
             new.append(tokens)
             budget -= tokens
         return rows, new

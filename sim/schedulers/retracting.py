@@ -33,7 +33,6 @@ from ..batch import Batch
 from ..kv_cache import BlockManager
 from .base import PolicyConfig, Scheduler
 from .blocks import (
-    admit_queued,
     attach_cached_prefix,
     drop_cached_prefix,
     estimated_future_tokens,
@@ -156,7 +155,7 @@ class RetractingScheduler(Scheduler):
                 drop_cached_prefix(kv, req, cached)
                 break
             admitted.add(req.request_id)
-            rows.append(admit_queued(self, req, fresh, cached, computed, now))
+            rows.append(self._admit_queued(req, fresh, cached, computed, now))
             new.append(tokens)
             rem_total -= tokens + (max_new if last else 0)
             rem_input -= tokens
