@@ -73,7 +73,7 @@ def cmd_live(args: argparse.Namespace) -> int:
 
 
 def cmd_engines(args: argparse.Namespace) -> int:
-    from .engine_compare import compare_engines, format_table
+    from .verbs.engines import compare_engines, format_table
 
     table, out = compare_engines(args.scenario, args.set, args.presets, args.out,
                                  progress=False if args.quiet else None, plots=not args.no_plots)
@@ -205,8 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_plan(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .capacity import PlanSettings, format_plan, plan, write_plan
-    from .slo import parse_slo, terms_from_scenario_slo
+    from .verbs.plan import PlanSettings, format_plan, plan, write_plan
+    from .verbs.slo import parse_slo, terms_from_scenario_slo
 
     sc = _load(args)
     if args.slo:
@@ -230,7 +230,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     import yaml
 
-    from .sweep import format_sweep, parse_grid, run_sweep, write_sweep
+    from .verbs.sweep import format_sweep, parse_grid, run_sweep, write_sweep
 
     sc = _load(args)  # the base scenario must be valid on its own
     raw = yaml.safe_load(Path(args.scenario).read_text())
@@ -252,8 +252,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .compare import compare, format_compare, write_compare
     from .scenario import load_scenario
+    from .verbs.compare import compare, format_compare, write_compare
 
     base = load_scenario(args.scenario, args.set)
     cand = load_scenario(args.candidate, [*args.set, *args.candidate_set])

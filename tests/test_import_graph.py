@@ -17,13 +17,13 @@ PACKAGES = {"sim": "servesim.sim", "kernels": "servesim.kernels", "calibration":
 LAYERS: list[tuple[str, list[str]]] = [
     ("core types", ["sim", "sim.request", "sim.errors", "sim.hints", "sim.presets", "kernels", "calibration"]),
     ("KV cache, batch, workload", ["sim.kv_cache", "sim.batch", "sim.workload"]),
-    ("policies, cost model, metrics, kernels", ["sim.schedulers", "sim.cost_model", "sim.metrics", "sim.slo",
+    ("policies, cost model, metrics, kernels", ["sim.schedulers", "sim.cost_model", "sim.metrics",
                                                 "kernels.attention", "kernels.model", "kernels.runner", "kernels.host"]),
     ("engine presets, plots", ["sim.engine_presets", "sim.plots"]),
     ("engine, cluster", ["sim.engine", "sim.router", "sim.cluster"]),
     ("scenario, simulate, live", ["sim.scenario", "sim.simulate", "kernels.live"]),
-    ("verbs", ["sim.parallel", "sim.capacity", "sim.sweep", "sim.compare", "sim.engine_compare", "calibration.grid",
-               "calibration.fit", "calibration.profile", "calibration.validate", "calibration.commands"]),
+    ("verbs", ["sim.verbs", "calibration.grid", "calibration.fit", "calibration.profile", "calibration.validate",
+               "calibration.commands"]),
     ("CLI", ["sim.cli"]),
 ]
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from .errors import UserError, one_line_error
+from ..errors import UserError, one_line_error
 
 
 @dataclass(slots=True)

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .errors import ScenarioError
-from .hints import did_you_mean
-from .metrics import LATENCY_COLUMNS, LogHistogram
+from ..errors import ScenarioError
+from ..hints import did_you_mean
+from ..metrics import LATENCY_COLUMNS, LogHistogram
 
 # metric -> requests column (ITL is per token: the histogram, no column)
 METRIC_COLUMNS: dict[str, str | None] = {**LATENCY_COLUMNS, "itl": None}
