@@ -119,6 +119,8 @@ def test_resolved_preset_round_trips_through_the_written_scenario(tmp_path: Path
     ({"preset": "hf-transformers", "max_num_batched_tokens": 64}, ["max_batch_tokens"]),
     ({"preset": "vlm-v1"}, ["vlm-v1", "did you mean 'vllm-v1'?"]),
     ({"preset": "vllm-v1", "max_num_seq": 8}, ["max_num_seq", "did you mean 'max_num_seqs'?"]),
+    ({"type": "chunkd"}, ["scheduler.type: unknown scheduler type 'chunkd'", "did you mean 'chunked'?"]),
+    ({"type": "chunked", "watermark": 0.1}, ["kv_cache.watermark"]),
 ])
 def test_a_knob_the_engine_lacks_is_a_one_line_error_naming_it(knobs: dict, words: list[str]):
     with pytest.raises(ScenarioError) as err:

@@ -37,6 +37,7 @@ those engine names under ``scheduler`` is an error that says where it goes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Union
 
 from pydantic import BaseModel, Discriminator, Tag, model_validator
@@ -68,26 +69,23 @@ _UNKNOWN_PRESET = "preset"  # so an unknown name reports as "scheduler.preset: .
 _UNKNOWN_TYPE = "type"  # ... and an unknown policy as "scheduler.type: ..."
 
 
-class _UnknownPreset(BaseModel):
-    """Validates nothing: names the bad preset and the ones there are."""
+def _unknown(key: str, what: str, names: Callable[[], list[str]], also: str = "") -> type[BaseModel]:
+    """A union member that validates nothing: it names the bad ``key`` value and the ones there are."""
 
-    @model_validator(mode="before")
-    @classmethod
-    def _reject(cls, data: Any) -> Any:
-        name = data.get("preset") if isinstance(data, dict) else data
-        raise ValueError(f"unknown engine preset {name!r}{did_you_mean(name, PRESETS)}; choose one of: "
-                         f"{', '.join(PRESETS)}")
+    class Unknown(BaseModel):
+        @model_validator(mode="before")
+        @classmethod
+        def _reject(cls, data: Any) -> Any:
+            name = str(data.get(key) if isinstance(data, dict) else data)
+            raise ValueError(f"unknown {what} {name!r}{did_you_mean(name, names())}; choose one of: "
+                             f"{', '.join(names())}{also}")
+
+    return Unknown
 
 
-class _UnknownPolicy(BaseModel):
-    """Validates nothing: names the bad scheduler type and the ones there are."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _reject(cls, data: Any) -> Any:
-        name = data.get("type") if isinstance(data, dict) else data
-        raise ValueError(f"Input should be {', '.join(repr(p) for p in POLICIES)}{did_you_mean(str(name), POLICIES)} "
-                         f"(or an engine preset: preset: {' | '.join(PRESETS)})")
+_UnknownPreset = _unknown("preset", "engine preset", lambda: list(PRESETS))
+_UnknownPolicy = _unknown("type", "scheduler type", lambda: list(POLICIES),
+                          " (or an engine preset: scheduler.preset)")
 
 
 def _section_tag(value: Any) -> str:
@@ -116,8 +114,9 @@ def scheduler_section() -> Any:
 
 
 def section_tags() -> set[str]:
-    """The union tags that can appear in a validation error's location (not something a user wrote)."""
-    return set(POLICIES) | set(PRESETS) | {_UNKNOWN_PRESET, _UNKNOWN_TYPE}
+    """The union tags that can appear in a validation error's location (not something a user wrote;
+    the unknown-name tags stay, as they read as the field: ``scheduler.preset: unknown ...``)."""
+    return set(POLICIES) | set(PRESETS)
 
 
 def apply_preset_defaults(scheduler: Any, hardware: HardwareConfig, model: str, kv_cache: BaseModel) -> Any:
