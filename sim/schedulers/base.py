@@ -216,39 +216,8 @@ class Scheduler:
         self.waiting.appendleft(req)
 
     def _grow_rows(self, rows: np.ndarray, new: np.ndarray, protect: int = 0) -> np.ndarray:
-        """Give running ``rows`` the blocks for ``new`` more tokens each, preempting if short.
-
-        ``rows``/``new`` are parallel arrays in table order. Victims are chosen among all running
-        rows (scheduled or not) except the first ``protect`` rows. Returns a bool mask over the
-        table of rows preempted (to be removed by the caller).
-        """
-        run = self.run
-        n = run.n
-        preempted = np.zeros(n, dtype=bool)
-        if len(rows) == 0:
-            return preempted
-        bs = self.block_size
-        need = (run.computed[rows] + new + bs - 1) // bs - run.nblocks[rows]
-        need = np.maximum(need, 0)
-        if int(need.sum()) > self.kv.num_free_blocks:
-            need_by_row = np.zeros(n, dtype=np.int64)
-            need_by_row[rows] = need
-            self._preempt_until_fits(need_by_row, preempted, protect)
-        todo = (need > 0).nonzero()[0]
-        if len(todo) == 0:
-            return preempted
-        want = run.computed[rows[todo]] + new[todo]
-        alloc = self.kv.allocate
-        reqs = run.reqs
-        for i, tokens in zip(rows[todo].tolist(), want.tolist(), strict=True):
-            if preempted[i]:
-                continue
-            if not alloc(reqs[i], tokens):
-                raise AssertionError(f"request {reqs[i].request_id}: allocation failed after preemption freed space")
-        kept = ~preempted[rows[todo]]
-        grown = rows[todo][kept]
-        run.nblocks[grown] = (want[kept] + bs - 1) // bs
-        return preempted
+        """``RunningTable.grow`` with this policy's preemption; returns the mask of preempted rows."""
+        return self.run.grow(self.kv, rows, new, self._preempt_until_fits, protect)
 
     def _preempt_until_fits(self, need_by_row: np.ndarray, preempted: np.ndarray, protect: int) -> None:
         """Preempt victims (marked in ``preempted``) until the unpreempted rows' block needs fit.
@@ -266,46 +235,8 @@ class Scheduler:
             self._preempt_row(v)
 
     def _grow_all(self, want: np.ndarray, protect: int = 0) -> np.ndarray | None:
-        """``_grow_rows`` for a step that schedules every running row, row i up to ``want[i]`` tokens.
-
-        Works on whole-table views; the few rows crossing a block boundary are handled as plain
-        ints. Returns the mask of preempted rows, or None when there was no shortage.
-        """
-        run = self.run
-        n = run.n
-        bs = self.block_size
-        nb = run.nblocks[:n]
-        todo = (want > nb * bs).nonzero()[0]
-        if len(todo) == 0:
-            return None
-        rows = todo.tolist()
-        tokens = want[todo].tolist()
-        blocks = [-(-t // bs) for t in tokens]
-        held = nb[todo].tolist()
-        kv = self.kv
-        preempted = None
-        if sum(blocks) - sum(held) > kv.num_free_blocks:
-            preempted = np.zeros(n, dtype=bool)
-            need_by_row = np.zeros(n, dtype=np.int64)
-            need_by_row[todo] = [b - h for b, h in zip(blocks, held, strict=True)]
-            self._preempt_until_fits(need_by_row, preempted, protect)
-        reqs = run.reqs
-        if preempted is None:
-            failed = kv.allocate_each([reqs[i] for i in rows], tokens)
-            if failed >= 0:
-                req = reqs[rows[failed]]
-                raise AssertionError(f"request {req.request_id}: allocation failed after preemption freed space")
-            run.nblocks[todo] = blocks
-            return None
-        alloc = kv.allocate
-        nblocks = run.nblocks
-        for i, t, b in zip(rows, tokens, blocks, strict=True):
-            if preempted[i]:
-                continue
-            if not alloc(reqs[i], t):
-                raise AssertionError(f"request {reqs[i].request_id}: allocation failed after preemption freed space")
-            nblocks[i] = b
-        return preempted
+        """``RunningTable.grow_leading`` with this policy's preemption (every running row scheduled)."""
+        return self.run.grow_leading(self.kv, want, self._preempt_until_fits, protect)
 
     def _const_views(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Read-only (0..k-1, k ones, k Trues); the views are immutable, so they are cached."""

@@ -1,9 +1,9 @@
 """The running requests as a structure of arrays, behind a narrow API.
 
 A policy's ``schedule`` picks rows of this table and how many tokens each computes; the
-vectorised work over the rows (appending and removing, a finished step's counters, inter-token
-latencies, who finished) happens here, in a few numpy operations per step rather than a Python
-loop per request. A row's counters are written back to its ``Request`` (``sync``) when it leaves.
+vectorised work over the rows (appending and removing, growing their KV blocks with the policy's
+preemption passed in as ``make_room``, a finished step's counters, inter-token latencies, who
+finished) happens here, in a few numpy operations per step rather than a Python loop per request. A row's counters are written back to its ``Request`` (``sync``) when it leaves.
 
 ``StepRows`` is the scheduler's own record of the rows a step scheduled: an index array, or, in
 the common case of every running row in table order, the leading ``k`` rows (``whole``), which
@@ -13,11 +13,16 @@ the update handles with slices instead of fancy indexing. It never leaves the sc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..kv_cache import BlockManager
 from ..request import Request
+
+# the policy's preemption: (blocks each row needs, mask of rows preempted so far, rows never preempted)
+MakeRoom = Callable[[np.ndarray, np.ndarray, int], None]
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
@@ -104,6 +109,84 @@ class RunningTable:
             del reqs[i]
         self.reqs = reqs
         self.n = k
+
+    # ---- KV blocks for a step ----------------------------------------------------------------
+    def grow(self, kv: BlockManager, rows: np.ndarray, new: np.ndarray, make_room: MakeRoom,
+             protect: int = 0) -> np.ndarray:
+        """Give running ``rows`` the blocks for ``new`` more tokens each, preempting if short.
+
+        ``rows``/``new`` are parallel arrays in table order. Victims are chosen among all running
+        rows (scheduled or not) except the first ``protect`` rows. Returns a bool mask over the
+        table of rows preempted (to be removed by the caller). ``make_room(need_by_row, preempted,
+        protect)`` is the policy's preemption, called when the blocks are short.
+        """
+        n = self.n
+        preempted = np.zeros(n, dtype=bool)
+        if len(rows) == 0:
+            return preempted
+        bs = kv.block_size
+        need = (self.computed[rows] + new + bs - 1) // bs - self.nblocks[rows]
+        need = np.maximum(need, 0)
+        if int(need.sum()) > kv.num_free_blocks:
+            need_by_row = np.zeros(n, dtype=np.int64)
+            need_by_row[rows] = need
+            make_room(need_by_row, preempted, protect)
+        todo = (need > 0).nonzero()[0]
+        if len(todo) == 0:
+            return preempted
+        want = self.computed[rows[todo]] + new[todo]
+        alloc = kv.allocate
+        reqs = self.reqs
+        for i, tokens in zip(rows[todo].tolist(), want.tolist(), strict=True):
+            if preempted[i]:
+                continue
+            if not alloc(reqs[i], tokens):
+                raise AssertionError(f"request {reqs[i].request_id}: allocation failed after preemption freed space")
+        kept = ~preempted[rows[todo]]
+        grown = rows[todo][kept]
+        self.nblocks[grown] = (want[kept] + bs - 1) // bs
+        return preempted
+
+    def grow_leading(self, kv: BlockManager, want: np.ndarray, make_room: MakeRoom,
+                     protect: int = 0) -> np.ndarray | None:
+        """``grow`` for a step that schedules every running row, row i up to ``want[i]`` tokens.
+
+        Works on whole-table views; the few rows crossing a block boundary are handled as plain
+        ints. Returns the mask of preempted rows, or None when there was no shortage.
+        """
+        n = self.n
+        bs = kv.block_size
+        nb = self.nblocks[:n]
+        todo = (want > nb * bs).nonzero()[0]
+        if len(todo) == 0:
+            return None
+        rows = todo.tolist()
+        tokens = want[todo].tolist()
+        blocks = [-(-t // bs) for t in tokens]
+        held = nb[todo].tolist()
+        preempted = None
+        if sum(blocks) - sum(held) > kv.num_free_blocks:
+            preempted = np.zeros(n, dtype=bool)
+            need_by_row = np.zeros(n, dtype=np.int64)
+            need_by_row[todo] = [b - h for b, h in zip(blocks, held, strict=True)]
+            make_room(need_by_row, preempted, protect)
+        reqs = self.reqs
+        if preempted is None:
+            failed = kv.allocate_each([reqs[i] for i in rows], tokens)
+            if failed >= 0:
+                req = reqs[rows[failed]]
+                raise AssertionError(f"request {req.request_id}: allocation failed after preemption freed space")
+            self.nblocks[todo] = blocks
+            return None
+        alloc = kv.allocate
+        nblocks = self.nblocks
+        for i, t, b in zip(rows, tokens, blocks, strict=True):
+            if preempted[i]:
+                continue
+            if not alloc(reqs[i], t):
+                raise AssertionError(f"request {reqs[i].request_id}: allocation failed after preemption freed space")
+            nblocks[i] = b
+        return preempted
 
     # ---- one step's progress ---------------------------------------------------------------
     def advance(self, step: StepRows, new: np.ndarray, samples: np.ndarray,
