@@ -10,7 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
+import yaml
 from servesim.sim.engine_presets import PRESETS
 from servesim.sim.kv_cache import BlockManager
 from servesim.sim.presets import get_hardware
@@ -421,3 +423,17 @@ def test_sglang_admission_reserves_for_the_running_requests_future_tokens():
 def test_every_preset_has_a_scenario_that_uses_it():
     used = {load_scenario(p).scheduler_name for p in ENGINES_DIR.glob("*.yaml")}
     assert set(PRESETS) <= used
+
+
+@pytest.mark.parametrize("path", sorted(ENGINES_DIR.glob("*.yaml")), ids=lambda p: p.stem)
+def test_a_preset_schedules_exactly_as_the_policy_config_it_resolves_to(path: Path, tmp_path: Path):
+    sc = load_scenario(path, ["workload.num_requests=120"])
+    written = yaml.safe_load(scenario_to_yaml(sc))
+    assert written["scheduler"]["preset"] == sc.scheduler_name
+    # the same scenario with the resolved policy written out as a plain scheduler section
+    written["scheduler"] = written.pop("resolved_scheduler")
+    plain = scenario_from_dict(written)
+    assert plain.policy == sc.policy
+    a, b = simulate(sc, progress=False), simulate(plain, progress=False)
+    pd.testing.assert_frame_equal(a.requests_df, b.requests_df)
+    pd.testing.assert_frame_equal(a.iterations_df, b.iterations_df)
