@@ -16,12 +16,12 @@ import time
 import numpy as np
 from servesim.sim.kv_cache import BlockManager
 from servesim.sim.request import Request
-from servesim.sim.schedulers import SchedulerConfig, make_scheduler
+from servesim.sim.schedulers import make_scheduler, policy_config
 
 
 def measure(kind: str, running: int, steps: int) -> tuple[float, float]:
     kv = BlockManager(200_000, 16)
-    sched = make_scheduler(SchedulerConfig(type=kind, max_num_seqs=running, max_num_batched_tokens=8192), kv)
+    sched = make_scheduler(policy_config(type=kind, max_num_seqs=running, max_num_batched_tokens=8192), kv)
     rng = np.random.default_rng(0)
     # outputs long enough that nobody finishes during the measurement; a few prefills join too
     for i in range(running):

@@ -180,9 +180,8 @@ def assemble_composite(opts: Any, model: ModelConfig, link: dict[str, Any]) -> t
               "bytes": t.index.astype(float).tolist(), "seconds": secs.tolist(),
               "source": f"Vidur all_reduce.csv, {tp} GPUs (median per size, made monotone)"}
     else:
-        from .gpu_import import allreduce_link
 
-        ar = allreduce_link(model, tp, link["bandwidth"], link["latency_s"], link["source"])
+        ar = gp.allreduce_link(model, tp, link["bandwidth"], link["latency_s"], link["source"])
     asm = gp.Assembly(model=model, hardware=opts.hardware, tp=tp, dense_tokens=[int(x) for x in xs],
                       dense_ops=dense_ops, seq_sequences=[int(x) for x in seqs],
                       seq_ops={"lm_head": lm.tolist(), "sampler": sampler.tolist()},

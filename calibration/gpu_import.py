@@ -74,16 +74,6 @@ def check_layer_shape(meta: dict[str, Any], model: ModelConfig, where: str) -> N
                               f"for the whole model, but preset {model.name} has {value}")
 
 
-def allreduce_link(model: ModelConfig, tp: int, bandwidth: float, latency_s: float, source: str) -> dict[str, Any]:
-    """A ring all-reduce over a link: two per decoder layer (after O and down) and one after the
-    vocabulary-parallel embedding, each of the step's hidden states."""
-    if tp == 1:
-        return {"type": "none"}
-    return {"type": "link", "tp": tp, "count": 2 * model.num_layers + 1,
-            "bytes_per_token": model.hidden_size * model.dtype_bytes, "latency_s": latency_s,
-            "bandwidth": bandwidth, "source": source}
-
-
 def assemble_llmservingsim(folder: str | Path, model: ModelConfig, hardware: str, tp: int,
                            allreduce: dict[str, Any]) -> tuple[gp.Assembly, pd.DataFrame, pd.DataFrame | None]:
     """(assembly, attention rows, skew rows) from an LLMServingSim profile folder at one TP degree."""
@@ -144,7 +134,7 @@ def run_import(opts: ImportOptions, log: Callable[[str], None] = lambda _m: None
     if opts.fmt == "llmservingsim" and Path(opts.paths[0]).is_dir():
         if len(opts.paths) != 1 or opts.extra:
             raise SourceError("an LLMServingSim profile folder (the one holding meta.yaml) is imported alone")
-        allreduce = allreduce_link(model, opts.tp, link["bandwidth"], link["latency_s"], link["source"])
+        allreduce = gp.allreduce_link(model, opts.tp, link["bandwidth"], link["latency_s"], link["source"])
         asm, att_rows, skew = assemble_llmservingsim(opts.paths[0], model, opts.hardware, opts.tp, allreduce)
     else:
         from .gpu_composite import assemble_composite

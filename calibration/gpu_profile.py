@@ -467,3 +467,13 @@ def dense_ops_for(model: ModelConfig, available: Mapping[str, Any]) -> dict[str,
     ops = {k: ("layer", c) for k, c in per_layer.items() if k in available}
     ops |= {k: ("step", c) for k, c in per_step.items() if k in available}
     return ops
+
+
+def allreduce_link(model: ModelConfig, tp: int, bandwidth: float, latency_s: float, source: str) -> dict[str, Any]:
+    """A ring all-reduce over a link: two per decoder layer (after O and down) and one after the
+    vocabulary-parallel embedding, each of the step's hidden states."""
+    if tp == 1:
+        return {"type": "none"}
+    return {"type": "link", "tp": tp, "count": 2 * model.num_layers + 1,
+            "bytes_per_token": model.hidden_size * model.dtype_bytes, "latency_s": latency_s,
+            "bandwidth": bandwidth, "source": source}

@@ -445,7 +445,7 @@ def validate(
         "seed": sc.seed,
         "num_requests": len(requests),
         "model": sc.model,
-        "scheduler": sc.scheduler.type,
+        "scheduler": sc.scheduler_name,
         "live_backend": sc.live.backend,
         "live_device": sc.live.device,
         "live_dtype": sc.live.dtype,

@@ -166,7 +166,7 @@ def check_fits(run: MeasuredRun, sc: Scenario) -> None:
     bs, blocks = sc.kv_cache.block_size, sc.kv_cache.num_blocks
     df = run.requests
     need = -(-(df["prompt_len"] + df["output_len"]) // bs)
-    limit = getattr(sc.scheduler, "max_model_len", None)
+    limit = sc.policy.max_model_len
     for i in np.flatnonzero((need > blocks).to_numpy() | (
             (df["prompt_len"] + df["output_len"] > limit).to_numpy() if limit else False)):
         row = df.iloc[int(i)]
@@ -236,7 +236,7 @@ def validate_against(
     sc_run = sc.model_copy(update={"workload": sc.workload.resolve_paths(out / "sim")})
     n = len(run.requests)
     say(f"sim: {n} requests of {run.name} on {sc.model} / {sc.hardware} tp={sc.tensor_parallel}, vllm-v1 "
-        f"(max_num_seqs {sc.scheduler.max_num_seqs}, max_num_batched_tokens {sc.scheduler.max_num_batched_tokens}), "
+        f"(max_num_seqs {sc.policy.max_num_seqs}, max_num_batched_tokens {sc.policy.max_num_batched_tokens}), "
         f"{sc.kv_cache.num_blocks} KV blocks of {sc.kv_cache.block_size}, cost model {sc.cost_model.type}"
         f"{f' ({sc.cost_model.path})' if sc.cost_model.path else ''} ...")
     sim = simulate(sc_run, progress=progress)
@@ -259,8 +259,8 @@ def validate_against(
         "run": str(run.path), "format": run.format, "vllm_version": run.vllm_version,
         "num_requests": n, "model": sc.model, "model_in_run": run.model_source, "hardware": sc.hardware,
         "hardware_in_run": run.hardware_source, "tensor_parallel": sc.tensor_parallel,
-        "engine_preset": "vllm-v1", "max_num_seqs": sc.scheduler.max_num_seqs,
-        "max_num_batched_tokens": sc.scheduler.max_num_batched_tokens,
+        "engine_preset": "vllm-v1", "max_num_seqs": sc.policy.max_num_seqs,
+        "max_num_batched_tokens": sc.policy.max_num_batched_tokens,
         "kv_num_blocks": sc.kv_cache.num_blocks, "kv_block_size": sc.kv_cache.block_size,
         "enable_prefix_caching": sc.kv_cache.enable_prefix_caching, "measured_peak_kv_blocks": peak,
         "scenario_file": str(scenario_file) if scenario_file else None, "overrides": list(overrides),

@@ -12,7 +12,9 @@ never written after it is built; some are read-only views of shared scheduler ar
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -21,7 +23,18 @@ from .request import Request
 _add = np.add.reduce  # ndarray.sum without its Python wrapper
 
 
-def step_sums(q: np.ndarray, ctx: np.ndarray, decode_head: int = 0) -> tuple[int, int, int, int, int, int]:
+class StepSums(NamedTuple):
+    """A step's aggregates; a tuple, so ``n, n_dec, tokens, pairs, decode_kv, prefill_kv = sums`` works."""
+
+    seqs: int  # rows
+    decode_seqs: int  # rows with q == 1
+    tokens: int  # sum of q
+    prefill_attn_pairs: int  # over rows with q > 1: q * (ctx + (q + 1) / 2)
+    decode_kv_tokens: int  # over rows with q == 1: ctx + 1
+    prefill_kv_tokens: int  # over rows with q > 1: ctx + q
+
+
+def step_sums(q: np.ndarray, ctx: np.ndarray, decode_head: int = 0) -> StepSums:
     """(rows, decode rows, tokens, prefill attention pairs, decode KV tokens, prefill KV tokens).
 
     Decode rows are rows with q == 1; prefill attention pairs are the sum over the other rows of
@@ -34,14 +47,14 @@ def step_sums(q: np.ndarray, ctx: np.ndarray, decode_head: int = 0) -> tuple[int
     n = q.shape[0]
     ctx_sum = int(_add(ctx))
     if decode_head == n:
-        return n, n, n, 0, ctx_sum + n, 0
+        return StepSums(n, n, n, 0, ctx_sum + n, 0)
     if decode_head and n - decode_head <= _FEW:
         ql = q[decode_head:].tolist()
         cl = ctx[decode_head:].tolist()
     else:
         pre = (q != 1).nonzero()[0]
         if len(pre) == 0:  # decode-only, the common step
-            return n, n, n, 0, ctx_sum + n, 0
+            return StepSums(n, n, n, 0, ctx_sum + n, 0)
         if len(pre) > _FEW:
             tokens = int(_add(q))
             dec = q == 1
@@ -49,7 +62,7 @@ def step_sums(q: np.ndarray, ctx: np.ndarray, decode_head: int = 0) -> tuple[int
             # sum over all rows of q * (ctx + (q + 1) / 2), minus what decode rows add (ctx + 1 each).
             decode_kv = int(np.dot(dec, ctx)) + n_dec if n_dec else 0
             pairs = int(np.dot(q, ctx)) + (int(np.dot(q, q)) + tokens) // 2 - decode_kv
-            return n, n_dec, tokens, pairs, decode_kv, ctx_sum + tokens - decode_kv
+            return StepSums(n, n_dec, tokens, pairs, decode_kv, ctx_sum + tokens - decode_kv)
         ql = q[pre].tolist()
         cl = ctx[pre].tolist()
     # every row outside ql/cl has q == 1
@@ -63,41 +76,43 @@ def step_sums(q: np.ndarray, ctx: np.ndarray, decode_head: int = 0) -> tuple[int
             pairs += qi * ci + qi * (qi + 1) // 2
             pre_ctx += ci
     decode_kv = ctx_sum - pre_ctx + n_dec
-    return n, n_dec, tokens, pairs, decode_kv, ctx_sum + tokens - decode_kv
+    return StepSums(n, n_dec, tokens, pairs, decode_kv, ctx_sum + tokens - decode_kv)
 
 
 _FEW = 64  # up to this many rows of a step are summed as Python ints
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Batch:
+    """One step: per row (request), the tokens it computes and the tokens it has in the KV cache.
+
+    Built by keyword. Holds nothing of the scheduler's own bookkeeping: what an executor, the
+    cost model and the metrics read, and a way to list the rows' requests when one asks.
+    """
+
     num_new_tokens: np.ndarray  # int64, tokens computed for each request this step
     num_context_tokens: np.ndarray  # int64, tokens of each request already in the KV cache
     # Rows whose computation reaches the end of their tokens sample one output token.
     samples: np.ndarray  # bool
-    # Running-table slots of the rows (scheduler-private bookkeeping).
-    slots: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     preempted: list[Request] = field(default_factory=list)
     # KV block copies done before the step: (device block, host block) and (host, device) pairs.
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
+    # The rows' leading plain decodes (q == 1, samples), when known: a pure decode step's
+    # aggregates then need almost no work.
+    decode_rows: int = 0
     # The Request of each row is looked up only when asked for (live mode, tests): simulation
     # never needs the objects, and building the list every step is a measurable cost.
-    _source: list[Request] | None = None
+    requests_of: Callable[[], list[Request]] | None = None
     _requests: list[Request] | None = None
-    # Set by the scheduler when it knows them: the slots are 0..size-1 (every running row, in
-    # table order, so the update can work on whole-table slices), and every row computes one
-    # token and samples (a pure decode step, whose aggregates need almost no work).
-    prefix_slots: bool = False
-    decode_rows: int = 0  # leading rows known to be plain decodes (q == 1, samples)
-    _sums: tuple[int, int, int, int, int, int] | None = None
+    _sums: StepSums | None = None
     _num_decode: int = -1
 
     @property
     def requests(self) -> list[Request]:
+        """The Request of each row, in row order."""
         if self._requests is None:
-            src = self._source or []
-            self._requests = [src[i] for i in self.slots.tolist()]
+            self._requests = self.requests_of() if self.requests_of is not None else []
         return self._requests
 
     @property
@@ -115,7 +130,7 @@ class Batch:
         return m > 0 and m == len(self.num_new_tokens)
 
     @property
-    def sums(self) -> tuple[int, int, int, int, int, int]:
+    def sums(self) -> StepSums:
         """``step_sums`` of the rows, computed once."""
         sums = self._sums
         if sums is None:
@@ -124,7 +139,7 @@ class Batch:
 
     @property
     def num_tokens(self) -> int:
-        return self.sums[2]
+        return self.sums.tokens
 
     @property
     def num_decode_tokens(self) -> int:
@@ -165,10 +180,10 @@ class Batch:
         ctx = np.asarray(num_context_tokens, dtype=np.int64)
         if samples is None:
             samples = ctx + new >= np.asarray([r.num_tokens for r in requests], dtype=np.int64)
-        return Batch(new, ctx, np.asarray(samples, dtype=bool), np.arange(len(requests), dtype=np.int64),
-                     _source=list(requests))
+        return Batch(num_new_tokens=new, num_context_tokens=ctx, samples=np.asarray(samples, dtype=bool),
+                     _requests=list(requests))
 
     @staticmethod
     def empty() -> Batch:
         z = np.zeros(0, dtype=np.int64)
-        return Batch(z, z.copy(), np.zeros(0, dtype=bool), z.copy())
+        return Batch(num_new_tokens=z, num_context_tokens=z.copy(), samples=np.zeros(0, dtype=bool))

@@ -10,20 +10,9 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from .errors import USER_ERRORS, UserError, one_line_error
+
 EXIT_USAGE = 2
-
-
-class UserError(Exception):
-    """An error the user can fix; printed as one line, exit status 2."""
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from .cost_model import ProfileError
-    from .presets import PresetError
-    from .scenario import ScenarioError
-    from .workload import WorkloadError
-
-    return (UserError, ScenarioError, WorkloadError, ProfileError, PresetError, FileNotFoundError)
 
 
 def _load(args: argparse.Namespace):
@@ -43,7 +32,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     stats = workload_stats(result.requests)
     print(
         f"servesim run: {sc.name} | {sc.model} on {sc.hardware} (tp={sc.tensor_parallel}) x{sc.cluster.num_replicas} | "
-        f"{sc.scheduler.type} scheduler | {result.kv.num_blocks} KV blocks of {result.kv.block_size} tokens | "
+        f"{sc.scheduler_name} scheduler | {result.kv.num_blocks} KV blocks of {result.kv.block_size} tokens | "
         f"{int(stats.get('count', len(result.requests)))} requests, seed {sc.seed}"
     )
     print(format_summary_table(result.summary))
@@ -72,7 +61,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     out = write_results(result, args.out or default_out_dir(sc, "live"), plots=not args.no_plots)
     print(
         f"servesim live: {sc.name} | {sc.model} ({sc.live.dtype}, {sc.live.backend} on {sc.live.device}) | "
-        f"{sc.scheduler.type} scheduler | {result.kv.num_blocks} KV blocks of {result.kv.block_size} tokens "
+        f"{sc.scheduler_name} scheduler | {result.kv.num_blocks} KV blocks of {result.kv.block_size} tokens "
         f"({result.kv.source}) | {len(result.requests)} requests, seed {sc.seed}"
     )
     print(format_summary_table(result.summary))
@@ -84,7 +73,7 @@ def cmd_live(args: argparse.Namespace) -> int:
 
 
 def cmd_engines(args: argparse.Namespace) -> int:
-    from .engine_compare import compare_engines, format_table
+    from .verbs.engines import compare_engines, format_table
 
     table, out = compare_engines(args.scenario, args.set, args.presets, args.out,
                                  progress=False if args.quiet else None, plots=not args.no_plots)
@@ -115,7 +104,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     sc = _load(args)
     parse_max_error(args.max_error)  # a bad threshold is a usage error before anything runs
     out = Path(args.out) if args.out else Path("results") / f"{sc.name}-validate"
-    print(f"servesim validate: {sc.name} | {sc.model} | {sc.scheduler.type} scheduler | seed {sc.seed} | "
+    print(f"servesim validate: {sc.name} | {sc.model} | {sc.scheduler_name} scheduler | seed {sc.seed} | "
           f"sim cost model: {'profile ' + args.profile if args.profile else sc.cost_model.type}", flush=True)
     result = validate(sc, out, profile=args.profile, max_error=args.max_error, source=args.scenario,
                       overrides=args.set, progress=False if args.quiet else None, plots=not args.no_plots,
@@ -296,8 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_plan(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .capacity import PlanSettings, format_plan, plan, write_plan
-    from .slo import parse_slo, terms_from_scenario_slo
+    from .verbs.plan import PlanSettings, format_plan, plan, write_plan
+    from .verbs.slo import parse_slo, terms_from_scenario_slo
 
     sc = _load(args)
     if args.slo:
@@ -310,7 +299,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                       window_s=args.duration, min_requests=args.min_requests, start_rate=args.start_rate)
     result = plan(sc, st, target_rate=args.target_rate, workers=args.workers, progress=not args.quiet)
     out = write_plan(result, args.out or Path("results") / f"{sc.name}-plan", plots=not args.no_plots)
-    print(f"servesim plan: {sc.name} | {sc.model} on {sc.hardware} | {sc.scheduler.type} scheduler")
+    print(f"servesim plan: {sc.name} | {sc.model} on {sc.hardware} | {sc.scheduler_name} scheduler")
     print(format_plan(result))
     print(f"results in {out}/ (plan.csv, plan.json{'' if args.no_plots else ', latency_vs_rate.png'})")
     return 0
@@ -321,7 +310,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     import yaml
 
-    from .sweep import format_sweep, parse_grid, run_sweep, write_sweep
+    from .verbs.sweep import format_sweep, parse_grid, run_sweep, write_sweep
 
     sc = _load(args)  # the base scenario must be valid on its own
     raw = yaml.safe_load(Path(args.scenario).read_text())
@@ -343,8 +332,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .compare import compare, format_compare, write_compare
     from .scenario import load_scenario
+    from .verbs.compare import compare, format_compare, write_compare
 
     base = load_scenario(args.scenario, args.set)
     cand = load_scenario(args.candidate, [*args.set, *args.candidate_set])
@@ -417,11 +406,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.fn(args) or 0)
-    except _user_errors() as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if isinstance(e, FileNotFoundError) and e.filename:
-            msg = f"file not found: {e.filename}"
-        print(f"servesim {args.command}: error: {msg}", file=sys.stderr)
+    except USER_ERRORS as e:
+        print(f"servesim {args.command}: error: {one_line_error(e)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("servesim: interrupted", file=sys.stderr)

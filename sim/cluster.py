@@ -8,47 +8,12 @@ outstanding). Routing happens at the request's arrival time, from what the repli
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
 
 import simpy
-from pydantic import BaseModel, ConfigDict, Field
 
 from .engine import Replica, check_conservation
 from .request import Request
-
-RouterName = Literal["round_robin", "least_outstanding", "kv_aware"]
-
-
-class ClusterConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    num_replicas: int = Field(1, ge=1)
-    router: RouterName = "round_robin"
-
-
-class Router:
-    def __init__(self, replicas: list[Replica], policy: RouterName) -> None:
-        self.replicas = replicas
-        self.policy = policy
-        self._next = 0
-
-    def pick(self, req: Request) -> Replica:
-        reps = self.replicas
-        if len(reps) == 1:
-            return reps[0]
-        if self.policy == "round_robin":
-            rep = reps[self._next % len(reps)]
-            self._next += 1
-            return rep
-        if self.policy == "least_outstanding":
-            return min(reps, key=lambda r: (r.num_outstanding, r.replica_id))
-        # kv_aware: free blocks net of the prompts still queued at each replica
-        def headroom(r: Replica) -> tuple[float, int, int]:
-            kv = r.scheduler.kv
-            queued = sum(kv.blocks_for(q.num_tokens) for q in r.scheduler.waiting)
-            return (-(kv.num_free_blocks - queued), r.num_outstanding, r.replica_id)
-
-        return min(reps, key=headroom)
+from .router import Router, RouterName
 
 
 class Cluster:

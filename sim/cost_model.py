@@ -80,12 +80,15 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 
+from .batch import StepSums
 from .batch import step_sums as _step_sums
+from .errors import ProfileError
+from .layer_cost_model import GPU_PROFILE_FORMAT, LayerCostModel
 from .presets import HardwareConfig, ModelConfig, kv_heads_per_rank
 
 PROFILE_FORMAT = "servesim-profile/2"
@@ -111,10 +114,6 @@ class CostModel(Protocol):
 # The shipped models also answer ``step_time(sums, swap_bytes)`` from a step's ``Batch.sums``
 # (``batch.step_sums`` of its rows), so the simulator computes each step's aggregates once and
 # shares them with the metrics; ``iteration_time`` is the same computation from the raw rows.
-
-
-class ProfileError(ValueError):
-    """A cost-model profile that is missing or malformed."""
 
 
 def classify_step(q_lens: np.ndarray) -> Literal["prefill", "decode", "mixed", "empty"]:
@@ -381,6 +380,27 @@ def _check_coef(regime: str, coef: Any, num_features: int = len(FEATURE_NAMES)) 
     return values + (0.0,) * (len(FEATURE_NAMES) - num_features)
 
 
+class Coefficients(NamedTuple):
+    """One regime's seconds per unit of each feature, named as in ``FEATURE_NAMES``."""
+
+    tokens: float
+    tokens_tiled: float
+    prefill_attn_pairs: float
+    decode_kv_tokens: float
+    seqs: float
+    prefill_seqs: float
+    const: float
+    decode_padded_kv: float
+    paged_prefill_kv: float
+    paged_prefill_pairs: float
+    paged_prefill_seqs: float
+    linear_measured_s: float
+    lm_head_measured_s: float
+
+
+assert Coefficients._fields == FEATURE_NAMES, "Coefficients must name FEATURE_NAMES in order"
+
+
 class FittedCostModel:
     """Per-regime non-negative coefficients dotted with ``step_features`` (see module docstring)."""
 
@@ -417,7 +437,8 @@ class FittedCostModel:
         if bw is not None and not bw > 0:
             raise ProfileError(f"overhead.swap_bandwidth must be > 0 bytes/s, got {bw!r}")
         self._swap_bw = float(bw) if bw else math.inf
-        self._dec, self._pre, self._mix = (checked.get(r, checked.get("all")) for r in ("decode", "prefill", "mixed"))
+        self._dec, self._pre, self._mix = (Coefficients(*checked.get(r, checked.get("all")))
+                                           for r in ("decode", "prefill", "mixed"))
         self._extras = any(any(c[len(BASE_FEATURE_NAMES):]) for c in checked.values())
         if isinstance(gemm_tables, Mapping):
             try:
@@ -432,12 +453,7 @@ class FittedCostModel:
     def from_profile(cls, path: str | Path, swap_bandwidth: float | None = None) -> FittedCostModel:
         """Load a ``servesim-profile/2`` (or /1) JSON file; ``ProfileError`` says what is wrong with it."""
         path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ProfileError(f"profile file {str(path)!r} not found") from None
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ProfileError(f"cannot read profile {str(path)!r}: {exc}") from None
+        data = read_profile_json(path)
         try:
             return cls.from_profile_dict(data, swap_bandwidth=swap_bandwidth)
         except ProfileError as exc:
@@ -490,29 +506,31 @@ class FittedCostModel:
         sums = _step_sums(q_lens, ctx_lens)
         t = self._base_time(sums, swap_bytes)
         if self._extras:
-            n, n_dec, tokens = sums[0], sums[1], sums[2]
+            n, n_dec, tokens = sums.seqs, sums.decode_seqs, sums.tokens
             c = self._dec if n_dec == n else self._pre if n_dec == 0 else self._mix
             padded, pkv, ppairs, pseqs = _extra_sums(q_lens, ctx_lens, n_dec)
-            t += c[7] * padded + c[8] * pkv + c[9] * ppairs + c[10] * pseqs
+            t += (c.decode_padded_kv * padded + c.paged_prefill_kv * pkv + c.paged_prefill_pairs * ppairs
+                  + c.paged_prefill_seqs * pseqs)
             if self.gemm is not None:
-                t += c[11] * self.gemm.linear(tokens) + c[12] * self.gemm.lm_head(n)
+                t += c.linear_measured_s * self.gemm.linear(tokens) + c.lm_head_measured_s * self.gemm.lm_head(n)
         return t
 
-    def step_time(self, sums: tuple[int, int, int, int, int, int], swap_bytes: float = 0.0) -> float:
+    def step_time(self, sums: StepSums, swap_bytes: float = 0.0) -> float:
         """``iteration_time`` from a step's ``step_sums``; only for profiles without row-level terms."""
         if self._extras:
             raise ValueError("this profile weighs row-level features; price the step with iteration_time(q, ctx)")
         return self._base_time(sums, swap_bytes)
 
-    def _base_time(self, sums: tuple[int, int, int, int, int, int], swap_bytes: float) -> float:
+    def _base_time(self, sums: StepSums, swap_bytes: float) -> float:
         swap = swap_bytes / self._swap_bw if swap_bytes else 0.0
         n, n_dec, tokens, pairs, decode_kv, _ = sums
         if n == 0:
             return swap
         c = self._dec if n_dec == n else self._pre if n_dec == 0 else self._mix
         tiled = -(-tokens // self.tile) * self.tile
-        return (c[0] * tokens + c[1] * tiled + c[2] * pairs + c[3] * decode_kv + c[4] * n
-                + c[5] * (n - n_dec) + c[6] + self._step_s + self._per_seq_s * n + swap)
+        return (c.tokens * tokens + c.tokens_tiled * tiled + c.prefill_attn_pairs * pairs
+                + c.decode_kv_tokens * decode_kv + c.seqs * n + c.prefill_seqs * (n - n_dec) + c.const
+                + self._step_s + self._per_seq_s * n + swap)
 
     def describe(self) -> dict[str, Any]:
         return {"type": "profile", **self.to_profile_dict()}
@@ -560,12 +578,12 @@ class ConstantCostModel:
             return swap
         return self.step_s + self.per_token_s * int(q_lens.sum()) + swap
 
-    def step_time(self, sums: tuple[int, int, int, int, int, int], swap_bytes: float = 0.0) -> float:
+    def step_time(self, sums: StepSums, swap_bytes: float = 0.0) -> float:
         """``iteration_time`` from a step's ``step_sums``."""
         swap = swap_bytes / self.swap_bandwidth if swap_bytes else 0.0
-        if sums[0] == 0:
+        if sums.seqs == 0:
             return swap
-        return self.step_s + self.per_token_s * sums[2] + swap
+        return self.step_s + self.per_token_s * sums.tokens + swap
 
     def describe(self) -> dict[str, Any]:
         return {"type": "constant", "step_s": self.step_s, "per_token_s": self.per_token_s}
@@ -635,6 +653,31 @@ def resolve_profile_path(path: str | Path) -> Path:
     raise ProfileError(f"profile {str(path)!r} not found; tried: {', '.join(map(str, dict.fromkeys(tried)))}")
 
 
+def read_profile_json(path: Path) -> Any:
+    """A profile file's parsed JSON; ``ProfileError`` when it is missing or not JSON."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ProfileError(f"profile file {str(path)!r} not found") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ProfileError(f"cannot read profile {str(path)!r}: {exc}") from None
+
+
+def load_profile(path: str | Path, swap_bandwidth: float | None = None) -> LayerCostModel | FittedCostModel:
+    """The cost model a profile file describes: ``LayerCostModel`` for ``servesim-gpu-profile/1``,
+    ``FittedCostModel`` for ``servesim-profile/*`` (the JSON is read once)."""
+    path = Path(path)
+    data = read_profile_json(path)
+    try:
+        if isinstance(data, Mapping) and data.get("format") == GPU_PROFILE_FORMAT:
+            return LayerCostModel(data, swap_bandwidth=swap_bandwidth)
+        return FittedCostModel.from_profile_dict(data, swap_bandwidth=swap_bandwidth)
+    except ProfileError as exc:
+        raise ProfileError(f"{path}: {exc}") from None
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ProfileError(f"{path}: malformed profile ({type(exc).__name__}: {exc})") from None
+
+
 def check_profile_matches(cost: Any, path: str | Path, model: ModelConfig, hardware: HardwareConfig,
                           tensor_parallel: int) -> None:
     """A profile measured for another model, hardware or TP degree than the scenario's is a
@@ -659,8 +702,6 @@ def build_cost_model(cfg: CostModelConfig, model: ModelConfig, hardware: Hardwar
         return ConstantCostModel(cfg.step_ms / 1e3, (cfg.per_token_ms or 0.0) / 1e3, hardware.pcie_bandwidth)
     if cfg.type == "profile":
         path = resolve_profile_path(cfg.path)
-        from .layer_cost_model import load_profile
-
         cost = load_profile(path, swap_bandwidth=hardware.pcie_bandwidth)
         check_profile_matches(cost, cfg.path, model, hardware, tensor_parallel)
         return cost

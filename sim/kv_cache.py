@@ -336,12 +336,6 @@ class BlockManager:
             self._host_free.extend(self._host_deferred)
             self._host_deferred.clear()
 
-    def drop_swapped(self, request: Request) -> None:
-        """Forget a swapped request's host blocks (it will be recomputed instead)."""
-        host = self._host_tables.pop(request.request_id, None)
-        if host:
-            self._host_free.extend(reversed(host))
-
     # ---- end-of-run check ------------------------------------------------------------------
     def check_all_free(self) -> None:
         """Raise if any block is still held: every request must have returned its blocks."""

@@ -42,16 +42,14 @@ once per simulated step.
 from __future__ import annotations
 
 import bisect
-import json
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .batch import step_sums as _step_sums
-from .cost_model import ProfileError
+from .errors import ProfileError
 
 GPU_PROFILE_FORMAT = "servesim-gpu-profile/1"
 ATTENTION_AXES = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode")
@@ -353,16 +351,6 @@ class LayerCostModel:
                 "overhead": {"step_s": self._step_s, "per_seq_s": self._per_seq_s},
                 "provenance": self.provenance, "held_out_error": self.held_out_error}
 
-    # ---- files ----
-
-    @classmethod
-    def from_profile(cls, path: str | Path, swap_bandwidth: float | None = None) -> LayerCostModel:
-        """Load a ``servesim-gpu-profile/1`` file; ``ProfileError`` says what is wrong with it."""
-        model = load_profile(path, swap_bandwidth)
-        if not isinstance(model, cls):
-            raise ProfileError(f"{path}: not a servesim GPU profile (format {GPU_PROFILE_FORMAT!r})")
-        return model
-
 
 def allreduce_seconds(spec: Mapping[str, Any], tokens: np.ndarray) -> np.ndarray:
     """Per-step seconds of the tensor-parallel all-reduces at each token count.
@@ -389,25 +377,3 @@ def allreduce_seconds(spec: Mapping[str, Any], tokens: np.ndarray) -> np.ndarray
         slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
         return count * (inside + np.maximum(size - xs[-1], 0.0) * max(slope, 0.0))
     raise ProfileError(f"allreduce.type must be none, link or table, got {kind!r}")
-
-
-def load_profile(path: str | Path, swap_bandwidth: float | None = None) -> Any:
-    """The cost model a profile file describes: ``LayerCostModel`` for ``servesim-gpu-profile/1``,
-    ``FittedCostModel`` for ``servesim-profile/*`` (the JSON is read once)."""
-    from .cost_model import FittedCostModel
-
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ProfileError(f"profile file {str(path)!r} not found") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ProfileError(f"cannot read profile {str(path)!r}: {exc}") from None
-    try:
-        if isinstance(data, Mapping) and data.get("format") == GPU_PROFILE_FORMAT:
-            return LayerCostModel(data, swap_bandwidth=swap_bandwidth)
-        return FittedCostModel.from_profile_dict(data, swap_bandwidth=swap_bandwidth)
-    except ProfileError as exc:
-        raise ProfileError(f"{path}: {exc}") from None
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise ProfileError(f"{path}: malformed profile ({type(exc).__name__}: {exc})") from None

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -170,11 +172,57 @@ class LogHistogram:
         return h
 
 
-REQUEST_COLUMNS = (
-    "request_id", "replica", "arrival_time", "first_scheduled_time", "first_token_time",
-    "finish_time", "prompt_len", "output_len", "num_output_tokens", "ttft", "tpot", "e2e",
-    "queueing_delay", "num_preemptions", "num_cached_tokens", "state", "reject_reason",
-)  # fmt: skip
+@dataclass(frozen=True, slots=True)
+class RequestColumn:
+    """One column of ``requests.parquet``: recorded off the Request when it is done, or derived."""
+
+    name: str
+    dtype: str  # "int64", "float64" or "object"
+    derive: Callable[[dict[str, np.ndarray]], np.ndarray] | None = None  # None: the Request attribute ``name``
+    metric: str | None = None  # the vLLM metric name of a latency (summary keys, SLO terms), seconds here
+
+
+def _ttft(d: dict[str, np.ndarray]) -> np.ndarray:
+    return d["first_token_time"] - d["arrival_time"]
+
+
+def _e2e(d: dict[str, np.ndarray]) -> np.ndarray:
+    return d["finish_time"] - d["arrival_time"]
+
+
+def _tpot(d: dict[str, np.ndarray]) -> np.ndarray:
+    out = d["num_output_tokens"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(out > 1, (_e2e(d) - _ttft(d)) / (out - 1), np.nan)
+
+
+# The one spec of per-request records, in parquet column order; a derived column is computed
+# from the recorded ones.
+REQUEST_SPEC: tuple[RequestColumn, ...] = (
+    RequestColumn("request_id", "int64"),
+    RequestColumn("replica", "int64"),
+    RequestColumn("arrival_time", "float64"),
+    RequestColumn("first_scheduled_time", "float64"),
+    RequestColumn("first_token_time", "float64"),
+    RequestColumn("finish_time", "float64"),
+    RequestColumn("prompt_len", "int64"),
+    RequestColumn("output_len", "int64"),
+    RequestColumn("num_output_tokens", "int64"),
+    RequestColumn("ttft", "float64", _ttft, metric="ttft"),
+    RequestColumn("tpot", "float64", _tpot, metric="tpot"),
+    RequestColumn("e2e", "float64", _e2e, metric="e2el"),
+    RequestColumn("queueing_delay", "float64", lambda d: d["first_scheduled_time"] - d["arrival_time"],
+                  metric="queueing_delay"),
+    RequestColumn("num_preemptions", "int64"),
+    RequestColumn("num_cached_tokens", "int64"),
+    RequestColumn("state", "object"),
+    RequestColumn("reject_reason", "object"),
+)
+REQUEST_COLUMNS = tuple(c.name for c in REQUEST_SPEC)
+_RECORDED = tuple(c.name for c in REQUEST_SPEC if c.derive is None)
+_record = attrgetter(*_RECORDED)  # one C call per finished request
+# vLLM metric name -> requests column, for the per-request latencies
+LATENCY_COLUMNS = {c.metric: c.name for c in REQUEST_SPEC if c.metric is not None}
 
 ITERATION_COLUMNS = (
     "replica", "start", "duration", "batch_size", "num_prefill_tokens", "num_decode_tokens",
@@ -200,6 +248,14 @@ class MetricsRecorder:
         # ITLs are staged in a buffer so the histogram's log/bincount runs on big chunks.
         self._itl_buf = np.empty(self._ITL_BUFFER, dtype=np.float64)
         self._itl_n = 0
+        # prompt tokens looked up in / served from the prefix cache, all replicas (set at the end)
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+
+    def on_prefix_cache(self, query_tokens: int, hit_tokens: int) -> None:
+        """Add one replica's prefix-cache counters (tokens), read off its block manager after the run."""
+        self.prefix_cache_queries += query_tokens
+        self.prefix_cache_hits += hit_tokens
 
     def on_iteration(
         self,
@@ -255,24 +311,8 @@ class MetricsRecorder:
             self._itl_n = 0
 
     def on_request_done(self, req: Request) -> None:
-        """Record a request once, when it finishes or is rejected."""
-        self._requests.append(
-            (
-                req.request_id,
-                req.replica,
-                req.arrival_time,
-                req.first_scheduled_time,
-                req.first_token_time,
-                req.finish_time,
-                req.prompt_len,
-                req.output_len,
-                req.num_output_tokens,
-                req.num_preemptions,
-                req.num_cached_tokens,
-                req.state.name.lower(),
-                req.reject_reason,
-            )  # fmt: skip
-        )
+        """Record a request once, when it finishes or is rejected (the recorded ``REQUEST_SPEC`` columns)."""
+        self._requests.append(_record(req))
 
     @property
     def itl_histogram(self) -> LogHistogram:
@@ -286,26 +326,16 @@ class MetricsRecorder:
 
     def requests_frame(self) -> pd.DataFrame:
         """One row per recorded request (times in seconds, lengths in tokens), columns REQUEST_COLUMNS."""
-        raw = ("request_id", "replica", "arrival_time", "first_scheduled_time", "first_token_time",
-               "finish_time", "prompt_len", "output_len", "num_output_tokens", "num_preemptions",
-               "num_cached_tokens", "state", "reject_reason")  # fmt: skip
-        cols = list(zip(*self._requests, strict=True)) if self._requests else [()] * len(raw)
-        data: dict[str, Any] = dict(zip(raw, cols, strict=True))
-        ints = ("request_id", "replica", "prompt_len", "output_len", "num_output_tokens",
-                "num_preemptions", "num_cached_tokens")  # fmt: skip
-        for k in raw:
-            if k in ints:
-                data[k] = np.asarray(data[k], dtype=np.int64)
-            elif k.endswith("_time"):
-                data[k] = np.asarray(data[k], dtype=np.float64)
-        arrival, out = data["arrival_time"], data["num_output_tokens"]
-        data["ttft"] = data["first_token_time"] - arrival
-        data["e2e"] = data["finish_time"] - arrival
-        data["queueing_delay"] = data["first_scheduled_time"] - arrival
-        with np.errstate(divide="ignore", invalid="ignore"):
-            data["tpot"] = np.where(out > 1, (data["e2e"] - data["ttft"]) / (out - 1), np.nan)
-        data["state"] = pd.Series(data["state"], dtype=object)
-        data["reject_reason"] = pd.Series(data["reject_reason"], dtype=object)
+        cols = list(zip(*self._requests, strict=True)) if self._requests else [()] * len(_RECORDED)
+        data: dict[str, Any] = dict(zip(_RECORDED, cols, strict=True))
+        data["state"] = [state.name.lower() for state in data["state"]]
+        for c in REQUEST_SPEC:
+            if c.derive is not None:
+                data[c.name] = c.derive(data)
+            elif c.dtype == "object":
+                data[c.name] = pd.Series(data[c.name], dtype=object)
+            else:
+                data[c.name] = np.asarray(data[c.name], dtype=c.dtype)
         return pd.DataFrame({k: data[k] for k in REQUEST_COLUMNS})
 
     def iterations_frame(self) -> pd.DataFrame:
@@ -375,12 +405,15 @@ def summarize(
     itl_hist: LogHistogram | None = None,
     slo: Mapping[str, float] | None = None,
     duration_s: float | None = None,
+    prefix_cache: tuple[int, int] | None = None,
 ) -> dict[str, float | int]:
     """Summary of a run with vLLM ``benchmark_serving.py`` key names (latencies in ms, rates per s).
 
     Latency statistics use finished requests only; rejected requests count in ``rejected`` and fail
     every SLO in ``slo_attainment``. ``duration_s`` defaults to first arrival to last finish
-    (seconds). Values are plain Python ints/floats, nan where undefined; key order is fixed.
+    (seconds). ``prefix_cache`` is (prompt tokens looked up, tokens served from the cache), summed
+    over replicas; without it the prefix-cache keys are nan. Values are plain Python ints/floats,
+    nan where undefined; key order is fixed.
     """
     fin = requests_df[requests_df["state"] == "finished"]
     completed = len(fin)
@@ -406,11 +439,13 @@ def summarize(
         "output_throughput": _div(total_out, duration_s),
         "total_token_throughput": _div(total_in + total_out, duration_s),
     }
-    s.update(_stats_ms(fin["ttft"].to_numpy(), "ttft"))
-    s.update(_stats_ms(multi["tpot"].to_numpy(), "tpot"))
+    # the latency columns' statistics, ITL (per token, from the histogram) after TPOT as vLLM prints it
+    lat = LATENCY_COLUMNS
+    s.update(_stats_ms(fin[lat["ttft"]].to_numpy(), "ttft"))
+    s.update(_stats_ms(multi[lat["tpot"]].to_numpy(), "tpot"))
     s.update(_hist_stats_ms(itl_hist, "itl"))
-    s.update(_stats_ms(fin["e2e"].to_numpy(), "e2el"))
-    qd = fin["queueing_delay"].to_numpy(dtype=np.float64)
+    s.update(_stats_ms(fin[lat["e2el"]].to_numpy(), "e2el"))
+    qd = fin[lat["queueing_delay"]].to_numpy(dtype=np.float64)
     s["mean_queueing_delay_ms"] = float(np.mean(qd) * 1e3) if completed else math.nan
     s["num_preemptions"] = int(requests_df["num_preemptions"].sum())
     s["preempted_requests"] = int((requests_df["num_preemptions"] > 0).sum())
@@ -425,6 +460,10 @@ def summarize(
         s["max_kv_usage"] = math.nan
         s["mean_batch_size"] = math.nan
     s["num_iterations"] = n_it
+    # vLLM's prefix_cache_hit_rate: cached prompt tokens over prompt tokens looked up
+    queries, hits = prefix_cache if prefix_cache is not None else (0, math.nan)
+    s["prefix_cache_hit_rate"] = _div(hits, queries)
+    s["prefix_cache_hit_tokens"] = hits
     return s
 
 

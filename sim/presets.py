@@ -13,18 +13,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .errors import PresetError
 from .hints import did_you_mean
 
 GiB = 1024**3
 MiB = 1024**2
-
-
-class PresetError(KeyError, ValueError):
-    """An unknown preset name, or a model that does not fit the chosen hardware."""
-
-    def __str__(self) -> str:
-        # KeyError.__str__ would wrap the message in quotes.
-        return str(self.args[0]) if self.args else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +35,9 @@ class ModelConfig:
     tie_word_embeddings: bool
     rope_theta: float
     rms_norm_eps: float
+    # the context length the model was trained for (config.json ``max_position_embeddings``); engine
+    # presets derive their default max_model_len / context_length from it, as vLLM and SGLang do
+    max_position_embeddings: int
     dtype_bytes: int = 2
     qkv_bias: bool = False
     # Qwen3: an RMSNorm over each head's q and k (2 x head_dim weights per layer). Counted in the
@@ -110,30 +106,33 @@ def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, inter: int,
 
 MODELS: dict[str, ModelConfig] = {
     # huggingface.co/meta-llama/Llama-3.2-1B/blob/main/config.json: 1.236 B params, tied lm head.
-    "llama-3.2-1b": _llama("llama-3.2-1b", 16, 2048, 32, 8, 8192, head_dim=64, tie_word_embeddings=True),
+    "llama-3.2-1b": _llama("llama-3.2-1b", 16, 2048, 32, 8, 8192, head_dim=64, tie_word_embeddings=True,
+                           max_position_embeddings=131072),
     # huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json: 8.030 B params.
-    "llama-3.1-8b": _llama("llama-3.1-8b", 32, 4096, 32, 8, 14336),
+    "llama-3.1-8b": _llama("llama-3.1-8b", 32, 4096, 32, 8, 14336, max_position_embeddings=131072),
     # huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json: as 3.1-8B (8.030 B params),
     # only its context differs (8192 positions, no rope scaling).
-    "llama-3-8b": _llama("llama-3-8b", 32, 4096, 32, 8, 14336),
+    "llama-3-8b": _llama("llama-3-8b", 32, 4096, 32, 8, 14336, max_position_embeddings=8192),
     # huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json: 6.738 B params, MHA (32 KV heads).
-    "llama-2-7b": _llama("llama-2-7b", 32, 4096, 32, 32, 11008, vocab_size=32000, rope_theta=10000.0),
+    "llama-2-7b": _llama("llama-2-7b", 32, 4096, 32, 32, 11008, vocab_size=32000, rope_theta=10000.0,
+                         max_position_embeddings=4096),
     # huggingface.co/meta-llama/Llama-3.1-70B/blob/main/config.json: 70.55 B params.
-    "llama-3.1-70b": _llama("llama-3.1-70b", 80, 8192, 64, 8, 28672),
+    "llama-3.1-70b": _llama("llama-3.1-70b", 80, 8192, 64, 8, 28672, max_position_embeddings=131072),
     # huggingface.co/mistralai/Mistral-7B-v0.3/blob/main/config.json (v0.3: vocab 32768, theta 1e6,
     # no sliding window; v0.1 differs only in vocab 32000, theta 1e4, window 4096): 7.248 B params.
-    "mistral-7b": _llama("mistral-7b", 32, 4096, 32, 8, 14336, vocab_size=32768, rope_theta=1e6),
+    "mistral-7b": _llama("mistral-7b", 32, 4096, 32, 8, 14336, vocab_size=32768, rope_theta=1e6,
+                         max_position_embeddings=32768),
     # huggingface.co/Qwen/Qwen2.5-7B/blob/main/config.json: 7.616 B params, bias on q/k/v only.
     "qwen2.5-7b": _llama("qwen2.5-7b", 28, 3584, 28, 4, 18944, vocab_size=152064, rope_theta=1e6,
-                         rms_norm_eps=1e-6, qkv_bias=True),
+                         rms_norm_eps=1e-6, qkv_bias=True, max_position_embeddings=131072),
     # huggingface.co/Qwen/Qwen3-32B/blob/main/config.json: 32.76 B params; head_dim 128 with 64
     # heads (q width 8192 > hidden 5120), q/k RMSNorm, no qkv bias, untied lm head.
     "qwen3-32b": _llama("qwen3-32b", 64, 5120, 64, 8, 25600, head_dim=128, vocab_size=151936,
-                        rope_theta=1e6, rms_norm_eps=1e-6, qk_norm=True),
+                        rope_theta=1e6, rms_norm_eps=1e-6, qk_norm=True, max_position_embeddings=40960),
     # Live mode on the 2-core CPU: small enough for ~100 tokens/s in fp32 PyTorch.
     "tiny": ModelConfig("tiny", num_layers=4, hidden_size=256, num_heads=8, num_kv_heads=2, head_dim=32,
                         intermediate_size=768, vocab_size=4096, tie_word_embeddings=False,
-                        rope_theta=10000.0, rms_norm_eps=1e-5, dtype_bytes=4),
+                        rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=4096, dtype_bytes=4),
 }
 
 

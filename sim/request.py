@@ -67,10 +67,6 @@ class Request:
         """Tokens that exist for this request: the original prompt plus every output so far."""
         return self.prompt_len + self.num_output_tokens
 
-    @property
-    def is_finished(self) -> bool:
-        return self.state in (RequestState.FINISHED, RequestState.REJECTED)
-
     def all_token_ids(self) -> list[int]:
         """Prompt then generated tokens (live mode)."""
         return list(self.prompt_token_ids or []) + self.output_token_ids

@@ -16,17 +16,24 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, Tag, ValidationError, field_validator, model_validator
 
-from .cluster import ClusterConfig
 from .cost_model import CostModelConfig
+from .engine_presets import (
+    EnginePreset,
+    apply_preset_defaults,
+    resolve_policy,
+    scheduler_section,
+    section_tags,
+)
+from .errors import ScenarioError
 from .hints import did_you_mean
 from .presets import HARDWARE, MODELS, get_hardware
-from .schedulers import SchedulerConfig
-from .schedulers.engine_presets import BUILTIN_TAG, SchedulerSection, apply_preset_defaults
+from .router import ClusterConfig
+from .schedulers import ChunkedConfig, PolicyConfig
 from .workload import WorkloadConfig
 
-
-class ScenarioError(ValueError):
-    """A problem with a scenario a user can fix; the message is one line."""
+# The scheduler section: a policy config by ``type`` or an engine preset by ``preset``, built from
+# the two registries (sim/schedulers/__init__.py, sim/engine_presets/__init__.py).
+SchedulerSection = scheduler_section()
 
 
 class KVCacheConfig(BaseModel):
@@ -39,6 +46,8 @@ class KVCacheConfig(BaseModel):
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
     enable_prefix_caching: bool = False
     swap_space_gb: float = Field(4.0, ge=0.0, description="host memory for swapped-out blocks, GiB per replica")
+    # vLLM V0's BlockSpaceManager keeps 1% of blocks free when admitting; engine presets set their own
+    watermark: float = Field(0.01, ge=0.0, lt=1.0, description="fraction of blocks kept free on admission")
 
 
 class LiveConfig(BaseModel):
@@ -65,8 +74,9 @@ class Scenario(BaseModel):
     hardware: str = "h100-sxm"
     tensor_parallel: int = Field(1, ge=1, le=64)
     cost_model: CostModelConfig = Field(default_factory=CostModelConfig)
-    # a built-in scheduler, or an engine preset (``preset: vllm-v1`` ...; schedulers/engine_presets.py)
-    scheduler: SchedulerSection = Field(default_factory=SchedulerConfig)
+    # a policy config (``type: chunked`` ...; sim/schedulers) or an engine preset with its knobs
+    # (``preset: vllm-v1`` ...; sim/engine_presets), which ``policy`` translates
+    scheduler: SchedulerSection = Field(default_factory=ChunkedConfig)
     kv_cache: KVCacheConfig = Field(default_factory=KVCacheConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     workload: WorkloadConfig
@@ -89,12 +99,32 @@ class Scenario(BaseModel):
                              f"{', '.join(HARDWARE)}")
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_written_resolution(cls, data: Any) -> Any:
+        # a run folder's scenario.yaml records what its preset resolved to; reloading recomputes it
+        if isinstance(data, dict) and "resolved_scheduler" in data:
+            data = {k: v for k, v in data.items() if k != "resolved_scheduler"}
+        return data
+
     @model_validator(mode="after")
     def _resolve_engine_preset(self) -> Scenario:
         # A preset fills the knobs it derives from the hardware and sets its KV defaults (block
-        # size, prefix caching) where the kv_cache section leaves them unset.
+        # size, prefix caching, watermark) where the kv_cache section leaves them unset; its
+        # translation into a policy config is checked now, so a bad combination fails at load.
         self.scheduler = apply_preset_defaults(self.scheduler, get_hardware(self.hardware), self.model, self.kv_cache)
+        self.policy  # noqa: B018 - validates the translation
         return self
+
+    @property
+    def policy(self) -> PolicyConfig:
+        """The policy config the replicas schedule with (an engine preset's translation)."""
+        return resolve_policy(self.scheduler, get_hardware(self.hardware), self.model)
+
+    @property
+    def scheduler_name(self) -> str:
+        """The engine preset's name, or the policy's type (run headers, CLI lines)."""
+        return self.scheduler.preset if isinstance(self.scheduler, EnginePreset) else self.scheduler.type
 
     @field_validator("slo", mode="before")
     @classmethod
@@ -179,7 +209,8 @@ def format_validation_error(err: ValidationError) -> str:
     errors = err.errors(include_url=False)
     first = errors[0]
     # the tag of the built-in scheduler section is not something a user wrote: leave it out
-    loc = [str(x) for x in first["loc"] if x != BUILTIN_TAG]
+    tags = section_tags()
+    loc = [str(x) for i, x in enumerate(first["loc"]) if not (i == 1 and first["loc"][0] == "scheduler" and x in tags)]
     path = ".".join(loc) or "(top level)"
     kind = first["type"]
     if kind == "extra_forbidden":
@@ -242,5 +273,17 @@ def _models_in(annotation: Any, tag: str | None = None) -> list[tuple[type[BaseM
 
 
 def scenario_to_yaml(sc: Scenario) -> str:
-    """The fully resolved scenario, as written next to a run's results."""
-    return yaml.safe_dump(sc.model_dump(mode="json", exclude_none=True), sort_keys=False)
+    """The fully resolved scenario, as written next to a run's results.
+
+    An engine preset appears as written (its knobs filled in), followed by ``resolved_scheduler``:
+    the policy config it translated to (ignored when the file is loaded again).
+    """
+    data = sc.model_dump(mode="json", exclude_none=True)
+    if isinstance(sc.scheduler, EnginePreset):
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            out[key] = value
+            if key == "scheduler":
+                out["resolved_scheduler"] = sc.policy.model_dump(mode="json", exclude_none=True)
+        data = out
+    return yaml.safe_dump(data, sort_keys=False)

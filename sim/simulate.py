@@ -70,9 +70,9 @@ def build_scheduler(sc: Scenario, kv: KVPlan) -> Scheduler:
         kv.block_size,
         enable_prefix_caching=sc.kv_cache.enable_prefix_caching,
         num_host_blocks=kv.num_host_blocks,
-        watermark=sc.scheduler.watermark,
+        watermark=sc.kv_cache.watermark,
     )
-    return make_scheduler(sc.scheduler, block_manager)
+    return make_scheduler(sc.policy, block_manager)
 
 
 @dataclass
@@ -103,8 +103,8 @@ class RunResult:
             "model": sc.model,
             "hardware": sc.hardware,
             "tensor_parallel": sc.tensor_parallel,
-            "scheduler": sc.scheduler.type,
-            "preemption_mode": sc.scheduler.preemption_mode,
+            "scheduler": sc.scheduler_name,
+            "preemption_mode": sc.policy.preemption_mode,
             "cost_model": sc.cost_model.type,
             "num_replicas": sc.cluster.num_replicas,
             "router": sc.cluster.router,
@@ -127,7 +127,7 @@ def run_replicas(
     for r in range(sc.cluster.num_replicas):
         scheduler, executor = make_replica_parts(r)
         replicas.append(Replica(env, r, scheduler, executor, recorder,
-                                async_scheduling=getattr(sc.scheduler, "async_scheduling", False)))
+                                async_scheduling=sc.policy.async_scheduling))
     cluster = Cluster(env, replicas, sc.cluster.router)
     # The bar shows only on runs longer than ~2 s (tqdm's delay), and never when disabled.
     bar = tqdm(total=len(requests), unit="req", delay=2.0, mininterval=0.5, disable=progress is False,
@@ -137,6 +137,9 @@ def run_replicas(
         cluster.run(requests)
     finally:
         bar.close()
+    for rep in replicas:
+        kv = rep.scheduler.kv
+        recorder.on_prefix_cache(kv.prefix_queries * kv.block_size, kv.prefix_hits * kv.block_size)
     return recorder, replicas
 
 
@@ -156,7 +159,7 @@ def simulate(sc: Scenario, requests: list[Request] | None = None, progress: bool
 
     def parts(_r: int):
         return build_scheduler(sc, kv), SimExecutor(cost, kv.block_bytes,
-                                                    overlap_host=getattr(sc.scheduler, "async_scheduling", False))
+                                                    overlap_host=sc.policy.async_scheduling)
 
     recorder, _ = run_replicas(env, sc, requests, parts, progress)
     return finish_run(sc, "sim", requests, recorder, kv, time.perf_counter() - t0)
@@ -167,7 +170,8 @@ def finish_run(sc: Scenario, mode: str, requests: list[Request], recorder: Metri
     requests_df = recorder.requests_frame().sort_values("request_id", kind="stable").reset_index(drop=True)
     iterations_df = recorder.iterations_frame()
     hist = recorder.itl_histogram
-    summary = summarize(requests_df, iterations_df, hist, slo=sc.slo or None)
+    summary = summarize(requests_df, iterations_df, hist, slo=sc.slo or None,
+                        prefix_cache=(recorder.prefix_cache_queries, recorder.prefix_cache_hits))
     return RunResult(sc, mode, requests, requests_df, iterations_df, summary, hist, kv, wall_s)
 
 

@@ -47,6 +47,7 @@ import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from .errors import WorkloadError
 from .request import Request
 
 log = logging.getLogger(__name__)
@@ -54,14 +55,6 @@ log = logging.getLogger(__name__)
 # Child stream indices of SeedSequence(seed).spawn(); append new streams, never renumber.
 _ARRIVALS, _PROMPT, _OUTPUT, _PREFIX, _TOKENS = range(5)
 _ZIPF_ROUNDS = 64
-
-
-class WorkloadError(ValueError):
-    """A workload the user asked for cannot be built (missing file or column, empty trace).
-
-    The message is one line naming the config field and what to change; the CLI prints it
-    without a traceback.
-    """
 
 
 # --------------------------------------------------------------------------- config

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from servesim.sim.capacity import PlanSettings, at_rate, plan
 from servesim.sim.cli import main
 from servesim.sim.scenario import scenario_from_dict
-from servesim.sim.slo import parse_slo
+from servesim.sim.verbs.plan import PlanSettings, at_rate, plan
+from servesim.sim.verbs.slo import parse_slo
 from servesim.sim.workload import generate_requests
 
 TOL = 0.05

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import yaml
 from servesim.sim.cli import main
-from servesim.sim.compare import compare, paired_change, parse_fail_on
 from servesim.sim.scenario import ScenarioError, scenario_from_dict
+from servesim.sim.verbs.compare import compare, paired_change, parse_fail_on
 
 BASE = {
     "name": "base",

@@ -14,7 +14,7 @@ from servesim.sim.kv_cache import BlockManager
 from servesim.sim.metrics import MetricsRecorder
 from servesim.sim.request import Request, RequestState
 from servesim.sim.scenario import scenario_from_dict
-from servesim.sim.schedulers import SchedulerConfig, make_scheduler
+from servesim.sim.schedulers import ContinuousConfig, make_scheduler
 from servesim.sim.simulate import simulate, write_results
 
 
@@ -94,7 +94,7 @@ def test_requests_too_big_for_the_cache_are_rejected_with_a_reason_and_the_rest_
 def test_an_idle_replica_starts_a_request_the_moment_it_arrives():
     env = simpy.Environment()
     kv = BlockManager(100, 16)
-    sched = make_scheduler(SchedulerConfig(type="continuous"), kv)
+    sched = make_scheduler(ContinuousConfig(), kv)
     rep = Replica(env, 0, sched, SimExecutor(ConstantCostModel(0.01), 1.0), MetricsRecorder())
     reqs = [Request(0, 1.0, 10, 3), Request(1, 5.0, 10, 3)]
     Cluster(env, [rep]).run(reqs)

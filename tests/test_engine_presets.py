@@ -10,19 +10,22 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
+import yaml
+from servesim.sim.engine_presets import PRESETS
 from servesim.sim.kv_cache import BlockManager
 from servesim.sim.presets import get_hardware
 from servesim.sim.request import Request, RequestState
 from servesim.sim.scenario import ScenarioError, load_scenario, scenario_from_dict, scenario_to_yaml
-from servesim.sim.schedulers import PRESETS, ComposedScheduler, DynamicBatcher, RetractingScheduler
-from servesim.sim.schedulers.base import RunningTable
+from servesim.sim.schedulers import ComposedScheduler, DynamicBatcher, RetractingScheduler, make_scheduler
 from servesim.sim.schedulers.blocks import (
     blocks_to_completion,
     chunk_tokens,
     fewest_outputs_longest_prompt,
     latest_arrival,
 )
+from servesim.sim.schedulers.running import RunningTable
 from servesim.sim.simulate import simulate
 
 ENGINES_DIR = Path(__file__).resolve().parent.parent / "scenarios" / "engines"
@@ -30,9 +33,10 @@ ENGINES_DIR = Path(__file__).resolve().parent.parent / "scenarios" / "engines"
 
 def build(knobs: dict, num_blocks: int, block_size: int, *, prefix: bool = False, hardware: str = "h100-sxm"):
     """The scheduler a preset builds over a cache of ``num_blocks`` blocks of ``block_size`` tokens."""
-    cfg = PRESETS[knobs["preset"]].model_validate(knobs).resolved(get_hardware(hardware), "llama-3.1-8b")
-    kv = BlockManager(num_blocks, block_size, enable_prefix_caching=prefix, watermark=cfg.watermark)
-    return cfg.build(kv)
+    hw = get_hardware(hardware)
+    cfg = PRESETS[knobs["preset"]].model_validate(knobs).resolved(hw, "llama-3.1-8b")
+    kv = BlockManager(num_blocks, block_size, enable_prefix_caching=prefix, watermark=cfg.KV_DEFAULTS["watermark"])
+    return make_scheduler(cfg.translate(hw, "llama-3.1-8b"), kv)
 
 
 def run_steps(sched, requests: list[Request], step_s: float = 1.0, max_steps: int = 50_000):
@@ -117,6 +121,8 @@ def test_resolved_preset_round_trips_through_the_written_scenario(tmp_path: Path
     ({"preset": "hf-transformers", "max_num_batched_tokens": 64}, ["max_batch_tokens"]),
     ({"preset": "vlm-v1"}, ["vlm-v1", "did you mean 'vllm-v1'?"]),
     ({"preset": "vllm-v1", "max_num_seq": 8}, ["max_num_seq", "did you mean 'max_num_seqs'?"]),
+    ({"type": "chunkd"}, ["scheduler.type: unknown scheduler type 'chunkd'", "did you mean 'chunked'?"]),
+    ({"type": "chunked", "watermark": 0.1}, ["kv_cache.watermark"]),
 ])
 def test_a_knob_the_engine_lacks_is_a_one_line_error_naming_it(knobs: dict, words: list[str]):
     with pytest.raises(ScenarioError) as err:
@@ -132,7 +138,7 @@ def test_builtin_scheduler_errors_read_as_before():
         scenario_from_dict(small_scenario({"type": "chunked", "max_num_seq": 4}))
     msg = str(err.value)
     assert "scheduler.max_num_seq: unknown field" in msg and "did you mean 'max_num_seqs'" in msg
-    assert "max_batch_size" not in msg  # the allowed list is SchedulerConfig's, not the presets'
+    assert "max_batch_size" not in msg  # the allowed list is the chunked policy's, not the presets'
 
 
 def test_chunk_tokens_cuts_at_the_unit_only_when_short_of_the_end():
@@ -171,7 +177,7 @@ def test_vllm_v0_budget_is_the_context_length_without_chunking():
     assert sc.scheduler.max_num_batched_tokens == 131072  # llama-3.1's context
     sc = scenario_from_dict(small_scenario({"preset": "vllm-v0", "max_model_len": 1024}))
     assert sc.scheduler.max_num_batched_tokens == 2048  # max(max_model_len, 2048)
-    assert sc.scheduler.watermark == 0.01
+    assert sc.kv_cache.watermark == 0.01
 
 
 # ---- Transformers ----------------------------------------------------------------------------------
@@ -380,7 +386,7 @@ def test_sglang_never_mixes_prefill_and_decode_and_retracts_fewest_outputs_first
         assert batch.num_prefill_tokens == 0 or batch.num_decode_tokens == 0, "a mixed step"
         if batch.preempted:
             # every victim had no more outputs than any request left decoding
-            kept = sched.run.out[batch.slots]
+            kept = sched.run.out[sched.scheduled.rows]
             assert batch.num_prefill_tokens == 0 and len(kept)
             assert max(v.num_output_tokens for v in batch.preempted) <= kept.min()
             retractions += len(batch.preempted)
@@ -415,5 +421,19 @@ def test_sglang_admission_reserves_for_the_running_requests_future_tokens():
 
 # ---- the shipped engine scenarios -------------------------------------------------------------------
 def test_every_preset_has_a_scenario_that_uses_it():
-    used = {load_scenario(p).scheduler.type for p in ENGINES_DIR.glob("*.yaml")}
+    used = {load_scenario(p).scheduler_name for p in ENGINES_DIR.glob("*.yaml")}
     assert set(PRESETS) <= used
+
+
+@pytest.mark.parametrize("path", sorted(ENGINES_DIR.glob("*.yaml")), ids=lambda p: p.stem)
+def test_a_preset_schedules_exactly_as_the_policy_config_it_resolves_to(path: Path, tmp_path: Path):
+    sc = load_scenario(path, ["workload.num_requests=120"])
+    written = yaml.safe_load(scenario_to_yaml(sc))
+    assert written["scheduler"]["preset"] == sc.scheduler_name
+    # the same scenario with the resolved policy written out as a plain scheduler section
+    written["scheduler"] = written.pop("resolved_scheduler")
+    plain = scenario_from_dict(written)
+    assert plain.policy == sc.policy
+    a, b = simulate(sc, progress=False), simulate(plain, progress=False)
+    pd.testing.assert_frame_equal(a.requests_df, b.requests_df)
+    pd.testing.assert_frame_equal(a.iterations_df, b.iterations_df)

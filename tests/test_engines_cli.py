@@ -8,9 +8,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from servesim.sim.cli import main
-from servesim.sim.engine_compare import DEFAULT_PRESETS, parse_presets
+from servesim.sim.engine_presets import PRESETS
 from servesim.sim.scenario import ScenarioError
-from servesim.sim.schedulers import PRESETS
+from servesim.sim.verbs.engines import DEFAULT_PRESETS, parse_presets
 
 SCENARIO = """\
 name: engines-test

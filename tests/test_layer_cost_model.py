@@ -9,13 +9,12 @@ import pytest
 from servesim.calibration import gpu_profile as gp
 from servesim.calibration.gpu_import import ImportOptions, run_import
 from servesim.sim.cli import main
-from servesim.sim.cost_model import CostModelConfig, ProfileError, build_cost_model
+from servesim.sim.cost_model import CostModelConfig, ProfileError, build_cost_model, load_profile
 from servesim.sim.layer_cost_model import (
     GPU_PROFILE_FORMAT,
     AttentionGrid,
     Curve,
     LayerCostModel,
-    load_profile,
 )
 from servesim.sim.presets import get_hardware, get_model
 

@@ -12,7 +12,7 @@ from servesim.sim.kv_cache import BlockManager
 from servesim.sim.metrics import MetricsRecorder
 from servesim.sim.request import Request, RequestState
 from servesim.sim.scenario import scenario_from_dict
-from servesim.sim.schedulers import SchedulerConfig, make_scheduler
+from servesim.sim.schedulers import ContinuousConfig, make_scheduler
 
 torch = pytest.importorskip("torch")
 
@@ -111,7 +111,7 @@ class _SlowExecutor:
 
 def test_a_request_arriving_during_a_step_is_scheduled_in_the_next_step():
     env = simpy.rt.RealtimeEnvironment(strict=False)
-    sched = make_scheduler(SchedulerConfig(type="continuous", schedule_order="decode_first"), BlockManager(64, 16))
+    sched = make_scheduler(ContinuousConfig(schedule_order="decode_first"), BlockManager(64, 16))
     rep = Replica(env, 0, sched, _SlowExecutor(0.3), MetricsRecorder())
     a = Request(0, 0.0, 8, 4)
     b = Request(1, 0.1, 8, 2)  # arrives while a's first step (0.0 -> 0.3) runs
@@ -140,7 +140,7 @@ def test_engine_preset_schedulers_drive_the_model_live_with_unchanged_tokens(pre
     d["scheduler"] = preset
     d["kv_cache"] = {"block_size": 8, "num_blocks": 10, "swap_space_gb": 0.001}  # 80 tokens: pressure
     tokens, res = _tokens(scenario_from_dict(d))
-    assert res.scenario.scheduler.type == preset["preset"]
+    assert res.scenario.scheduler_name == preset["preset"]
     assert tokens == reference_tokens  # greedy outputs do not depend on how the steps were scheduled
     if preset["preset"] != "sglang":  # its admission estimate keeps this small run clear of retraction
         assert res.summary["num_preemptions"] > 0, "no KV pressure; the test proves little"

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 from servesim.sim.kv_cache import BlockManager
 from servesim.sim.request import Request, RequestState
-from servesim.sim.schedulers import SchedulerConfig, make_scheduler
+from servesim.sim.schedulers import make_scheduler, policy_config
 from servesim.sim.schedulers.chunked import ChunkedScheduler
 from servesim.sim.schedulers.continuous import ContinuousScheduler
 
 
 def make(kind: str, num_blocks: int = 1000, block_size: int = 16, host: int = 0, **cfg):
     kv = BlockManager(num_blocks, block_size, num_host_blocks=host, watermark=cfg.pop("watermark", 0.0))
-    return make_scheduler(SchedulerConfig(type=kind, watermark=0.0, **cfg), kv)
+    return make_scheduler(policy_config(type=kind, **cfg), kv)
 
 
 def drive(sched, requests: list[Request], step_s: float = 1.0, max_steps: int = 100_000):
@@ -271,8 +271,8 @@ def test_fast_paths_match_the_explicit_rows_code_step_for_step(kind, mode, prefi
     knobs = {"long_prefill_token_threshold": 20} if policy == "chunked" else {"schedule_order": order}
     for cls in classes:
         kv = BlockManager(90, 4, enable_prefix_caching=prefix_caching, num_host_blocks=60)
-        cfg = SchedulerConfig(type=policy, max_num_seqs=24, max_num_batched_tokens=48 if policy == "chunked" else 120,
-                              preemption_mode=mode, watermark=0.0, **knobs)
+        cfg = policy_config(type=policy, max_num_seqs=24, max_num_batched_tokens=48 if policy == "chunked" else 120,
+                            preemption_mode=mode, **knobs)
         reqs = workload()
         runs.append((drive(cls(cfg, kv), reqs), reqs))
     (fast, fast_reqs), (ref, ref_reqs) = runs
@@ -282,8 +282,9 @@ def test_fast_paths_match_the_explicit_rows_code_step_for_step(kind, mode, prefi
         del saw["decode_head"]  # its steps are prefill-only or decode-only
     for (t1, b1, o1), (t2, b2, o2) in zip(fast, ref, strict=True):
         assert t1 == t2
-        for name in ("num_new_tokens", "num_context_tokens", "samples", "slots"):
+        for name in ("num_new_tokens", "num_context_tokens", "samples"):
             np.testing.assert_array_equal(getattr(b1, name), getattr(b2, name), err_msg=name)
+        assert [r.request_id for r in b1.requests] == [r.request_id for r in b2.requests]
         assert b1.sums == b2.sums == _naive_sums(b2.num_new_tokens, b2.num_context_tokens)
         plain = (b2.num_new_tokens == 1) & b2.samples & (b2.num_context_tokens > 0)
         assert b1.num_decode_tokens == b2.num_decode_tokens == int(plain.sum())
@@ -309,7 +310,7 @@ def test_fast_path_batch_arrays_are_read_only_and_not_shared_with_the_table():
         sched.add(req(i, 5, 4))
     sched.update(sched.schedule(0.0), 1.0)
     batch = sched.schedule(1.0)
-    assert batch.decode_only and batch.prefix_slots
+    assert batch.decode_only and sched.scheduled.whole
     ctx = batch.num_context_tokens.copy()
     sched.update(batch, 2.0)
     np.testing.assert_array_equal(batch.num_context_tokens, ctx)  # a snapshot, not a table view

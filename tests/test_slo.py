@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from servesim.sim.metrics import LogHistogram
-from servesim.sim.slo import SloError, evaluate, parse_slo, request_thresholds
+from servesim.sim.verbs.slo import SloError, evaluate, parse_slo, request_thresholds
 
 
 def frame(ttft_ms, tpot_ms=None, states=None, out_tokens=None) -> pd.DataFrame:

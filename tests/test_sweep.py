@@ -11,7 +11,7 @@ import pytest
 import yaml
 from servesim.sim.cli import main
 from servesim.sim.scenario import ScenarioError
-from servesim.sim.sweep import comparable, grid_points, parse_grid, run_sweep
+from servesim.sim.verbs.sweep import comparable, grid_points, parse_grid, run_sweep
 
 # Small and fast: a constant-time cost model and 40 requests per point.
 RAW = {

@@ -5,15 +5,18 @@ It owns the waiting, running and swapped queues and talks to the KV ``BlockManag
 allocate / free / can_allocate / swap. It never sleeps, never reads a clock (``now`` is handed in)
 and imports neither SimPy nor torch, which is what lets live mode reuse it unchanged.
 
-Running requests keep their hot counters in numpy arrays (``RunningTable``) so a step over a few
-hundred decoding sequences costs a handful of vector operations, not a Python loop per request.
+Running requests keep their hot counters in numpy arrays (``running.py``: ``RunningTable``) so a
+step over a few hundred decoding sequences costs a handful of vector operations, not a Python loop
+per request. ``update`` applies the step ``schedule`` last returned: the scheduler keeps that
+step's table rows (``scheduled``) itself, so the ``Batch`` carries none of its bookkeeping.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Literal
+from functools import partial
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -21,36 +24,37 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ..batch import Batch
 from ..kv_cache import BlockManager
 from ..request import Request, RequestState
+from .running import RunningTable, StepRows, _readonly
 
-SchedulerType = Literal["static", "continuous", "chunked"]
 PreemptionMode = Literal["recompute", "soft_reset", "swap"]
 
 
-class SchedulerConfig(BaseModel):
-    """Scheduler knobs; names follow vLLM where vLLM has the knob."""
+class PolicyConfig(BaseModel):
+    """The knobs every policy reads; names follow vLLM where vLLM has the knob.
+
+    Each policy subclasses this with a ``type: Literal[NAME]`` and only the knobs it adds; the
+    scenario's ``scheduler`` section is the union of them, tagged by ``type``.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
-    type: SchedulerType = "chunked"
+    type: str
     max_num_seqs: int = Field(256, ge=1, description="most sequences running at once (static: batch size)")
     max_num_batched_tokens: int = Field(8192, ge=1, description="token budget of one step")
-    long_prefill_token_threshold: int = Field(
-        0, ge=0, description="chunked: cap on one request's prefill tokens per step (0 = no cap)"
-    )
     max_model_len: int | None = Field(None, ge=1, description="reject requests whose prompt+output exceed this")
     policy: Literal["fcfs", "priority"] = "fcfs"
     preemption_mode: PreemptionMode = "recompute"
-    # continuous only: vLLM v0 runs a prefill-only step whenever it can admit a prompt
-    # (prefill_first); decode_first runs every decode and fills the rest of the budget with whole prompts.
-    schedule_order: Literal["prefill_first", "decode_first"] = "prefill_first"
-    watermark: float = Field(0.01, ge=0.0, lt=1.0, description="fraction of blocks kept free on admission")
+    # The engine loop, not the policy: the CPU chooses step n+1 while the device runs step n (vLLM's
+    # --async-scheduling, vllm/v1/core/sched/async_scheduler.py), so a request arriving during step n
+    # is first scheduled into step n+2 and host time overlaps device time (sim/engine.py).
+    async_scheduling: bool = Field(False, description="schedule the next step while this one runs (vLLM V1)")
 
-    @model_validator(mode="after")
-    def _check(self) -> SchedulerConfig:
-        if self.type == "static" and self.preemption_mode != "recompute":
-            # static reserves KV up front and never preempts; a mode other than the default is a mistake
-            raise ValueError("preemption_mode has no effect on a static scheduler (it never preempts); remove it")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _kv_knobs_elsewhere(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "watermark" in data:
+            raise ValueError("watermark is a KV-cache knob: set kv_cache.watermark")
+        return data
 
 
 @dataclass(slots=True)
@@ -62,95 +66,25 @@ class StepOutput:
     num_first_tokens: int
 
 
-class RunningTable:
-    """Running requests as a structure of arrays, in admission order (oldest first).
-
-    The int columns are rows of one 2-D array, so removing rows moves them all in one operation.
-    """
-
-    __slots__ = ("reqs", "n", "ints", "computed", "tokens", "out", "out_len", "nblocks", "prio", "last_tok")
-
-    def __init__(self, capacity: int) -> None:
-        cap = max(capacity, 1)
-        self.reqs: list[Request] = []
-        self.n = 0
-        self._bind(np.zeros((6, cap), dtype=np.int64), np.zeros(cap, dtype=np.float64))
-
-    def _bind(self, ints: np.ndarray, last_tok: np.ndarray) -> None:
-        self.ints = ints
-        self.computed = ints[0]  # tokens with KV in the cache
-        self.tokens = ints[1]  # tokens that exist (prompt + outputs)
-        self.out = ints[2]  # outputs generated so far
-        self.out_len = ints[3]  # outputs wanted
-        self.nblocks = ints[4]  # device blocks held
-        self.prio = ints[5]
-        self.last_tok = last_tok  # time of the last output token
-
-    def append(self, req: Request, nblocks: int) -> int:
-        i = self.n
-        if i == self.ints.shape[1]:
-            self._bind(np.concatenate([self.ints, np.zeros_like(self.ints)], axis=1),
-                       np.concatenate([self.last_tok, np.zeros_like(self.last_tok)]))
-        self.reqs.append(req)
-        self.ints[:, i] = (req.num_computed_tokens, req.num_tokens, req.num_output_tokens, req.output_len,
-                            nblocks, req.priority)
-        self.last_tok[i] = req.last_token_time
-        self.n = i + 1
-        return i
-
-    def sync(self, i: int) -> Request:
-        """Write row i's counters back to its Request."""
-        req = self.reqs[i]
-        req.num_computed_tokens = int(self.computed[i])
-        req.num_output_tokens = int(self.out[i])
-        req.last_token_time = float(self.last_tok[i])
-        return req
-
-    def remove(self, drop: np.ndarray) -> None:
-        """Remove the rows where ``drop`` (bool, length n) is true, keeping order."""
-        self.remove_rows(drop.nonzero()[0].tolist(), drop)
-
-    def remove_rows(self, gone: list[int], drop: np.ndarray | None = None) -> None:
-        """Remove rows ``gone`` (ascending, distinct), keeping order; ``drop`` is their mask if known."""
-        n = self.n
-        k = n - len(gone)
-        if len(gone) == 1:  # the common case: shift the tail down by one
-            i = gone[0]
-            self.ints[:, i : n - 1] = self.ints[:, i + 1 : n]
-            self.last_tok[i : n - 1] = self.last_tok[i + 1 : n]
-        else:
-            if drop is None:
-                drop = np.zeros(n, dtype=bool)
-                drop[gone] = True
-            keep = ~drop
-            self.ints[:, :k] = self.ints[:, :n][:, keep]
-            self.last_tok[:k] = self.last_tok[:n][keep]
-        # A new list, never an in-place edit: a Batch handed out earlier still indexes the old one.
-        reqs = list(self.reqs)
-        for i in reversed(gone):
-            del reqs[i]
-        self.reqs = reqs
-        self.n = k
-
-
-def _readonly(a: np.ndarray) -> np.ndarray:
-    a.flags.writeable = False
-    return a
+def _requests_at(table: list[Request], rows: np.ndarray) -> list[Request]:
+    return [table[i] for i in rows.tolist()]
 
 
 class Scheduler:
     """Shared state and mechanics; subclasses implement ``schedule``."""
 
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+    config_type: ClassVar[type[PolicyConfig]] = PolicyConfig
+
+    def __init__(self, config: PolicyConfig, block_manager: BlockManager) -> None:
         self.config = config
         self.kv = block_manager
         self.block_size = block_manager.block_size
-        self.max_num_seqs = config.max_num_seqs
+        self.max_num_seqs = self.seats(config, block_manager)
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.preemption_mode = config.preemption_mode
         self.waiting: deque[Request] = deque()
         self.swapped: deque[Request] = deque()
-        self.run = RunningTable(config.max_num_seqs)
+        self.run = RunningTable(self.max_num_seqs)
         self.num_preemptions = 0
         self._order = 0  # admission counter
         self._preempted_this_step: list[Request] = []
@@ -162,6 +96,12 @@ class Scheduler:
         self._c_arange = self._c_ones = _readonly(np.zeros(0, dtype=np.int64))
         self._c_true = _readonly(np.zeros(0, dtype=bool))
         self._c_views: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.scheduled = StepRows(self._c_arange)  # the rows of the step last scheduled
+
+    @staticmethod
+    def seats(config: PolicyConfig, block_manager: BlockManager) -> int:
+        """Most requests running at once: ``max_num_seqs``; a policy may derive it from the cache."""
+        return config.max_num_seqs
 
     # ---- interface -------------------------------------------------------------------------
     def add(self, request: Request) -> bool:
@@ -238,6 +178,14 @@ class Scheduler:
             req.first_scheduled_time = now
         return self.run.append(req, self.kv.num_blocks_of(req))
 
+    def _admit_queued(self, req: Request, fresh: bool, cached: int, computed: int, now: float) -> int:
+        """Admit a queued request that ``blocks.attach_cached_prefix`` looked up and that now holds
+        its blocks (the caller took it off the queue); returns its row."""
+        if fresh and req.num_preemptions == 0:
+            req.num_cached_tokens = cached
+        req.num_computed_tokens = computed
+        return self._admit(req, now)
+
     def _pick_victim(self, candidates: np.ndarray) -> int:
         """Row to preempt among ``candidates`` (bool mask): newest first, or lowest priority."""
         rows = candidates.nonzero()[0]
@@ -272,39 +220,8 @@ class Scheduler:
         self.waiting.appendleft(req)
 
     def _grow_rows(self, rows: np.ndarray, new: np.ndarray, protect: int = 0) -> np.ndarray:
-        """Give running ``rows`` the blocks for ``new`` more tokens each, preempting if short.
-
-        ``rows``/``new`` are parallel arrays in table order. Victims are chosen among all running
-        rows (scheduled or not) except the first ``protect`` rows. Returns a bool mask over the
-        table of rows preempted (to be removed by the caller).
-        """
-        run = self.run
-        n = run.n
-        preempted = np.zeros(n, dtype=bool)
-        if len(rows) == 0:
-            return preempted
-        bs = self.block_size
-        need = (run.computed[rows] + new + bs - 1) // bs - run.nblocks[rows]
-        need = np.maximum(need, 0)
-        if int(need.sum()) > self.kv.num_free_blocks:
-            need_by_row = np.zeros(n, dtype=np.int64)
-            need_by_row[rows] = need
-            self._preempt_until_fits(need_by_row, preempted, protect)
-        todo = (need > 0).nonzero()[0]
-        if len(todo) == 0:
-            return preempted
-        want = run.computed[rows[todo]] + new[todo]
-        alloc = self.kv.allocate
-        reqs = run.reqs
-        for i, tokens in zip(rows[todo].tolist(), want.tolist(), strict=True):
-            if preempted[i]:
-                continue
-            if not alloc(reqs[i], tokens):
-                raise AssertionError(f"request {reqs[i].request_id}: allocation failed after preemption freed space")
-        kept = ~preempted[rows[todo]]
-        grown = rows[todo][kept]
-        run.nblocks[grown] = (want[kept] + bs - 1) // bs
-        return preempted
+        """``RunningTable.grow`` with this policy's preemption; returns the mask of preempted rows."""
+        return self.run.grow(self.kv, rows, new, self._preempt_until_fits, protect)
 
     def _preempt_until_fits(self, need_by_row: np.ndarray, preempted: np.ndarray, protect: int) -> None:
         """Preempt victims (marked in ``preempted``) until the unpreempted rows' block needs fit.
@@ -322,46 +239,8 @@ class Scheduler:
             self._preempt_row(v)
 
     def _grow_all(self, want: np.ndarray, protect: int = 0) -> np.ndarray | None:
-        """``_grow_rows`` for a step that schedules every running row, row i up to ``want[i]`` tokens.
-
-        Works on whole-table views; the few rows crossing a block boundary are handled as plain
-        ints. Returns the mask of preempted rows, or None when there was no shortage.
-        """
-        run = self.run
-        n = run.n
-        bs = self.block_size
-        nb = run.nblocks[:n]
-        todo = (want > nb * bs).nonzero()[0]
-        if len(todo) == 0:
-            return None
-        rows = todo.tolist()
-        tokens = want[todo].tolist()
-        blocks = [-(-t // bs) for t in tokens]
-        held = nb[todo].tolist()
-        kv = self.kv
-        preempted = None
-        if sum(blocks) - sum(held) > kv.num_free_blocks:
-            preempted = np.zeros(n, dtype=bool)
-            need_by_row = np.zeros(n, dtype=np.int64)
-            need_by_row[todo] = [b - h for b, h in zip(blocks, held, strict=True)]
-            self._preempt_until_fits(need_by_row, preempted, protect)
-        reqs = run.reqs
-        if preempted is None:
-            failed = kv.allocate_each([reqs[i] for i in rows], tokens)
-            if failed >= 0:
-                req = reqs[rows[failed]]
-                raise AssertionError(f"request {req.request_id}: allocation failed after preemption freed space")
-            run.nblocks[todo] = blocks
-            return None
-        alloc = kv.allocate
-        nblocks = run.nblocks
-        for i, t, b in zip(rows, tokens, blocks, strict=True):
-            if preempted[i]:
-                continue
-            if not alloc(reqs[i], t):
-                raise AssertionError(f"request {reqs[i].request_id}: allocation failed after preemption freed space")
-            nblocks[i] = b
-        return preempted
+        """``RunningTable.grow_leading`` with this policy's preemption (every running row scheduled)."""
+        return self.run.grow_leading(self.kv, want, self._preempt_until_fits, protect)
 
     def _const_views(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Read-only (0..k-1, k ones, k Trues); the views are immutable, so they are cached."""
@@ -398,8 +277,10 @@ class Scheduler:
         if self._swapped_in_now:
             self._swapped_in_now.clear()
         self.kv.end_step()
-        return Batch(new.astype(np.int64, copy=False), ctx, samples, rows, pre, so, si, run.reqs, None,
-                     prefix, decode_rows)
+        self.scheduled = StepRows(rows, prefix, decode_rows)
+        return Batch(num_new_tokens=new.astype(np.int64, copy=False), num_context_tokens=ctx, samples=samples,
+                     preempted=pre, swap_out=so, swap_in=si, decode_rows=decode_rows,
+                     requests_of=partial(_requests_at, run.reqs, rows))
 
     def _try_swap_in_one(self, now: float) -> bool:
         """Bring the oldest swapped request back into the running table if its blocks fit."""
@@ -415,64 +296,22 @@ class Scheduler:
 
     # ---- update ----------------------------------------------------------------------------
     def update(self, batch: Batch, now: float) -> StepOutput:
-        """Apply a finished step at time ``now`` (seconds): advance counters, emit tokens, retire."""
-        run = self.run
-        rows = batch.slots
-        if len(rows) == 0:
+        """Apply the step ``schedule`` last returned (``batch``), finished at ``now`` (seconds):
+        advance counters, emit tokens, retire the requests that are done."""
+        step = self.scheduled
+        if len(step.rows) == 0:
             return StepOutput([], np.zeros(0), 0)
-        if batch.prefix_slots:
-            return self._update_prefix(batch, now)
-        run.computed[rows] += batch.num_new_tokens
-        srows = rows[batch.samples]
-        had = run.out[srows] > 0
-        itl = now - run.last_tok[srows[had]]
-        first = srows[~had]
-        run.out[srows] += 1
-        run.tokens[srows] += 1
-        run.last_tok[srows] = now
-        for i in first.tolist():
-            req = run.reqs[i]
-            if req.first_token_time != req.first_token_time:
-                req.first_token_time = now
-        if self.kv.enable_prefix_caching:
-            for j in (batch.num_new_tokens > 1).nonzero()[0].tolist():
-                i = int(rows[j])
-                self.kv.cache_computed_blocks(run.reqs[i], int(run.computed[i]))
-        done = srows[run.out[srows] >= run.out_len[srows]]
-        return StepOutput(self._finish_rows(done, now), itl, len(first))
-
-    def _update_prefix(self, batch: Batch, now: float) -> StepOutput:
-        """``update`` for a batch whose slots are 0..k-1: whole-table slices, no fancy indexing."""
         run = self.run
-        k = len(batch.slots)
         new = batch.num_new_tokens
-        out = run.out[:k]
-        last = run.last_tok[:k]
-        had = out > 0
-        if batch.decode_rows == k:  # every row computes one token and samples
-            if np.count_nonzero(had) == k:
-                itl = now - last
-                first: list[int] = []
-            else:
-                itl = now - last[had]
-                first = (~had).nonzero()[0].tolist()
-            run.ints[:3, :k] += 1  # computed, tokens and out, one op
-            last.fill(now)
-            done = (out >= run.out_len[:k]).nonzero()[0]
-        else:
-            s = batch.samples
-            itl = now - last[had & s]
-            first = (s > had).nonzero()[0].tolist()  # sampling rows without an earlier output
-            run.computed[:k] += new
-            run.ints[1:3, :k] += s  # tokens and out
-            last[s] = now
-            done = (s & (out >= run.out_len[:k])).nonzero()[0]
+        itl, first, done = run.advance(step, new, batch.samples, now)
         for i in first:
             req = run.reqs[i]
             if req.first_token_time != req.first_token_time:
                 req.first_token_time = now
         if self.kv.enable_prefix_caching:
-            for i in (new > 1).nonzero()[0].tolist():
+            rows = step.rows
+            for j in (new > 1).nonzero()[0].tolist():
+                i = j if step.whole else int(rows[j])
                 self.kv.cache_computed_blocks(run.reqs[i], int(run.computed[i]))
         return StepOutput(self._finish_rows(done, now), itl, len(first))
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..kv_cache import BlockManager
 from ..request import Request
-from .base import RunningTable, Scheduler
+from .running import RunningTable
 
 
 # ---- budget --------------------------------------------------------------------------------------
@@ -76,14 +76,6 @@ def drop_cached_prefix(kv: BlockManager, req: Request, cached: int) -> None:
     """Give back the cached blocks ``attach_cached_prefix`` attached to a request left waiting."""
     if cached:
         kv.free(req)
-
-
-def admit_queued(sched: Scheduler, req: Request, fresh: bool, cached: int, computed: int, now: float) -> int:
-    """Move a looked-up request that holds its blocks into the running table; returns its row."""
-    if fresh and req.num_preemptions == 0:
-        req.num_cached_tokens = cached
-    req.num_computed_tokens = computed
-    return sched._admit(req, now)
 
 
 # ---- victims --------------------------------------------------------------------------------------

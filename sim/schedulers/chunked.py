@@ -10,16 +10,31 @@ request is admitted in that step.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
+from pydantic import Field
 
 from ..batch import Batch
-from .base import Scheduler
+from .base import PolicyConfig, Scheduler
+from .blocks import attach_cached_prefix, drop_cached_prefix
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 _EMPTY.flags.writeable = False
 
 
+class ChunkedConfig(PolicyConfig):
+    """Chunked prefill under one token budget per step (the default policy)."""
+
+    type: Literal["chunked"] = "chunked"
+    long_prefill_token_threshold: int = Field(
+        0, ge=0, description="cap on one request's prefill tokens per step (0 = no cap)"
+    )
+
+
 class ChunkedScheduler(Scheduler):
+    config_type = ChunkedConfig
+
     def schedule(self, now: float) -> Batch:
         run = self.run
         budget = self.max_num_batched_tokens
@@ -108,19 +123,13 @@ class ChunkedScheduler(Scheduler):
         kv = self.kv
         while self.waiting and budget > 0 and self.run.n < self.max_num_seqs:
             req = self.waiting[0]
-            fresh = not kv.holds(req)
-            cached = kv.lookup_prefix(req) if fresh else 0
-            computed = cached if fresh else req.num_computed_tokens
+            fresh, cached, computed = attach_cached_prefix(kv, req)
             chunk = min(req.num_tokens - computed, budget, threshold)
             if not kv.allocate(req, computed + chunk, watermark=True):
-                if cached:
-                    kv.free(req)
+                drop_cached_prefix(kv, req, cached)
                 break
             self.waiting.popleft()
-            if fresh and req.num_preemptions == 0:
-                req.num_cached_tokens = cached
-            req.num_computed_tokens = computed
-            rows.append(self._admit(req, now))
+            rows.append(self._admit_queued(req, fresh, cached, computed, now))
             new.append(chunk)
             budget -= chunk
         return budget

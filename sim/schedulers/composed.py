@@ -19,17 +19,16 @@ whole output are free after the running requests' own remaining needs; nothing i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+from pydantic import Field, model_validator
 
 from ..batch import Batch
 from ..kv_cache import BlockManager
 from ..request import Request
-from .base import Scheduler, SchedulerConfig
+from .base import PolicyConfig, Scheduler
 from .blocks import (
-    admit_queued,
     attach_cached_prefix,
     blocks_to_completion,
     chunk_tokens,
@@ -42,13 +41,16 @@ from .blocks import (
 Group = Literal["decode", "partial"]
 
 
-@dataclass(frozen=True, slots=True)
-class Composition:
+class ComposedConfig(PolicyConfig):
     """Which building blocks a ``ComposedScheduler`` uses (set by an engine preset)."""
 
+    type: Literal["composed"] = "composed"
+    # None: bounded only by the cache (every request holding KV holds at least one block)
+    max_num_seqs: int | None = Field(None, ge=1)  # type: ignore[assignment]
     order: tuple[Group, ...] = ("decode", "partial")  # running groups; waiting requests always come last
     chunked: bool = True  # False: a prompt starts only if it fits the step's remaining budget whole
-    chunk_unit: int = 1  # a prompt chunk cut short is cut at a multiple of this many tokens
+    # a prompt chunk cut short is cut at a multiple of this many tokens ("block": the KV block size)
+    chunk_unit: int | Literal["block"] = 1
     admission: Literal["free_blocks", "safety_margin", "reserve_to_completion"] = "free_blocks"
     safety_margin: float = 0.0  # fraction of the cache that must be free for a prefill (safety_margin)
     skip_unfit_waiting: bool = False  # a queued request that does not fit is passed over, not waited on
@@ -58,15 +60,26 @@ class Composition:
     admit_after_preemption: Literal["yes", "not_this_step", "not_until_a_finish"] = "yes"
     max_rows_per_step: int = 0  # 0 = no cap beyond max_num_seqs
 
+    @model_validator(mode="after")
+    def _no_swap(self) -> ComposedConfig:
+        if self.preemption_mode == "swap":
+            raise ValueError("a composed scheduler preempts by recompute or soft reset, not swap")
+        return self
+
 
 class ComposedScheduler(Scheduler):
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, composition: Composition) -> None:
-        if config.preemption_mode == "swap":
-            raise ValueError("a composed scheduler preempts by recompute or soft reset, not swap")
+    config_type = ComposedConfig
+
+    def __init__(self, config: ComposedConfig, block_manager: BlockManager) -> None:
         super().__init__(config, block_manager)
-        self.comp = composition
-        self._rows_cap = composition.max_rows_per_step or config.max_num_seqs
+        self.comp = config
+        self.chunk_unit = block_manager.block_size if config.chunk_unit == "block" else config.chunk_unit
+        self._rows_cap = config.max_rows_per_step or self.max_num_seqs
         self._blocked = False  # admissions closed until a request finishes (after a preemption)
+
+    @staticmethod
+    def seats(config: ComposedConfig, block_manager: BlockManager) -> int:
+        return config.max_num_seqs if config.max_num_seqs is not None else max(block_manager.num_blocks, 1)
 
     # ---- interface ---------------------------------------------------------------------------
     def schedule(self, now: float) -> Batch:
@@ -113,7 +126,7 @@ class ComposedScheduler(Scheduler):
                     for i in (need > 1).nonzero()[0].tolist():
                         if budget <= 0 or count >= self._rows_cap or (not margin_ok and count):
                             break
-                        chunk = chunk_tokens(int(need[i]), budget, 0, comp.chunk_unit)
+                        chunk = chunk_tokens(int(need[i]), budget, 0, self.chunk_unit)
                         if chunk <= 0:
                             break
                         sel[i] = chunk
@@ -195,7 +208,7 @@ class ComposedScheduler(Scheduler):
             fresh, cached, computed = attach_cached_prefix(kv, req)
             remaining = req.num_tokens - computed
             if comp.chunked:
-                tokens = chunk_tokens(remaining, budget, 0, comp.chunk_unit)
+                tokens = chunk_tokens(remaining, budget, 0, self.chunk_unit)
             else:
                 # A request preempted after generating may have outgrown the budget: it runs alone.
                 alone = not rows and count == 0 and req.num_preemptions > 0
@@ -212,7 +225,7 @@ class ComposedScheduler(Scheduler):
                     continue
                 break
             del self.waiting[i]
-            rows.append(admit_queued(self, req, fresh, cached, computed, now))
+            rows.append(self._admit_queued(req, fresh, cached, computed, now))
             new.append(tokens)
             budget -= tokens
             count += 1

@@ -11,13 +11,27 @@ preempted by recompute, soft reset or swap.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 
 from ..batch import Batch
-from .base import Scheduler
+from .base import PolicyConfig, Scheduler
+from .blocks import attach_cached_prefix, drop_cached_prefix
+
+
+class ContinuousConfig(PolicyConfig):
+    """Continuous batching of whole prompts."""
+
+    type: Literal["continuous"] = "continuous"
+    # vLLM v0 runs a prefill-only step whenever it can admit a prompt (prefill_first);
+    # decode_first runs every decode and fills the rest of the budget with whole prompts.
+    schedule_order: Literal["prefill_first", "decode_first"] = "prefill_first"
 
 
 class ContinuousScheduler(Scheduler):
+    config_type = ContinuousConfig
+
     def schedule(self, now: float) -> Batch:
         prefill_first = self.config.schedule_order == "prefill_first"
         if prefill_first:
@@ -94,26 +108,16 @@ class ContinuousScheduler(Scheduler):
         new: list[int] = []
         while self.waiting and self.run.n < self.max_num_seqs:
             req = self.waiting[0]
-            fresh = not kv.holds(req)
-            cached = kv.lookup_prefix(req) if fresh else 0
-            computed = cached if fresh else req.num_computed_tokens
+            fresh, cached, computed = attach_cached_prefix(kv, req)
             tokens = req.num_tokens - computed
             # A preempted request re-prefills prompt + outputs, which may exceed the budget; let it
             # run alone rather than starve forever.
             alone_ok = not rows and req.num_preemptions > 0
-            if tokens > budget and not alone_ok:
-                if cached:
-                    kv.free(req)
-                break
-            if not kv.allocate(req, computed + tokens, watermark=True):
-                if cached:
-                    kv.free(req)
+            if (tokens > budget and not alone_ok) or not kv.allocate(req, computed + tokens, watermark=True):
+                drop_cached_prefix(kv, req, cached)
                 break
             self.waiting.popleft()
-            if fresh and req.num_preemptions == 0:
-                req.num_cached_tokens = cached
-            req.num_computed_tokens = computed
-            rows.append(self._admit(req, now))
+            rows.append(self._admit_queued(req, fresh, cached, computed, now))
             new.append(tokens)
             budget -= tokens
         return rows, new

@@ -15,28 +15,41 @@ so the replica waits for either the next arrival or that deadline, with no polli
 
 from __future__ import annotations
 
+from typing import Literal
+
+from pydantic import Field, model_validator
+
 from ..batch import Batch
 from ..kv_cache import BlockManager
-from .base import SchedulerConfig
-from .static import StaticScheduler
+from .static import StaticConfig, StaticScheduler
 
 # The engine's clock reaches a deadline as now + (deadline - now), which can land a rounding error
 # short of it; a nanosecond of slack keeps the batcher from waiting again for nothing.
 _TIME_TOLERANCE_S = 1e-9
 
 
+class DynamicBatcherConfig(StaticConfig):
+    """Static batches sent by size or after a queue delay; ``max_num_seqs`` is the largest batch."""
+
+    type: Literal["dynamic_batcher"] = "dynamic_batcher"  # type: ignore[assignment]
+    max_queue_delay_s: float = Field(0.0, ge=0.0, description="longest the oldest request is held (s)")
+    preferred_batch_sizes: list[int] = Field(default_factory=list, description="batch sizes sent at once")
+
+    @model_validator(mode="after")
+    def _preferred_within_max(self) -> DynamicBatcherConfig:
+        bad = [p for p in self.preferred_batch_sizes if not 1 <= p <= self.max_num_seqs]
+        if bad:
+            raise ValueError(f"preferred_batch_sizes {bad} must lie in 1..max_num_seqs ({self.max_num_seqs})")
+        return self
+
+
 class DynamicBatcher(StaticScheduler):
-    def __init__(
-        self,
-        config: SchedulerConfig,
-        block_manager: BlockManager,
-        *,
-        max_queue_delay_s: float = 0.0,
-        preferred_batch_sizes: tuple[int, ...] = (),
-    ) -> None:
+    config_type = DynamicBatcherConfig
+
+    def __init__(self, config: DynamicBatcherConfig, block_manager: BlockManager) -> None:
         super().__init__(config, block_manager)
-        self.max_queue_delay_s = max_queue_delay_s
-        self.preferred_batch_sizes = tuple(sorted(set(preferred_batch_sizes)))
+        self.max_queue_delay_s = config.max_queue_delay_s
+        self.preferred_batch_sizes = tuple(sorted(set(config.preferred_batch_sizes)))
 
     def batch_size_to_send(self, now: float) -> int:
         """How many queued requests the batcher sends now (0 = keep holding the queue)."""

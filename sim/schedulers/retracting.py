@@ -27,12 +27,12 @@ from collections import deque
 from typing import Literal
 
 import numpy as np
+from pydantic import Field, model_validator
 
 from ..batch import Batch
 from ..kv_cache import BlockManager
-from .base import Scheduler, SchedulerConfig
+from .base import PolicyConfig, Scheduler
 from .blocks import (
-    admit_queued,
     attach_cached_prefix,
     drop_cached_prefix,
     estimated_future_tokens,
@@ -50,29 +50,46 @@ LPM_FALLBACK_QUEUE_LEN = 128  # lpm turns into fcfs above this many waiting requ
 IN_BATCH_PREFIX_TOKENS = 32  # IN_BATCH_PREFIX_CACHING_CHECK/DEPRIORITIZE_THRESHOLD
 
 
-class RetractingScheduler(Scheduler):
-    def __init__(
-        self,
-        config: SchedulerConfig,
-        block_manager: BlockManager,
-        *,
-        waiting_order: Literal["fcfs", "lpm"] = "fcfs",
-        max_prefill_tokens: int = 16384,
-        chunked: bool = True,
-        conservativeness: float = 1.0,
-    ) -> None:
-        if config.preemption_mode != "recompute":
+class RetractingConfig(PolicyConfig):
+    """SGLang's prefill-or-decode steps with token-ratio admission and retraction."""
+
+    type: Literal["retracting"] = "retracting"
+    # None: SGLang's default, min(max(pool tokens / context_length * 512, 2048), 4096)
+    max_num_seqs: int | None = Field(None, ge=1)  # type: ignore[assignment]
+    waiting_order: Literal["fcfs", "lpm"] = "fcfs"
+    max_prefill_tokens: int = Field(16384, ge=1, description="prompt tokens one prefill step may take")
+    chunked: bool = True  # False: prompts are not chunked (SGLang's chunked_prefill_size -1)
+    conservativeness: float = Field(1.0, ge=0.0, description="scales the new-token ratio of admission")
+    context_length: int = Field(4096, ge=1, description="the model's context (sizes the max_num_seqs default)")
+
+    @model_validator(mode="after")
+    def _recompute_only(self) -> RetractingConfig:
+        if self.preemption_mode != "recompute":
             raise ValueError("SGLang retracts by recompute only")
+        return self
+
+
+class RetractingScheduler(Scheduler):
+    config_type = RetractingConfig
+
+    def __init__(self, config: RetractingConfig, block_manager: BlockManager) -> None:
         super().__init__(config, block_manager)
-        self.waiting_order = waiting_order
-        self.max_prefill_tokens = max_prefill_tokens
-        self.chunked = chunked
-        self.init_ratio = min(INIT_NEW_TOKEN_RATIO * conservativeness, 1.0)
+        self.waiting_order = config.waiting_order
+        self.max_prefill_tokens = config.max_prefill_tokens
+        self.chunked = config.chunked
+        self.init_ratio = min(INIT_NEW_TOKEN_RATIO * config.conservativeness, 1.0)
         self.min_ratio = min(self.init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
         self.ratio_decay = (self.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
         self.new_token_ratio = self.init_ratio
         self.batch_is_full = False
         self.num_retractions = 0
+
+    @staticmethod
+    def seats(config: RetractingConfig, block_manager: BlockManager) -> int:
+        if config.max_num_seqs is not None:
+            return config.max_num_seqs
+        pool = block_manager.num_blocks * block_manager.block_size
+        return min(max(int(pool / config.context_length * 512), 2048), 4096)
 
     # ---- interface ---------------------------------------------------------------------------
     def schedule(self, now: float) -> Batch:
@@ -138,7 +155,7 @@ class RetractingScheduler(Scheduler):
                 drop_cached_prefix(kv, req, cached)
                 break
             admitted.add(req.request_id)
-            rows.append(admit_queued(self, req, fresh, cached, computed, now))
+            rows.append(self._admit_queued(req, fresh, cached, computed, now))
             new.append(tokens)
             rem_total -= tokens + (max_new if last else 0)
             rem_input -= tokens

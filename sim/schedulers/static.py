@@ -9,14 +9,32 @@ the whole batch ends; nobody joins mid-batch.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
+from pydantic import model_validator
 
 from ..batch import Batch
 from ..request import Request, RequestState
-from .base import Scheduler
+from .base import PolicyConfig, Scheduler
+
+
+class StaticConfig(PolicyConfig):
+    """Static batching; ``max_num_seqs`` is the batch size."""
+
+    type: Literal["static"] = "static"
+
+    @model_validator(mode="after")
+    def _never_preempts(self) -> StaticConfig:
+        if self.preemption_mode != "recompute":
+            # static reserves KV up front and never preempts; a mode other than the default is a mistake
+            raise ValueError("preemption_mode has no effect on a static scheduler (it never preempts); remove it")
+        return self
 
 
 class StaticScheduler(Scheduler):
+    config_type = StaticConfig
+
     def schedule(self, now: float) -> Batch:
         if self.run.n == 0:
             self._form_batch(now, self.max_num_seqs)

@@ -26,12 +26,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .hints import did_you_mean
-from .metrics import LogHistogram
-from .scenario import ScenarioError
+from ..errors import ScenarioError
+from ..hints import did_you_mean
+from ..metrics import LATENCY_COLUMNS, LogHistogram
 
-METRIC_COLUMNS = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e", "queueing_delay": "queueing_delay", "itl": None}
-PER_REQUEST_METRICS = ("ttft", "tpot", "e2el", "queueing_delay")
+# metric -> requests column (ITL is per token: the histogram, no column)
+METRIC_COLUMNS: dict[str, str | None] = {**LATENCY_COLUMNS, "itl": None}
+PER_REQUEST_METRICS = tuple(LATENCY_COLUMNS)
 _TERM = re.compile(r"^(?:(?P<stat>mean|median|p\d+(?:\.\d+)?)_)?(?P<metric>[a-z0-9_]+?)_ms$")
 
 

@@ -23,11 +23,11 @@ from typing import Any
 
 import pandas as pd
 
-from .hints import did_you_mean
-from .scenario import Scenario, ScenarioError, read_scenario_file, scenario_from_dict
-from .schedulers.engine_presets import PRESETS
-from .simulate import RunResult, simulate, write_results
-from .workload import generate_requests
+from ..engine_presets import PRESETS
+from ..hints import did_you_mean
+from ..scenario import Scenario, ScenarioError, read_scenario_file, scenario_from_dict
+from ..simulate import RunResult, simulate, write_results
+from ..workload import generate_requests
 
 # Every preset, with the variants the issue asks to compare (the preset's main policy knob).
 DEFAULT_PRESETS = (
@@ -147,7 +147,7 @@ def compare_engines(
     table.to_csv(out / "engines.csv", index=False)
     table.to_parquet(out / "engines.parquet", index=False)
     if plots:
-        from .plots import plot_cdf_overlay  # matplotlib import is slow; only when plotting
+        from ..plots import plot_cdf_overlay  # matplotlib import is slow; only when plotting
 
         plot_cdf_overlay(out / "latency_cdf.png", frames)
     return table, out

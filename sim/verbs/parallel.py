@@ -21,6 +21,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from ..errors import UserError, one_line_error
+
 
 @dataclass(slots=True)
 class Outcome:
@@ -31,18 +33,6 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.error is None
-
-
-def one_line_error(e: BaseException) -> str:
-    """A user error's own first line; anything else prefixed with its type (a bug in servesim)."""
-    from .cli import _user_errors
-
-    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    if isinstance(e, _user_errors()):
-        if isinstance(e, FileNotFoundError) and e.filename:
-            return f"file not found: {e.filename}"
-        return text or type(e).__name__
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def guarded(fn: Callable[[Any], Any], task: Any) -> Outcome:
@@ -111,8 +101,6 @@ class TaskRunner:
         try:
             import ray
         except ImportError:
-            from .cli import UserError
-
             raise UserError("--ray needs the ray extra: pip install -e '.[ray]'") from None
         if not ray.is_initialized():
             ray.init(address=self.ray_address, include_dashboard=False, log_to_driver=False,

@@ -22,8 +22,8 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from ..scenario import Scenario, ScenarioError, apply_override, scenario_from_dict
 from .parallel import TaskRunner
-from .scenario import Scenario, ScenarioError, apply_override, scenario_from_dict
 
 WALL_COLUMNS = ("wall_s",)  # vary from run to run; leave them out when comparing sweeps
 HEADER_KEYS = ("kv_num_blocks",)
@@ -88,7 +88,7 @@ def point_scenario(raw: dict[str, Any], base_overrides: Sequence[str], overrides
 
 def run_point(sc: Scenario) -> dict[str, Any]:
     """Worker entry point: simulate and return the summary plus run facts worth a column."""
-    from .simulate import simulate
+    from ..simulate import simulate
 
     res = simulate(sc, progress=False)
     return {"kv_num_blocks": res.kv.num_blocks, **res.summary}
@@ -156,7 +156,7 @@ def write_sweep(df: pd.DataFrame, axes: Sequence[GridAxis], out_dir: str | Path,
     df.to_parquet(out / "sweep.parquet", index=False)
     df.to_csv(out / "sweep.csv", index=False)
     if plots:
-        from .plots import plot_sweep
+        from ..plots import plot_sweep
 
         plot_sweep(out / "sweep.png", df, [a.key for a in axes])
     return out

@@ -7,7 +7,7 @@ How a rate is judged (the README's "Capacity planning" section says the same for
   ``seed + 1``, ...). The same seeds are used at every rate, and Poisson / gamma gaps are drawn as
   unit-rate gaps scaled by 1 / rate, so two rates see the same traffic pattern, stretched: the
   pass/fail answer changes smoothly with the rate instead of jumping with each new draw.
-- The SLO terms (``servesim.sim.slo``) are checked on the requests of all seeds *pooled*: the
+- The SLO terms (``servesim.sim.verbs.slo``) are checked on the requests of all seeds *pooled*: the
   attainment is the fraction over every request of every seed. Pooling estimates the long-run
   attainment and gets more precise with more seeds; requiring every seed to pass would instead get
   stricter with every seed added (the minimum of N noisy values keeps falling). How many seeds
@@ -41,9 +41,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .metrics import ITERATION_COLUMNS, LogHistogram, summarize, to_json
+from ..metrics import ITERATION_COLUMNS, LogHistogram, summarize, to_json
+from ..scenario import Scenario, ScenarioError
 from .parallel import TaskRunner, default_workers
-from .scenario import Scenario, ScenarioError
 from .slo import SloTerm, TermResult, describe, evaluate, parse_term, request_thresholds, tightest_targets
 
 STABILITY_TERM = parse_term("median_queueing_delay_ms", 2000.0)
@@ -164,7 +164,7 @@ class PlanResult:
         st = self.settings
         return {
             "scenario": self.scenario.name,
-            "scheduler": self.scenario.scheduler.type,
+            "scheduler": self.scenario.scheduler_name,
             "slo": [str(t) for t in st.terms],
             "attainment": st.attainment,
             "seeds": list(range(self.scenario.seed, self.scenario.seed + st.seeds)),
@@ -201,7 +201,7 @@ def at_rate(sc: Scenario, rate: float, window_s: float, seed: int, replicas: int
 
 def simulate_digest(sc: Scenario) -> RunDigest:
     """Worker entry point: simulate one scenario and keep what pooling needs."""
-    from .simulate import simulate
+    from ..simulate import simulate
 
     res = simulate(sc, progress=False)
     return RunDigest(res.summary, res.requests_df[_REQUEST_COLS].copy(), res.itl_hist)
@@ -383,7 +383,7 @@ def write_plan(result: PlanResult, out_dir: str | Path, plots: bool = True) -> P
     result.frame().to_csv(out / "plan.csv", index=False)
     (out / "plan.json").write_text(to_json(result.to_dict()))
     if plots and result.points:
-        from .plots import plot_latency_vs_rate
+        from ..plots import plot_latency_vs_rate
 
         rows = pd.DataFrame([p.row() for p in result.points if p.summary])
         plot_latency_vs_rate(out / "latency_vs_rate.png", rows, chosen_rate=result.capacity or None,

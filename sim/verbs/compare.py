@@ -38,9 +38,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .hints import did_you_mean
+from ..hints import did_you_mean
+from ..scenario import Scenario, ScenarioError
 from .parallel import TaskRunner
-from .scenario import Scenario, ScenarioError
 
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
@@ -167,7 +167,7 @@ def same_workload(baseline: Scenario, candidate: Scenario) -> tuple[Scenario, li
 
 def summary_keys() -> list[str]:
     """Every key a run's summary has (what --fail-on and --metrics may name)."""
-    from .metrics import ITERATION_COLUMNS, REQUEST_COLUMNS, summarize
+    from ..metrics import ITERATION_COLUMNS, REQUEST_COLUMNS, summarize
 
     empty = pd.DataFrame({c: [] for c in REQUEST_COLUMNS})
     return list(summarize(empty, pd.DataFrame(columns=list(ITERATION_COLUMNS)), None, slo={"ttft_ms": 1.0}))
@@ -175,7 +175,7 @@ def summary_keys() -> list[str]:
 
 def _run_summary(sc: Scenario) -> dict[str, Any]:
     """Worker entry point: one simulation's summary."""
-    from .simulate import simulate
+    from ..simulate import simulate
 
     return simulate(sc, progress=False).summary
 
@@ -233,8 +233,8 @@ def format_compare(result: CompareResult) -> str:
                       str(m.fail_on).split("=", 1)[1] if m.fail_on else "",
                       "REGRESSION" if m.flagged else ""])
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
-    lines = [f"baseline {result.baseline.name} ({result.baseline.scheduler.type}) vs candidate "
-             f"{result.candidate.name} ({result.candidate.scheduler.type}), seeds {result.seeds[0]}..{result.seeds[-1]}, "
+    lines = [f"baseline {result.baseline.name} ({result.baseline.scheduler_name}) vs candidate "
+             f"{result.candidate.name} ({result.candidate.scheduler_name}), seeds {result.seeds[0]}..{result.seeds[-1]}, "
              f"same workload; CI: paired bootstrap over seeds ({BOOTSTRAP_RESAMPLES} resamples)"]
     for note in result.notes:
         lines.append(f"note: {note}")
@@ -258,7 +258,7 @@ def format_compare(result: CompareResult) -> str:
 
 def write_compare(result: CompareResult, out_dir: str | Path) -> Path:
     """compare.csv (one row per metric), compare_seeds.csv (every run's summary), compare.json."""
-    from .metrics import to_json
+    from ..metrics import to_json
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,83 @@
+"""What every engine preset shares: knob checking with hints, and the translator interface.
+
+An engine preset is a pydantic model whose fields are the engine's own knob names, with the
+engine's defaults. ``resolved`` fills the knobs the engine derives from the hardware or the model;
+``translate`` turns the knobs into one of servesim's policy configs (``sim/schedulers``);
+``KV_DEFAULTS`` are the ``kv_cache`` defaults it sets where the user left them unset. The scenario
+does both when it loads (``sim/engine_presets/__init__.py``: ``resolve_scheduler``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from ..hints import did_you_mean
+from ..presets import HardwareConfig
+from ..schedulers import PolicyConfig
+
+# Knobs that belong in the kv_cache section, under the names engines give them.
+_KV_KNOBS = {
+    "block_size": "kv_cache.block_size",
+    "tokens_per_block": "kv_cache.block_size",
+    "page_size": "kv_cache.block_size",
+    "enable_prefix_caching": "kv_cache.enable_prefix_caching",
+    "enable_block_reuse": "kv_cache.enable_prefix_caching",
+    "allow_block_sharing": "kv_cache.enable_prefix_caching",
+    "disable_radix_cache": "kv_cache.enable_prefix_caching (false)",
+    "num_blocks": "kv_cache.num_blocks",
+    "gpu_memory_utilization": "kv_cache.gpu_memory_utilization",
+    "free_gpu_memory_fraction": "kv_cache.gpu_memory_utilization",
+    "mem_fraction_static": "kv_cache.gpu_memory_utilization",
+    "max_memory_percent": "kv_cache.gpu_memory_utilization",
+    "swap_space": "kv_cache.swap_space_gb",
+    "watermark": "kv_cache.watermark",
+}
+
+
+
+class EnginePreset(BaseModel):
+    """What every preset shares: knob checking, hardware defaults, the KV defaults it sets, ``build``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ENGINE: ClassVar[str] = ""
+    MODELLED: ClassVar[str] = ""  # engine version / source modelled (README table)
+    KV_DEFAULTS: ClassVar[dict[str, Any]] = {}
+    # knob names of other engines (mostly vLLM's) -> what this engine calls them
+    RENAMED: ClassVar[dict[str, str]] = {}
+    NOT_MODELLED: ClassVar[dict[str, str]] = {}
+    VARIANT_KNOB: ClassVar[str | None] = None  # the knob `servesim engines NAME:VALUE` sets
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_knobs(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        allowed = [k for k in cls.model_fields if k != "preset"]
+        for key in data:
+            if key == "preset" or key in cls.model_fields:
+                continue
+            name = data.get("preset", "?")
+            if key in cls.RENAMED:
+                hint = f"{cls.ENGINE} calls it {cls.RENAMED[key]}"
+            elif key in cls.NOT_MODELLED:
+                hint = cls.NOT_MODELLED[key]
+            elif key in _KV_KNOBS:
+                hint = f"KV-cache knobs go in the kv_cache section: set {_KV_KNOBS[key]}"
+            elif key == "type":
+                hint = "a preset picks its own scheduler; drop 'type'"
+            else:
+                hint = did_you_mean(key, allowed).strip(" ()") or "not a knob of this preset"
+            raise ValueError(f"unknown knob '{key}' for preset {name} ({hint}); its knobs: {', '.join(allowed)}")
+        return data
+
+    # ---- resolution and construction --------------------------------------------------------
+    def resolved(self, hardware: HardwareConfig, model: str) -> EnginePreset:
+        """A copy with every knob left unset filled in as the engine would on ``hardware`` for ``model``."""
+        return self
+
+    def translate(self, hardware: HardwareConfig, model: str) -> PolicyConfig:  # pragma: no cover - abstract
+        """The policy config this (resolved) preset schedules with: the translation of its knobs."""
+        raise NotImplementedError

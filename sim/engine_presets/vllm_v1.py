@@ -1,0 +1,74 @@
+"""vLLM V1: chunked prefill under one token budget (``ChunkedConfig``)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from ..presets import GiB, HardwareConfig
+from ..schedulers import ChunkedConfig
+from .base import EnginePreset
+
+
+def _vllm_batch_defaults(hardware: HardwareConfig) -> tuple[int, int]:
+    """vLLM's (max_num_batched_tokens, max_num_seqs) for the OpenAI server on this hardware class.
+
+    ``EngineArgs.get_batch_defaults``: devices with >= 70 GiB that are not A100s get 8192 / 1024,
+    the rest 2048 / 256 (vLLM measured large budgets to lose throughput on A100, PR #17885).
+    """
+    if hardware.memory_bytes >= 70 * GiB and "a100" not in hardware.name:
+        return 8192, 1024
+    return 2048, 256
+
+
+class VllmV1Preset(EnginePreset):
+    """vLLM's V1 engine scheduler (``vllm/v1/core/sched/scheduler.py``, ``kv_cache_manager.py``).
+
+    Modelled on vllm-project/vllm main as stored at commit 00024d3 (the V1 engine since v0.8;
+    batch defaults from ``EngineArgs.get_batch_defaults``). One token budget per step; running
+    requests first, then waiting ones, chunked prefill always on, ``long_prefill_token_threshold``
+    caps one request's chunk; prefix caching on with 16-token blocks; under KV pressure the tail
+    of the running queue (or the lowest priority under ``policy: priority``) is preempted by
+    recompute, and a step that preempted admits nothing new. No watermark (V1 has none).
+    ``async_scheduling``: the Replica loop admits a step late and host time overlaps the device.
+    Not modelled: vLLM walks its running list in admission order while servesim serves decodes
+    before partial prefills (they differ only when several partial prefills exhaust the budget).
+    """
+
+    ENGINE: ClassVar[str] = "vLLM V1"
+    MODELLED: ClassVar[str] = "vLLM V1 engine (v0.8+; main @ 00024d3)"
+    KV_DEFAULTS: ClassVar[dict[str, Any]] = {"block_size": 16, "enable_prefix_caching": True, "watermark": 0.0}
+    NOT_MODELLED: ClassVar[dict[str, str]] = {
+        "enable_chunked_prefill": "V1 always chunks prefills in the version modelled; use preset vllm-v0 "
+        "for whole-prompt scheduling",
+        "preemption_mode": "V1 preempts by recompute only",
+    }
+    VARIANT_KNOB: ClassVar[str | None] = "policy"
+
+    preset: Literal["vllm-v1"] = "vllm-v1"
+    max_num_seqs: int | None = Field(None, ge=1, description="default by hardware: 1024 (>= 70 GiB, not A100) else 256")
+    max_num_batched_tokens: int | None = Field(None, ge=1, description="default by hardware: 8192 or 2048")
+    long_prefill_token_threshold: int = Field(0, ge=0, description="cap on one request's prefill tokens per step")
+    max_model_len: int | None = Field(None, ge=1)
+    policy: Literal["fcfs", "priority"] = "fcfs"
+    # vLLM's --async-scheduling (vllm/v1/core/sched/async_scheduler.py; EngineCore.step_with_batch_queue
+    # keeps two batches in flight): the CPU schedules step n+1 while the GPU runs step n, so a request
+    # arriving during step n is first scheduled into step n+2, and host time overlaps device time.
+    # vLLM turns it on when left unset since PR #27614 ("Enable async scheduling by default", late
+    # 2025; on in 0.19); off here so scenarios of earlier releases keep their meaning.
+    async_scheduling: bool = False
+
+    def resolved(self, hardware: HardwareConfig, model: str) -> VllmV1Preset:
+        tokens, seqs = _vllm_batch_defaults(hardware)
+        return self.model_copy(update={
+            "max_num_batched_tokens": self.max_num_batched_tokens or tokens,
+            "max_num_seqs": self.max_num_seqs or seqs,
+        })
+
+    def translate(self, hardware: HardwareConfig, model: str) -> ChunkedConfig:
+        return ChunkedConfig(
+            max_num_seqs=self.max_num_seqs or 256, max_num_batched_tokens=self.max_num_batched_tokens or 2048,
+            long_prefill_token_threshold=self.long_prefill_token_threshold, max_model_len=self.max_model_len,
+            policy=self.policy, preemption_mode="recompute", async_scheduling=self.async_scheduling,
+        )

@@ -1,0 +1,237 @@
+"""The running requests as a structure of arrays, behind a narrow API.
+
+A policy's ``schedule`` picks rows of this table and how many tokens each computes; the
+vectorised work over the rows (appending and removing, growing their KV blocks with the policy's
+preemption passed in as ``make_room``, a finished step's counters, inter-token latencies, who
+finished) happens here, in a few numpy operations per step rather than a Python loop per request. A row's counters are written back to its ``Request`` (``sync``) when it leaves.
+
+``StepRows`` is the scheduler's own record of the rows a step scheduled: an index array, or, in
+the common case of every running row in table order, the leading ``k`` rows (``whole``), which
+the update handles with slices instead of fancy indexing. It never leaves the scheduler; the
+``Batch`` handed to the executor carries only the step's shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..kv_cache import BlockManager
+from ..request import Request
+
+# the policy's preemption: (blocks each row needs, mask of rows preempted so far, rows never preempted)
+MakeRoom = Callable[[np.ndarray, np.ndarray, int], None]
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+@dataclass(slots=True)
+class StepRows:
+    """The table rows one step scheduled (``whole``: they are 0..k-1, every running row in order),
+    of which the first ``decode_rows`` compute one token and sample."""
+
+    rows: np.ndarray
+    whole: bool = False
+    decode_rows: int = 0
+
+
+class RunningTable:
+    """Running requests as a structure of arrays, in admission order (oldest first).
+
+    The int columns are rows of one 2-D array, so removing rows moves them all in one operation.
+    """
+
+    __slots__ = ("reqs", "n", "ints", "computed", "tokens", "out", "out_len", "nblocks", "prio", "last_tok")
+
+    def __init__(self, capacity: int) -> None:
+        cap = max(capacity, 1)
+        self.reqs: list[Request] = []
+        self.n = 0
+        self._bind(np.zeros((6, cap), dtype=np.int64), np.zeros(cap, dtype=np.float64))
+
+    def _bind(self, ints: np.ndarray, last_tok: np.ndarray) -> None:
+        self.ints = ints
+        self.computed = ints[0]  # tokens with KV in the cache
+        self.tokens = ints[1]  # tokens that exist (prompt + outputs)
+        self.out = ints[2]  # outputs generated so far
+        self.out_len = ints[3]  # outputs wanted
+        self.nblocks = ints[4]  # device blocks held
+        self.prio = ints[5]
+        self.last_tok = last_tok  # time of the last output token
+
+    def append(self, req: Request, nblocks: int) -> int:
+        i = self.n
+        if i == self.ints.shape[1]:
+            self._bind(np.concatenate([self.ints, np.zeros_like(self.ints)], axis=1),
+                       np.concatenate([self.last_tok, np.zeros_like(self.last_tok)]))
+        self.reqs.append(req)
+        self.ints[:, i] = (req.num_computed_tokens, req.num_tokens, req.num_output_tokens, req.output_len,
+                            nblocks, req.priority)
+        self.last_tok[i] = req.last_token_time
+        self.n = i + 1
+        return i
+
+    def sync(self, i: int) -> Request:
+        """Write row i's counters back to its Request."""
+        req = self.reqs[i]
+        req.num_computed_tokens = int(self.computed[i])
+        req.num_output_tokens = int(self.out[i])
+        req.last_token_time = float(self.last_tok[i])
+        return req
+
+    def remove(self, drop: np.ndarray) -> None:
+        """Remove the rows where ``drop`` (bool, length n) is true, keeping order."""
+        self.remove_rows(drop.nonzero()[0].tolist(), drop)
+
+    def remove_rows(self, gone: list[int], drop: np.ndarray | None = None) -> None:
+        """Remove rows ``gone`` (ascending, distinct), keeping order; ``drop`` is their mask if known."""
+        n = self.n
+        k = n - len(gone)
+        if len(gone) == 1:  # the common case: shift the tail down by one
+            i = gone[0]
+            self.ints[:, i : n - 1] = self.ints[:, i + 1 : n]
+            self.last_tok[i : n - 1] = self.last_tok[i + 1 : n]
+        else:
+            if drop is None:
+                drop = np.zeros(n, dtype=bool)
+                drop[gone] = True
+            keep = ~drop
+            self.ints[:, :k] = self.ints[:, :n][:, keep]
+            self.last_tok[:k] = self.last_tok[:n][keep]
+        # A new list, never an in-place edit: a Batch handed out earlier still indexes the old one.
+        reqs = list(self.reqs)
+        for i in reversed(gone):
+            del reqs[i]
+        self.reqs = reqs
+        self.n = k
+
+    # ---- KV blocks for a step ----------------------------------------------------------------
+    def grow(self, kv: BlockManager, rows: np.ndarray, new: np.ndarray, make_room: MakeRoom,
+             protect: int = 0) -> np.ndarray:
+        """Give running ``rows`` the blocks for ``new`` more tokens each, preempting if short.
+
+        ``rows``/``new`` are parallel arrays in table order. Victims are chosen among all running
+        rows (scheduled or not) except the first ``protect`` rows. Returns a bool mask over the
+        table of rows preempted (to be removed by the caller). ``make_room(need_by_row, preempted,
+        protect)`` is the policy's preemption, called when the blocks are short.
+        """
+        n = self.n
+        preempted = np.zeros(n, dtype=bool)
+        if len(rows) == 0:
+            return preempted
+        bs = kv.block_size
+        need = (self.computed[rows] + new + bs - 1) // bs - self.nblocks[rows]
+        need = np.maximum(need, 0)
+        if int(need.sum()) > kv.num_free_blocks:
+            need_by_row = np.zeros(n, dtype=np.int64)
+            need_by_row[rows] = need
+            make_room(need_by_row, preempted, protect)
+        todo = (need > 0).nonzero()[0]
+        if len(todo) == 0:
+            return preempted
+        want = self.computed[rows[todo]] + new[todo]
+        alloc = kv.allocate
+        reqs = self.reqs
+        for i, tokens in zip(rows[todo].tolist(), want.tolist(), strict=True):
+            if preempted[i]:
+                continue
+            if not alloc(reqs[i], tokens):
+                raise AssertionError(f"request {reqs[i].request_id}: allocation failed after preemption freed space")
+        kept = ~preempted[rows[todo]]
+        grown = rows[todo][kept]
+        self.nblocks[grown] = (want[kept] + bs - 1) // bs
+        return preempted
+
+    def grow_leading(self, kv: BlockManager, want: np.ndarray, make_room: MakeRoom,
+                     protect: int = 0) -> np.ndarray | None:
+        """``grow`` for a step that schedules every running row, row i up to ``want[i]`` tokens.
+
+        Works on whole-table views; the few rows crossing a block boundary are handled as plain
+        ints. Returns the mask of preempted rows, or None when there was no shortage.
+        """
+        n = self.n
+        bs = kv.block_size
+        nb = self.nblocks[:n]
+        todo = (want > nb * bs).nonzero()[0]
+        if len(todo) == 0:
+            return None
+        rows = todo.tolist()
+        tokens = want[todo].tolist()
+        blocks = [-(-t // bs) for t in tokens]
+        held = nb[todo].tolist()
+        preempted = None
+        if sum(blocks) - sum(held) > kv.num_free_blocks:
+            preempted = np.zeros(n, dtype=bool)
+            need_by_row = np.zeros(n, dtype=np.int64)
+            need_by_row[todo] = [b - h for b, h in zip(blocks, held, strict=True)]
+            make_room(need_by_row, preempted, protect)
+        reqs = self.reqs
+        if preempted is None:
+            failed = kv.allocate_each([reqs[i] for i in rows], tokens)
+            if failed >= 0:
+                req = reqs[rows[failed]]
+                raise AssertionError(f"request {req.request_id}: allocation failed after preemption freed space")
+            self.nblocks[todo] = blocks
+            return None
+        alloc = kv.allocate
+        nblocks = self.nblocks
+        for i, t, b in zip(rows, tokens, blocks, strict=True):
+            if preempted[i]:
+                continue
+            if not alloc(reqs[i], t):
+                raise AssertionError(f"request {reqs[i].request_id}: allocation failed after preemption freed space")
+            nblocks[i] = b
+        return preempted
+
+    # ---- one step's progress ---------------------------------------------------------------
+    def advance(self, step: StepRows, new: np.ndarray, samples: np.ndarray,
+                now: float) -> tuple[np.ndarray, list[int], np.ndarray]:
+        """Apply a finished step at ``now`` (seconds) to the rows of ``step``.
+
+        Each row computed ``new`` tokens; rows with ``samples`` emitted one. Returns the
+        inter-token latencies of the emitted tokens (seconds), the rows that emitted their first
+        token and the rows that are done (all their outputs emitted), as table rows.
+        """
+        if step.whole:
+            return self._advance_leading(len(step.rows), step.decode_rows, new, samples, now)
+        rows = step.rows
+        self.computed[rows] += new
+        srows = rows[samples]
+        had = self.out[srows] > 0
+        itl = now - self.last_tok[srows[had]]
+        first = srows[~had]
+        self.out[srows] += 1
+        self.tokens[srows] += 1
+        self.last_tok[srows] = now
+        done = srows[self.out[srows] >= self.out_len[srows]]
+        return itl, first.tolist(), done
+
+    def _advance_leading(self, k: int, decode_rows: int, new: np.ndarray, s: np.ndarray,
+                         now: float) -> tuple[np.ndarray, list[int], np.ndarray]:
+        """``advance`` for rows 0..k-1: whole-table slices, no fancy indexing."""
+        out = self.out[:k]
+        last = self.last_tok[:k]
+        had = out > 0
+        if decode_rows == k:  # every row computes one token and samples
+            if np.count_nonzero(had) == k:
+                itl = now - last
+                first: list[int] = []
+            else:
+                itl = now - last[had]
+                first = (~had).nonzero()[0].tolist()
+            self.ints[:3, :k] += 1  # computed, tokens and out, one op
+            last.fill(now)
+            done = (out >= self.out_len[:k]).nonzero()[0]
+        else:
+            itl = now - last[had & s]
+            first = (s > had).nonzero()[0].tolist()  # sampling rows without an earlier output
+            self.computed[:k] += new
+            self.ints[1:3, :k] += s  # tokens and out
+            last[s] = now
+            done = (s & (out >= self.out_len[:k])).nonzero()[0]
+        return itl, first, done
