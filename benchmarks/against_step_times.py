@@ -8,12 +8,22 @@ latency figures that are being validated:
   full decode step (a) and the marginal cost of a prompt token added to it (b). The simulation's
   own steps in the same state (every step with 128 running) give the same two numbers by least
   squares on their durations.
-- **the drain** (after the last admission the batch only shrinks, decode-only): every request
+- **the drain** (after the last first token the batch only shrinks, decode-only): every request
   makes one token per step, so its tokens between first and last token are the integral of the
   step rate over its lifetime. NNLS over bins of W seconds recovers the step rate per bin from the
-  300 requests' first/last token times and token counts (``per_request.csv``), the same way for the
-  measured and the simulated side; the simulated side's actual step durations
-  (``sim/iterations.parquet``) show the estimator's own error.
+  300 requests' first/last token times and token counts (``per_request.csv``), and the requests
+  between their first and last token give the bin's rows. Each measured bin is compared with the
+  simulation's own decode-only steps of the same batch size (``sim/iterations.parquet``), not with
+  the simulation at the same wall time: the two drains are shifted in time, and comparing bins by
+  time compares different batch sizes. The estimator run on the simulated side against its actual
+  step durations gives its own error.
+
+For a tensor-parallel run whose profile prices the all-reduce with a link (``allreduce.type: link``),
+the same decode-only points also measure that link: each point's all-reduce time is what the
+measured step leaves after the simulated step less the profile's own all-reduce, and the latency
+per all-reduce that fits them (median over points, the bandwidth held at the profile's) is printed.
+Decode-only steps move at most ``max_num_seqs`` tokens per all-reduce (1.3 MB for Qwen3-32B), so
+this says nothing about the large messages of prefill chunks.
 
 Reads the folders ``benchmarks/validate_against_runs.py`` writes (``results/validation/gpu/RUN-profile``)
 and writes ``results/validation/gpu/step_times.md``.
@@ -24,11 +34,15 @@ and writes ``results/validation/gpu/step_times.md``.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
+from servesim.calibration.measured_run import read_run
+from servesim.sim.cost_model import resolve_profile_path
+from servesim.sim.layer_cost_model import allreduce_seconds
 
 
 def saturated(ts: pd.DataFrame, it: pd.DataFrame, seats: int) -> dict[str, float]:
@@ -42,35 +56,49 @@ def saturated(ts: pd.DataFrame, it: pd.DataFrame, seats: int) -> dict[str, float
     return {"ticks": len(sat), "steps": len(s), "meas_step": a, "meas_token": b, "sim_step": a2, "sim_token": b2}
 
 
-def step_rate(first: np.ndarray, last: np.ndarray, tokens: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Steps per second in each bin of ``edges``: NNLS on tokens = sum over bins of overlap x rate."""
+def deconvolve(first: np.ndarray, last: np.ndarray, tokens: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per bin of ``edges``: step time (s; NNLS on tokens = sum over bins of overlap x step rate), the
+    time-averaged number of requests between their first and last token (the decode rows), and how
+    many requests span the bin."""
     overlap = np.clip(np.minimum(last[:, None], edges[None, 1:]) - np.maximum(first[:, None], edges[None, :-1]),
                       0.0, None)
     rate, _ = nnls(overlap, tokens)
-    return rate
-
-
-def drain(pr: pd.DataFrame, it: pd.DataFrame, width: float) -> pd.DataFrame:
-    """Per bin after the last admission: rows, measured and simulated step time (ms) and their ratio."""
-    m = pr["output_len"] > 1
-    pr = pr[m]
-    first_m, last_m = (pr["arrival_time"] + pr["measured_ttft"]).to_numpy(), (pr["arrival_time"] + pr["measured_e2e"]).to_numpy()
-    first_s, last_s = (pr["arrival_time"] + pr["sim_ttft"]).to_numpy(), (pr["arrival_time"] + pr["sim_e2e"]).to_numpy()
-    edges = np.arange(0.0, max(last_m.max(), last_s.max()) + width, width)
-    tokens = (pr["output_len"] - 1).to_numpy(dtype=float)
     with np.errstate(divide="ignore"):
-        meas = 1e3 / step_rate(first_m, last_m, tokens, edges)
-        sim = 1e3 / step_rate(first_s, last_s, tokens, edges)
-    # a bin that fewer than 5 requests span on either side is not determined by the data
-    alive = np.minimum(*((np.minimum(last[:, None], edges[None, 1:]) > np.maximum(first[:, None], edges[None, :-1]))
-                         .sum(axis=0) for first, last in ((first_m, last_m), (first_s, last_s))))
-    it = it.assign(bin=(it["start"] // width).astype(int))
-    g = it.groupby("bin").agg(rows=("batch_size", "mean"), prefill=("num_prefill_tokens", "sum"),
-                              actual=("duration", "mean"))
-    out = pd.DataFrame({"t_s": edges[:-1], "measured_ms": meas, "sim_ms": sim, "alive": alive}).join(g)
-    out["actual"] *= 1e3
-    start = it.loc[it["num_prefill_tokens"] > 0, "start"].max()  # the last simulated prefill
-    return out[(out["t_s"] > start) & (out["prefill"] == 0) & np.isfinite(out["measured_ms"]) & (out["alive"] >= 5)]
+        step = 1.0 / rate
+    return step, overlap.sum(axis=0) / np.diff(edges), (overlap > 0).sum(axis=0)
+
+
+def drain(pr: pd.DataFrame, it: pd.DataFrame, width: float) -> tuple[pd.DataFrame, float]:
+    """Bins after the last first token (decode-only, the batch shrinking): the measured rows and step
+    time (ms) beside the simulated step time at the same number of rows (the simulation's own
+    decode-only steps of that batch size, interpolated), and the estimator's median error on the
+    simulated side (deconvolved against actual step durations)."""
+    pr = pr[pr["output_len"] > 1]
+    tokens = (pr["output_len"] - 1).to_numpy(dtype=float)
+    out = {}
+    for side in ("measured", "sim"):
+        first = (pr["arrival_time"] + pr[f"{side}_ttft"]).to_numpy()
+        last = (pr["arrival_time"] + pr[f"{side}_e2e"]).to_numpy()
+        edges = np.arange(0.0, last.max() + width, width)
+        step, rows, alive = deconvolve(first, last, tokens, edges)
+        # decode-only bins, and spanned by 5 requests at least (fewer do not determine a bin)
+        keep = (edges[:-1] >= first.max()) & (alive >= 5) & np.isfinite(step)
+        out[side] = pd.DataFrame({"t_s": edges[:-1], "rows": rows, "step_ms": 1e3 * step})[keep]
+    last_prefill = it.loc[it["num_prefill_tokens"] > 0, "start"].max()
+    dec = it[(it["start"] > last_prefill)].groupby("batch_size")["duration"].median()
+    at = lambda rows: 1e3 * np.interp(rows, dec.index.to_numpy(dtype=float), dec.to_numpy())  # noqa: E731
+    check = float(np.median(np.abs(out["sim"]["step_ms"] / at(out["sim"]["rows"]) - 1)))
+    m = out["measured"]
+    return m.assign(sim_ms=at(m["rows"])), check
+
+
+def link_latency(link: dict, rows: np.ndarray, measured_s: np.ndarray, sim_s: np.ndarray) -> float:
+    """Seconds per all-reduce that the decode-only points imply, the link's bandwidth held (see docstring)."""
+    model = allreduce_seconds(link, rows)
+    implied = measured_s - (sim_s - model)
+    ring = 2 * (int(link["tp"]) - 1) / int(link["tp"])
+    per = implied / float(link["count"]) - ring * rows * float(link["bytes_per_token"]) / float(link["bandwidth"])
+    return float(np.median(per))
 
 
 def main() -> None:
@@ -90,19 +118,32 @@ def main() -> None:
         ts = pd.read_csv(run / "timeseries.csv")
         seats = int(ts["running"].max())
         s = saturated(ts, it, seats)
+        dr, check = drain(pd.read_csv(folder / "per_request.csv"), it, args.bin)
         lines += [f"## {run.name}", "",
                   f"Saturated ({seats} running; {s['ticks']} measured ticks, {s['steps']} simulated steps): "
                   f"full decode step measured {1e3 * s['meas_step']:.2f} ms, simulated {1e3 * s['sim_step']:.2f} ms "
                   f"({100 * (s['sim_step'] / s['meas_step'] - 1):+.1f} %); each prompt token added to it measured "
                   f"{1e3 * s['meas_token']:.4f} ms, simulated {1e3 * s['sim_token']:.4f} ms "
                   f"({100 * (s['sim_token'] / s['meas_token'] - 1):+.1f} %).", "",
-                  f"Drain (decode-only, the batch shrinking; {args.bin:g} s bins):", "",
-                  "| from s | rows (sim) | measured step ms | simulated step ms (estimator) | simulated ms (actual) | actual / measured |",
-                  "|---:|---:|---:|---:|---:|---:|"]
-        for r in drain(pd.read_csv(folder / "per_request.csv"), it, args.bin).itertuples():
-            lines.append(f"| {r.t_s:g} | {r.rows:.0f} | {r.measured_ms:.2f} | {r.sim_ms:.2f} | {r.actual:.2f} | "
-                         f"{r.actual / r.measured_ms:.3f} |")
+                  f"Drain (decode-only, the batch shrinking; {args.bin:g} s bins; the estimator, run on the "
+                  f"simulated side, is off its actual step times by {100 * check:.1f} % median):", "",
+                  "| from s | rows | measured step ms | simulated step ms at those rows | simulated / measured |",
+                  "|---:|---:|---:|---:|---:|"]
+        for r in dr.itertuples():
+            lines.append(f"| {r.t_s:g} | {r.rows:.0f} | {r.step_ms:.2f} | {r.sim_ms:.2f} | {r.sim_ms / r.step_ms:.3f} |")
         lines.append("")
+        meta = read_run(run)
+        profile = json.loads(Path(resolve_profile_path(
+            f"{meta.hardware}-{meta.model}-tp{meta.tensor_parallel}.json")).read_text())
+        link = profile.get("allreduce") or {}
+        if link.get("type") == "link":
+            rows = np.r_[dr["rows"].to_numpy(), seats]
+            lat = link_latency(link, rows, 1e-3 * np.r_[dr["step_ms"].to_numpy(), 1e3 * s["meas_step"]],
+                               1e-3 * np.r_[dr["sim_ms"].to_numpy(), 1e3 * s["sim_step"]])
+            lines += [f"All-reduce link of the profile: {1e-9 * float(link['bandwidth']):g} GB/s, "
+                      f"{1e6 * float(link['latency_s']):g} us per all-reduce, {link['count']} per step. The "
+                      f"{len(rows) - 1} decode-only points above and the full decode step imply "
+                      f"**{1e6 * lat:.1f} us** per all-reduce at that bandwidth (median).", ""]
     out = res / "step_times.md"
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
