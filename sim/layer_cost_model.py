@@ -53,6 +53,7 @@ from .errors import ProfileError
 
 GPU_PROFILE_FORMAT = "servesim-gpu-profile/1"
 ATTENTION_AXES = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode")
+INTERPOLATIONS = ("log", "linear")
 EXTRAPOLATION = {
     "tokens": "linear in tokens with the slope of the top quarter of the measured grid",
     "sequences": "linear in sequences with the slope of the top quarter of the measured grid",
@@ -121,7 +122,11 @@ def tail_slope(xs: Sequence[float], ys: Sequence[float], fraction: float = 0.25)
 class AttentionGrid:
     """One layer's attention seconds on the product grid ``ATTENTION_AXES`` (see module docstring)."""
 
-    def __init__(self, axes: Mapping[str, Sequence[float]], seconds: Any) -> None:
+    def __init__(self, axes: Mapping[str, Sequence[float]], seconds: Any, interpolation: str = "log") -> None:
+        if interpolation not in INTERPOLATIONS:
+            raise ProfileError(f"attention.interpolation must be one of {', '.join(INTERPOLATIONS)}, got {interpolation!r}")
+        self.interpolation = interpolation
+        self._linear = interpolation == "linear"
         self.axes = [_axis(f"attention.axes.{a}", axes[a]) for a in ATTENTION_AXES]
         shape = tuple(len(a) for a in self.axes)
         arr = np.asarray(seconds, dtype=float)
@@ -133,7 +138,8 @@ class AttentionGrid:
         pc, kp, n, kv = self.axes
         if pc[0] != 0 or n[0] != 0 or kp[0] != 0:
             raise ProfileError("attention axes prefill_chunk, kv_prefill and n_decode must start at 0 (absent)")
-        self._log = np.log(arr).ravel().tolist()
+        # the corner values blended: times (linear) or log times (log: a power law between neighbours)
+        self._log = (arr if self._linear else np.log(arr)).ravel().tolist()
         self._strides = (shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1)
         self._logx = [[math.log(v) if v > 0 else 0.0 for v in a] for a in self.axes]
         self._pc_min, self._kv_min = pc[1], kv[1] if kv[0] == 0 else kv[0]
@@ -152,6 +158,8 @@ class AttentionGrid:
             return i, 0.0
         if x0 == 0:  # between "absent" and the first point: linear
             return i, x / xs[1]
+        if self._linear:
+            return i, (x - x0) / (xs[i + 1] - x0)
         lx = self._logx[k]
         return i, (math.log(x) - lx[i]) / (lx[i + 1] - lx[i])
 
@@ -179,7 +187,7 @@ class AttentionGrid:
                         acc += wab * wc * log[base]
                     else:
                         acc += wab * wc * ((1.0 - w3) * log[base] + w3 * log[base + 1])
-        return math.exp(acc)
+        return acc if self._linear else math.exp(acc)
 
     def __call__(self, pc: float, kp: float, n: float, kv: float) -> float:
         """Seconds of one layer's attention: a ``pc``-token chunk over ``kp`` cached tokens plus ``n``
@@ -266,7 +274,7 @@ class LayerCostModel:
             total += _floats(f"per_sequence.ops.{name}", ys, len(xs))
         self.sequence_cost = Curve(xs, total.tolist())
         att = p["attention"]
-        self.attention = AttentionGrid(att.get("axes", {}), att.get("seconds"))
+        self.attention = AttentionGrid(att.get("axes", {}), att.get("seconds"), str(att.get("interpolation", "log")))
         sk = p.get("skew")
         self.alpha = SkewAlpha(sk) if sk else None
         ov = dict(p.get("overhead") or {})

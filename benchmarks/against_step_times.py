@@ -1,0 +1,165 @@
+"""Where a ``validate --against`` run's simulated step time departs from the measured one, by regime.
+
+The measured runs hold no per-step log, but two of their files pin step time down without using the
+latency figures that are being validated:
+
+- **saturated seconds** (``timeseries.csv``, 128 running): each 1 s tick holds gen/128 decode steps
+  and its prompt tokens, so ``1 s = steps x a + prompt tokens x b`` gives the measured time of a
+  full decode step (a) and the marginal cost of a prompt token added to it (b). The simulation's
+  own steps in the same state (every step with 128 running) give the same two numbers by least
+  squares on their durations.
+- **the drain** (after the last first token the batch only shrinks, decode-only): every request
+  makes one token per step, so its tokens between first and last token are the integral of the
+  step rate over its lifetime. NNLS over bins of W seconds recovers the step rate per bin from the
+  300 requests' first/last token times and token counts (``per_request.csv``), and the requests
+  between their first and last token give the bin's rows. Each measured bin is compared with the
+  simulation's own decode-only steps of the same batch size (``sim/iterations.parquet``), not with
+  the simulation at the same wall time: the two drains are shifted in time, and comparing bins by
+  time compares different batch sizes. The estimator run on the simulated side against its actual
+  step durations gives its own error.
+
+For a tensor-parallel run whose profile prices the all-reduce with a link (``allreduce.type: link``),
+the same decode-only points also measure that link: each point's all-reduce time is what the
+measured step leaves after the simulated step less the profile's own all-reduce, and the latency
+per all-reduce that fits them (median over points, the bandwidth held at the profile's) is printed.
+Decode-only steps move at most ``max_num_seqs`` tokens per all-reduce (1.3 MB for Qwen3-32B), so
+this says nothing about the large messages of prefill chunks.
+
+Reads the folders ``benchmarks/validate_against_runs.py`` writes (``results/validation/gpu/RUN-profile``)
+and writes ``results/validation/gpu/step_times.md``.
+
+    python benchmarks/against_step_times.py [--results DIR] [--runs DIR] [--bin 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+from servesim.calibration.measured_run import read_run
+from servesim.sim.cost_model import resolve_profile_path
+from servesim.sim.layer_cost_model import allreduce_seconds
+
+
+def saturated(ts: pd.DataFrame, it: pd.DataFrame, seats: int, windows: tuple[int, ...] = (1, 2, 3)) -> dict:
+    """Seconds of a full decode step and per prompt token: measured from windows of w consecutive
+    saturated 1 s ticks (one fit per w: vLLM counts a prompt's tokens in the tick its prefill ends, so
+    1 s ticks misplace some and bias the per-token figure low; wider windows trade that for fewer
+    points), simulated from the simulation's own steps with ``seats`` running."""
+    sat = ts[ts["running"] == seats]
+    meas = {}
+    for w in windows:
+        run_id = (sat["t"].diff() != 1).cumsum()  # consecutive saturated ticks
+        key = [run_id, sat.groupby(run_id).cumcount() // w]
+        g = sat.groupby(key).agg(gen=("gen_throughput", "sum"), prompt=("prompt_throughput", "sum"), n=("t", "size"))
+        g = g[g["n"] == w]
+        (a, b), *_ = np.linalg.lstsq(np.c_[g["gen"] / seats, g["prompt"]], g["n"].to_numpy(dtype=float), rcond=None)
+        meas[w] = (a, b, len(g))
+    s = it[it["num_running"] == seats]
+    (a2, b2), *_ = np.linalg.lstsq(np.c_[np.ones(len(s)), s["num_prefill_tokens"]], s["duration"].to_numpy(),
+                                   rcond=None)
+    return {"measured": meas, "steps": len(s), "sim_step": a2, "sim_token": b2,
+            "meas_step": meas[windows[0]][0]}
+
+
+def deconvolve(first: np.ndarray, last: np.ndarray, tokens: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per bin of ``edges``: step time (s; NNLS on tokens = sum over bins of overlap x step rate), the
+    time-averaged number of requests between their first and last token (the decode rows), and how
+    many requests span the bin."""
+    overlap = np.clip(np.minimum(last[:, None], edges[None, 1:]) - np.maximum(first[:, None], edges[None, :-1]),
+                      0.0, None)
+    rate, _ = nnls(overlap, tokens)
+    with np.errstate(divide="ignore"):
+        step = 1.0 / rate
+    return step, overlap.sum(axis=0) / np.diff(edges), (overlap > 0).sum(axis=0)
+
+
+def drain(pr: pd.DataFrame, it: pd.DataFrame, width: float) -> tuple[pd.DataFrame, float]:
+    """Bins after the last first token (decode-only, the batch shrinking): the measured rows and step
+    time (ms) beside the simulated step time at the same number of rows (the simulation's own
+    decode-only steps of that batch size, interpolated), and the estimator's median error on the
+    simulated side (deconvolved against actual step durations)."""
+    pr = pr[pr["output_len"] > 1]
+    tokens = (pr["output_len"] - 1).to_numpy(dtype=float)
+    out = {}
+    for side in ("measured", "sim"):
+        first = (pr["arrival_time"] + pr[f"{side}_ttft"]).to_numpy()
+        last = (pr["arrival_time"] + pr[f"{side}_e2e"]).to_numpy()
+        edges = np.arange(0.0, last.max() + width, width)
+        step, rows, alive = deconvolve(first, last, tokens, edges)
+        # decode-only bins, and spanned by 5 requests at least (fewer do not determine a bin)
+        keep = (edges[:-1] >= first.max()) & (alive >= 5) & np.isfinite(step)
+        out[side] = pd.DataFrame({"t_s": edges[:-1], "rows": rows, "step_ms": 1e3 * step})[keep]
+    last_prefill = it.loc[it["num_prefill_tokens"] > 0, "start"].max()
+    dec = it[(it["start"] > last_prefill)].groupby("batch_size")["duration"].median()
+    at = lambda rows: 1e3 * np.interp(rows, dec.index.to_numpy(dtype=float), dec.to_numpy())  # noqa: E731
+    check = float(np.median(np.abs(out["sim"]["step_ms"] / at(out["sim"]["rows"]) - 1)))
+    m = out["measured"]
+    return m.assign(sim_ms=at(m["rows"])), check
+
+
+def link_latency(link: dict, rows: np.ndarray, measured_s: np.ndarray, sim_s: np.ndarray) -> float:
+    """Seconds per all-reduce that the decode-only points imply, the link's bandwidth held (see docstring)."""
+    model = allreduce_seconds(link, rows)
+    implied = measured_s - (sim_s - model)
+    ring = 2 * (int(link["tp"]) - 1) / int(link["tp"])
+    per = implied / float(link["count"]) - ring * rows * float(link["bytes_per_token"]) / float(link["bandwidth"])
+    return float(np.median(per))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", default="results/validation/gpu")
+    ap.add_argument("--runs", default="results/validation/gpu/runs")
+    ap.add_argument("--bin", type=float, default=2.0, help="drain bin width, seconds")
+    args = ap.parse_args()
+    res = Path(args.results)
+    lines = ["# Step time in the measured runs against the simulation", "",
+             "`python benchmarks/against_step_times.py` (method in its docstring) on the folders of "
+             "`benchmarks/validate_against_runs.py`. No latency figure is used: only the runs' token "
+             "throughput per second (`timeseries.csv`) and each request's first/last token time and token count.", ""]
+    for run in sorted(p for p in Path(args.runs).iterdir() if (p / "timeseries.csv").is_file()):
+        folder = res / f"{run.name}-profile"
+        it = pd.read_parquet(folder / "sim" / "iterations.parquet")
+        ts = pd.read_csv(run / "timeseries.csv")
+        seats = int(ts["running"].max())
+        s = saturated(ts, it, seats)
+        dr, check = drain(pd.read_csv(folder / "per_request.csv"), it, args.bin)
+        lines += [f"## {run.name}", "",
+                  f"Saturated ({seats} running; the simulation's {s['steps']} steps): full decode step simulated "
+                  f"{1e3 * s['sim_step']:.2f} ms, each prompt token added to it {1e3 * s['sim_token']:.4f} ms. "
+                  "Measured, by window: " + "; ".join(
+                      f"{w} s ({k} windows) {1e3 * a:.2f} ms ({100 * (s['sim_step'] / a - 1):+.1f} %) and "
+                      f"{1e3 * b:.4f} ms ({100 * (s['sim_token'] / b - 1):+.1f} %)"
+                      for w, (a, b, k) in s["measured"].items()) + ".", "",
+                  f"Drain (decode-only, the batch shrinking; {args.bin:g} s bins; the estimator, run on the "
+                  f"simulated side, is off its actual step times by {100 * check:.1f} % median):", "",
+                  "| from s | rows | measured step ms | simulated step ms at those rows | simulated / measured |",
+                  "|---:|---:|---:|---:|---:|"]
+        for r in dr.itertuples():
+            lines.append(f"| {r.t_s:g} | {r.rows:.0f} | {r.step_ms:.2f} | {r.sim_ms:.2f} | {r.sim_ms / r.step_ms:.3f} |")
+        lines.append("")
+        meta = read_run(run)
+        profile = json.loads(Path(resolve_profile_path(
+            f"{meta.hardware}-{meta.model}-tp{meta.tensor_parallel}.json")).read_text())
+        link = profile.get("allreduce") or {}
+        if link.get("type") == "link":
+            rows = np.r_[dr["rows"].to_numpy(), seats]
+            lat = link_latency(link, rows, 1e-3 * np.r_[dr["step_ms"].to_numpy(), 1e3 * s["meas_step"]],
+                               1e-3 * np.r_[dr["sim_ms"].to_numpy(), 1e3 * s["sim_step"]])
+            lines += [f"All-reduce link of the profile: {1e-9 * float(link['bandwidth']):g} GB/s, "
+                      f"{1e6 * float(link['latency_s']):g} us per all-reduce, {link['count']} per step. The "
+                      f"{len(rows) - 1} decode-only points above and the full decode step imply "
+                      f"**{1e6 * lat:.1f} us** per all-reduce at that bandwidth (median).", ""]
+    out = res / "step_times.md"
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    main()
