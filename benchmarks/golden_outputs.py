@@ -1,9 +1,9 @@
 """Golden outputs: every shipped scenario simulated, its run folder compared with a reference.
 
 A refactor that must not change behaviour runs this twice: once on the base commit to write the
-reference, once on the change to compare. Each scenario in `scenarios/*.yaml` and
-`scenarios/engines/*.yaml` is simulated with `servesim run --no-plots --quiet` (the `live-cpu-*`
-ones too: simulated, not run live), one run folder per scenario under OUT.
+reference, once on the change to compare. Each scenario in `scenarios/*.yaml`,
+`scenarios/engines/*.yaml` and `scenarios/gpu/*.yaml` is simulated with `servesim run --no-plots
+--quiet` (the `live-cpu-*` ones too: simulated, not run live), one run folder per scenario under OUT.
 
 Comparison, per scenario:
 - `summary.json`: parsed, equal key by key; keys named with --new-key may appear only in OUT.
@@ -38,7 +38,7 @@ TABLES = ("requests.parquet", "iterations.parquet")
 
 def scenarios() -> list[Path]:
     """Every shipped scenario, in a stable order."""
-    return sorted((ROOT / "scenarios").glob("*.yaml")) + sorted((ROOT / "scenarios" / "engines").glob("*.yaml"))
+    return [p for sub in ("", "engines", "gpu") for p in sorted((ROOT / "scenarios" / sub).glob("*.yaml"))]
 
 
 def folder_name(path: Path) -> str:
