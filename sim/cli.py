@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from .errors import USER_ERRORS, UserError, one_line_error
 
@@ -85,8 +86,6 @@ def cmd_engines(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from servesim.calibration.replay import format_dynamics
     from servesim.calibration.validate import (
         format_step_check,
@@ -124,8 +123,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_validate_against(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from servesim.calibration.validate import format_table
     from servesim.calibration.validate_against import validate_against
 
@@ -283,8 +280,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ---- plan, sweep, compare (what-if questions over many runs) -------------------------------------
 def cmd_plan(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from .verbs.plan import PlanSettings, format_plan, plan, write_plan
     from .verbs.slo import parse_slo, terms_from_scenario_slo
 
@@ -306,14 +301,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    import yaml
-
+    from .scenario import read_scenario_file
     from .verbs.sweep import format_sweep, parse_grid, run_sweep, write_sweep
 
     sc = _load(args)  # the base scenario must be valid on its own
-    raw = yaml.safe_load(Path(args.scenario).read_text())
+    raw = read_scenario_file(args.scenario)
     axes = parse_grid(args.grid)
     df = run_sweep(raw, axes, args.set, backend="ray" if args.ray is not None else "local", workers=args.workers,
                    ray_address=args.ray or None, source=args.scenario, base_dir=Path(args.scenario).parent,
@@ -330,8 +322,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from .scenario import load_scenario
     from .verbs.compare import compare, format_compare, write_compare
 
@@ -405,6 +395,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        out = getattr(args, "out", None)
+        if out and Path(out).exists() and not Path(out).is_dir():
+            raise UserError(f"--out {out}: exists and is not a folder; name a folder (it is created if missing)")
         return int(args.fn(args) or 0)
     except USER_ERRORS as e:
         print(f"servesim {args.command}: error: {one_line_error(e)}", file=sys.stderr)

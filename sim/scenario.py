@@ -164,8 +164,14 @@ def read_scenario_file(path: str | Path, overrides: list[str] | None = None) -> 
     p = Path(path)
     if not p.is_file():
         raise ScenarioError(f"scenario file not found: {p}")
+    data = p.read_bytes()
     try:
-        raw = yaml.safe_load(p.read_text())
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ScenarioError(f"{p}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
+                            "a scenario is a YAML file saved as UTF-8") from None
+    try:
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -192,7 +198,7 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     parts = [k for k in key.strip().split(".") if k]
     if not parts:
         raise ScenarioError(f"--set {item!r}: empty key")
-    value = yaml.safe_load(text) if text.strip() else None
+    value = parse_yaml_value(text, f"--set {item!r}") if text.strip() else None
     node = raw
     for k in parts[:-1]:
         child = node.get(k)
@@ -202,6 +208,17 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
             raise ScenarioError(f"--set {item!r}: '{k}' is not a section, so it has no field '{parts[-1]}'")
         node = child
     node[parts[-1]] = value
+
+
+def parse_yaml_value(text: str, where: str) -> Any:
+    """One command-line value parsed as YAML (``128``, ``[1, 2]``, ``true``); ``ScenarioError`` naming
+    ``where`` when it is not valid YAML or uses a tag safe YAML refuses (``!!python/...``)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ScenarioError(f"{where}: the value {text!r} is not valid YAML ({problem}); "
+                            "quote text that holds YAML syntax, e.g. name='a: b'") from None
 
 
 def format_validation_error(err: ValidationError) -> str:

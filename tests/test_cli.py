@@ -129,6 +129,36 @@ def test_bad_set_syntax_is_one_line_error(capsys, scenario_file: Path, tmp_path:
     _assert_one_line_error(code, err, "--set", item)
 
 
+@pytest.mark.parametrize("value, problem", [("[1", "not valid YAML"), ("!!python/object:os.system", "constructor")])
+def test_set_value_that_is_not_safe_yaml_is_one_line_error(capsys, scenario_file: Path, tmp_path: Path,
+                                                           value: str, problem: str):
+    code, _, err = _run(capsys, str(scenario_file), "--set", f"seed={value}", "--quiet", "--no-plots",
+                        "--out", str(tmp_path / "o"))
+    _assert_one_line_error(code, err, "--set", value, problem)
+
+
+def test_grid_value_that_is_not_yaml_is_one_line_error(capsys, scenario_file: Path, tmp_path: Path):
+    code = main(["sweep", str(scenario_file), "--grid", "seed=1,[2", "--quiet", "--no-plots",
+                 "--out", str(tmp_path / "o")])
+    _assert_one_line_error(code, capsys.readouterr().err, "--grid seed", "[2", "not valid YAML")
+
+
+@pytest.mark.parametrize("data", [b"\xff\xfe\x00\x01binary", "name: x\n".encode("utf-16")])
+def test_scenario_file_that_is_not_utf8_text_is_one_line_error(capsys, tmp_path: Path, data: bytes):
+    p = tmp_path / "odd.yaml"
+    p.write_bytes(data)
+    code, _, err = _run(capsys, str(p), "--quiet", "--no-plots", "--out", str(tmp_path / "o"))
+    _assert_one_line_error(code, err, str(p), "not UTF-8")
+
+
+def test_out_naming_an_existing_file_is_one_line_error(capsys, scenario_file: Path, tmp_path: Path):
+    taken = tmp_path / "taken"
+    taken.write_text("keep me")
+    code, _, err = _run(capsys, str(scenario_file), "--quiet", "--no-plots", "--out", str(taken))
+    _assert_one_line_error(code, err, "--out", str(taken), "not a folder")
+    assert taken.read_text() == "keep me"
+
+
 def test_every_slo_key_the_schema_accepts_runs_or_is_a_one_line_error(capsys, scenario_file: Path,
                                                                      tmp_path: Path):
     # the schema accepts slo.itl_ms; it must either count in goodput or be refused up front, not crash

@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
-from ..scenario import Scenario, ScenarioError, apply_override, scenario_from_dict
+from ..scenario import Scenario, ScenarioError, apply_override, parse_yaml_value, scenario_from_dict
 from .parallel import TaskRunner
 
 WALL_COLUMNS = ("wall_s",)  # vary from run to run; leave them out when comparing sweeps
@@ -47,7 +46,7 @@ def parse_grid(items: Sequence[str]) -> list[GridAxis]:
         texts = tuple(_split_values(text))
         if any(a.key == key for a in axes):
             raise ScenarioError(f"--grid {key}: given twice; put all its values in one --grid")
-        axes.append(GridAxis(key, tuple(yaml.safe_load(t) for t in texts), texts))
+        axes.append(GridAxis(key, tuple(parse_yaml_value(t, f"--grid {key}") for t in texts), texts))
     if not axes:
         raise ScenarioError("sweep needs at least one --grid key.path=v1,v2,...")
     return axes
