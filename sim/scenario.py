@@ -69,7 +69,8 @@ class Scenario(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = "scenario"
-    seed: int = 0
+    # strict: YAML's true/false are not seeds; numpy seeds are non-negative
+    seed: int = Field(0, ge=0, strict=True)
     model: str = "llama-3.1-8b"
     hardware: str = "h100-sxm"
     tensor_parallel: int = Field(1, ge=1, le=64)

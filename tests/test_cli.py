@@ -137,6 +137,14 @@ def test_set_value_that_is_not_safe_yaml_is_one_line_error(capsys, scenario_file
     _assert_one_line_error(code, err, "--set", value, problem)
 
 
+@pytest.mark.parametrize("value", ["-1", "true", "1.5"])
+def test_seed_that_is_not_a_non_negative_integer_is_one_line_error(capsys, scenario_file: Path, tmp_path: Path,
+                                                                   value: str):
+    code, _, err = _run(capsys, str(scenario_file), "--set", f"seed={value}", "--quiet", "--no-plots",
+                        "--out", str(tmp_path / "o"))
+    _assert_one_line_error(code, err, "seed")
+
+
 def test_grid_value_that_is_not_yaml_is_one_line_error(capsys, scenario_file: Path, tmp_path: Path):
     code = main(["sweep", str(scenario_file), "--grid", "seed=1,[2", "--quiet", "--no-plots",
                  "--out", str(tmp_path / "o")])
