@@ -113,7 +113,9 @@ class CostModel(Protocol):
 
 # The shipped models also answer ``step_time(sums, swap_bytes)`` from a step's ``Batch.sums``
 # (``batch.step_sums`` of its rows), so the simulator computes each step's aggregates once and
-# shares them with the metrics; ``iteration_time`` is the same computation from the raw rows.
+# shares them with the metrics; ``iteration_time`` is the same computation from the raw rows. A
+# model whose ``needs_rows`` is True prices from the rows and accepts ``sums=`` (the same
+# aggregates) so the simulator does not compute them a second time.
 
 
 def classify_step(q_lens: np.ndarray) -> Literal["prefill", "decode", "mixed", "empty"]:
@@ -499,11 +501,14 @@ class FittedCostModel:
         """Seconds of engine-loop work (outside the executor) that ``iteration_time`` adds to a step."""
         return self._step_s + self._per_seq_s * rows
 
-    def iteration_time(self, q_lens: np.ndarray, ctx_lens: np.ndarray, swap_bytes: float = 0.0) -> float:
-        """Seconds for one step: coef[regime] . step_features + overheads + swap."""
+    def iteration_time(self, q_lens: np.ndarray, ctx_lens: np.ndarray, swap_bytes: float = 0.0,
+                       sums: StepSums | None = None) -> float:
+        """Seconds for one step: coef[regime] . step_features + overheads + swap. ``sums``: the rows'
+        ``step_sums`` when the caller has them already (``Batch.sums``), else computed here."""
         if q_lens.shape[0] == 0:
             return swap_bytes / self._swap_bw if swap_bytes else 0.0
-        sums = _step_sums(q_lens, ctx_lens)
+        if sums is None:
+            sums = _step_sums(q_lens, ctx_lens)
         t = self._base_time(sums, swap_bytes)
         if self._extras:
             n, n_dec, tokens = sums.seqs, sums.decode_seqs, sums.tokens

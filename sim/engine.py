@@ -45,14 +45,19 @@ class SimExecutor:
         self.kv_block_bytes = kv_block_bytes
         self._host = getattr(cost_model, "loop_overhead", None) if overlap_host else None
         # a cost model with step_time reads the Batch's aggregates, computed once per step; one whose
-        # features need the rows themselves (a fitted CPU profile) says so with needs_rows
-        self._step_time = None if getattr(cost_model, "needs_rows", False) else getattr(cost_model, "step_time", None)
+        # features need the rows themselves (a fitted CPU profile, a GPU layer-table profile) says so
+        # with needs_rows and takes the same aggregates beside the rows, so they are not summed twice
+        self._needs_rows = getattr(cost_model, "needs_rows", False)
+        self._step_time = None if self._needs_rows else getattr(cost_model, "step_time", None)
 
     def run(self, batch: Batch) -> float:
         swap_blocks = len(batch.swap_out) + len(batch.swap_in)
         swap_bytes = swap_blocks * self.kv_block_bytes if swap_blocks else 0.0
         if self._step_time is not None:
             t = self._step_time(batch.sums, swap_bytes)
+        elif self._needs_rows:
+            t = self.cost_model.iteration_time(batch.num_new_tokens, batch.num_context_tokens, swap_bytes,
+                                               sums=batch.sums)
         else:
             t = self.cost_model.iteration_time(batch.num_new_tokens, batch.num_context_tokens, swap_bytes)
         if self._host is not None and t > 0:

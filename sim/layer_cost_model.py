@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from .batch import StepSums
 from .batch import step_sums as _step_sums
 from .errors import ProfileError
 
@@ -339,13 +340,16 @@ class LayerCostModel:
                     t += max(grid(qi, ci, 0, 0) - base, 0.0)
         return self._layers * t
 
-    def iteration_time(self, q_lens: np.ndarray, ctx_lens: np.ndarray, swap_bytes: float = 0.0) -> float:
-        """Seconds for one step (module docstring); 0 for an empty step without swaps."""
+    def iteration_time(self, q_lens: np.ndarray, ctx_lens: np.ndarray, swap_bytes: float = 0.0,
+                       sums: StepSums | None = None) -> float:
+        """Seconds for one step (module docstring); 0 for an empty step without swaps. ``sums``: the
+        rows' ``step_sums`` when the caller has them already (``Batch.sums``), else computed here."""
         swap = swap_bytes / self._swap_bw if swap_bytes else 0.0
         n = q_lens.shape[0]
         if n == 0:
             return swap
-        sums = _step_sums(q_lens, ctx_lens)
+        if sums is None:
+            sums = _step_sums(q_lens, ctx_lens)
         return (self.token_cost(sums[2]) + self.sequence_cost(n) + self.attention_time(q_lens, ctx_lens, sums)
                 + self._step_s + self._per_seq_s * n + swap)
 
