@@ -44,9 +44,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from .config_model import ConfigModel
 from .errors import WorkloadError
 from .request import Request
 
@@ -82,22 +83,8 @@ def _tokens(name: str) -> Any:
     return Annotated[int, _check(name, lambda v: v >= 1, ">= 1 token")]
 
 
-class _Strict(BaseModel):
-    """Rejects unknown fields with a message that lists the allowed ones."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known_fields_only(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            unknown = [str(k) for k in data if k not in cls.model_fields]
-            if unknown:
-                raise PydanticCustomError(
-                    "extra_forbidden",
-                    f"unknown field {', '.join(map(repr, unknown))}; allowed: {', '.join(cls.model_fields)}",
-                )
-        return data
+class _Strict(ConfigModel):
+    """A workload section (unknown fields are errors whose path names the key: see scenario.py)."""
 
 
 class PoissonArrival(_Strict):
