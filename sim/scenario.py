@@ -38,7 +38,7 @@ from .host_memory import (
 )
 from .presets import HARDWARE, MODELS, get_hardware, get_model, kv_block_bytes, num_kv_blocks
 from .router import ClusterConfig
-from .schedulers import ChunkedConfig, PolicyConfig
+from .schedulers import ChunkedConfig, ComposedConfig, PolicyConfig
 from .workload import WorkloadConfig
 
 # The scheduler section: a policy config by ``type`` or an engine preset by ``preset``, built from
@@ -119,6 +119,29 @@ class Scenario(ConfigModel):
         # translation into a policy config is checked now, so a bad combination fails at load.
         self.scheduler = apply_preset_defaults(self.scheduler, get_hardware(self.hardware), self.model, self.kv_cache)
         self.policy  # noqa: B018 - validates the translation
+        return self
+
+    @model_validator(mode="after")
+    def _chunks_can_progress(self) -> Scenario:
+        # A chunk that stops short of a prompt's end is cut at a multiple of the chunk unit
+        # (TensorRT-LLM: tokens_per_block, microBatchScheduler.cpp FIRST_COME_FIRST_SERVED), so a
+        # step budget below one unit never schedules a prompt longer than the budget: the engine
+        # would wait forever, and the simulation would stop with "scheduler made no progress".
+        pol = self.policy
+        if not isinstance(pol, ComposedConfig) or not pol.chunked:
+            return self
+        unit = self.kv_cache.block_size if pol.chunk_unit == "block" else pol.chunk_unit
+        if pol.max_num_batched_tokens < unit:
+            field = "scheduler." + (self.scheduler.RENAMED.get("max_num_batched_tokens", "max_num_batched_tokens")
+                                    if isinstance(self.scheduler, EnginePreset) else "max_num_batched_tokens")
+            source = "kv_cache.block_size" if pol.chunk_unit == "block" else "scheduler.chunk_unit"
+            raise PydanticCustomError(
+                "value_error",
+                "{value} tokens is less than one chunk unit ({unit} tokens, {source}): chunked prefill cuts a "
+                "prompt at multiples of it, so a prompt longer than {value} tokens would never be scheduled; "
+                "set it to at least {unit} or lower {source}",
+                {"field": field, "value": pol.max_num_batched_tokens, "unit": unit, "source": source},
+            )
         return self
 
     @model_validator(mode="after")

@@ -47,7 +47,7 @@ import numpy as np
 from pydantic import AfterValidator, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from .config_model import ConfigModel
+from .config_model import INT_MAX, ConfigModel
 from .errors import WorkloadError
 from .request import Request
 
@@ -314,8 +314,9 @@ def _read_columns(path: Path, columns: dict[str, str], where: str) -> Any:
     return pd.read_csv(path, usecols=list(dict.fromkeys(columns.values())))
 
 
-def _numeric(series: Any, src: str) -> np.ndarray:
-    """Column values as float64; ``src`` ("<field>: column 'x' of <path>") prefixes errors."""
+def _numeric(series: Any, src: str, most: float | None = None) -> np.ndarray:
+    """Column values as float64, each at most ``most`` where given (token counts);
+    ``src`` ("<field>: column 'x' of <path>") prefixes errors, which name the file's line."""
     import pandas as pd
 
     values = pd.to_numeric(series, errors="coerce").to_numpy(dtype=np.float64)
@@ -323,6 +324,11 @@ def _numeric(series: Any, src: str) -> np.ndarray:
     if bad.any():
         line = int(series.index[np.flatnonzero(bad)[0]]) + 2  # + header, 1-based
         raise WorkloadError(f"{src} has {int(bad.sum())} empty or non-numeric values (first at line {line})")
+    if most is not None and (values > most).any():
+        first = np.flatnonzero(values > most)[0]
+        line = int(series.index[first]) + 2
+        raise WorkloadError(f"{src}, line {line}: {values[first]:.6g} tokens is more than any context "
+                            f"(at most {most:.0f}); is it the right column?")
     return values
 
 
@@ -367,8 +373,8 @@ def load_trace(cfg: TraceConfig, where: str = "workload.trace") -> Trace:
     df = _read_columns(cfg.path, {"time_column": tcol, "prompt_column": pcol, "output_column": ocol}, where)
     df = df.iloc[cfg.start :]
     times = _seconds(df[tcol], f"{where}.time_column: column {tcol!r} of {cfg.path}", cfg.format == "azure")
-    prompt = _numeric(df[pcol], f"{where}.prompt_column: column {pcol!r} of {cfg.path}")
-    output = _numeric(df[ocol], f"{where}.output_column: column {ocol!r} of {cfg.path}")
+    prompt = _numeric(df[pcol], f"{where}.prompt_column: column {pcol!r} of {cfg.path}", INT_MAX)
+    output = _numeric(df[ocol], f"{where}.output_column: column {ocol!r} of {cfg.path}", INT_MAX)
     failed = 0
     if cfg.format == "burstgpt":
         ok = output > 0
@@ -443,7 +449,7 @@ def _lengths(dist: Any, n: int, rng: np.random.Generator, where: str) -> tuple[n
     if isinstance(dist, EmpiricalLength):
         df = _read_columns(dist.path, {"column": dist.column}, where)
         pool, clipped = _clip_lengths(
-            _numeric(df[dist.column], f"{where}.column: {dist.column!r} of {dist.path}")
+            _numeric(df[dist.column], f"{where}.column: {dist.column!r} of {dist.path}", INT_MAX)
         )
         if pool.size == 0:
             raise WorkloadError(f"{where}.path: column {dist.column!r} of {dist.path} is empty")
@@ -451,7 +457,7 @@ def _lengths(dist: Any, n: int, rng: np.random.Generator, where: str) -> tuple[n
         if clipped:
             notes.append(f"{where}: {clipped} of {pool.size} lengths in {dist.path} were < 1, raised to 1")
         return rng.choice(pool, n, replace=True), notes
-    hi = dist.max if dist.max is not None else np.iinfo(np.int64).max // 2
+    hi = dist.max if dist.max is not None else INT_MAX
     if isinstance(dist, ZipfLength):
         out = rng.zipf(dist.a, n)
         for _ in range(_ZIPF_ROUNDS):
