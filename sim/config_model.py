@@ -94,10 +94,14 @@ class ConfigModel(BaseModel):
                 continue
             admits_bool, holds_model = _field_kind(cls, name)
             if not (admits_bool or (not isinstance(value, bool) and holds_model)):
+                where, shown = name, value  # a mapping of numbers (slo) names the key that holds the bool
+                if isinstance(value, dict):
+                    key, shown = next((k, v) for k, v in value.items() if isinstance(v, bool))
+                    where = f"{name}.{key}"
                 raise PydanticCustomError(
                     "bool_for_number",
                     "expected a number, got {value} (YAML's true/false are not numbers)",
-                    {"field": name, "value": _yaml_text(value)},
+                    {"field": where, "value": _yaml_text(shown)},
                 )
         return data
 

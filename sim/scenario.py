@@ -210,8 +210,9 @@ class Scenario(ConfigModel):
                     hint = (". A per-token ITL target is a percentile term: servesim plan --slo p99_itl_ms=..."
                             if str(key).endswith("itl_ms") else "")
                     hint = hint or did_you_mean(key, ["ttft_ms", "tpot_ms", "e2el_ms"])
-                    raise ValueError(f"unknown key {key!r}; the per-request targets (vLLM's --goodput keys) are "
-                                     f"ttft_ms, tpot_ms and e2el_ms{hint}")
+                    raise PydanticCustomError(  # ctx["field"]: the path ends at the key
+                        "value_error", "unknown key {key}; the per-request targets (vLLM's --goodput keys) are "
+                        "ttft_ms, tpot_ms and e2el_ms{hint}", {"field": str(key), "key": repr(key), "hint": hint})
         return v
 
     @field_validator("slo")
@@ -219,7 +220,8 @@ class Scenario(ConfigModel):
     def _positive_slo(cls, v: dict[str, float]) -> dict[str, float]:
         for key, target in v.items():
             if not (math.isfinite(target) and target > 0):
-                raise ValueError(f"slo.{key} must be a positive number of milliseconds, got {target}")
+                raise PydanticCustomError("value_error", "must be a positive number of milliseconds, got {target}",
+                                          {"field": key, "target": target})
         return v
 
 

@@ -162,8 +162,8 @@ class UniformLength(_Bounded):
 
 class NormalLength(_Bounded):
     dist: Literal["normal"]
-    mean: Annotated[float, _check("mean", _finite_pos, "> 0 tokens")]
-    std: Annotated[float, _check("std", lambda v: math.isfinite(v) and v >= 0, ">= 0 tokens")]
+    mean: Annotated[float, _check("mean", lambda v: 0 < v <= INT_MAX, f"in (0, {INT_MAX}] tokens")]
+    std: Annotated[float, _check("std", lambda v: 0 <= v <= INT_MAX, f"in [0, {INT_MAX}] tokens")]
 
 
 class LognormalLength(NormalLength):
