@@ -223,10 +223,10 @@ def _verb_options(b: _Builder) -> None:
                       "p101_ttft_ms=5": "p101", "p99_ttft_ms=-5": "p99_ttft_ms", "p99_ttft_ms=.inf": "p99_ttft_ms",
                       "p99_ttft_ms=nan": "p99_ttft_ms"}.items():
         b.raw("verb_options", ["plan", q, "--slo", slo, "--quiet", "--no-plots", "--workers", "1"], (name,))
-    b.raw("verb_options", ["plan", str(ROOT / "scenarios" / "static.yaml"), "--quiet", "--no-plots"], ("SLO",))
+    b.raw("verb_options", ["plan", str(QUICKSTART), "--set", "slo={}", "--quiet", "--no-plots"], ("SLO",))
     for flag, value, name in [("--attainment", "2", "attainment"), ("--attainment", "0", "attainment"),
                               ("--seeds", "0", "seeds"), ("--tolerance", "0", "tolerance"),
-                              ("--min-requests", "0", "min"), ("--target-rate", "-1", "target"),
+                              ("--target-rate", "-1", "target"),
                               ("--duration", "-5", "duration"), ("--start-rate", "0", "start")]:
         b.raw("verb_options", ["plan", q, flag, value, "--slo", "p99_ttft_ms=500", "--quiet", "--no-plots",
                                "--workers", "1"], (name,))
