@@ -8,6 +8,7 @@ are applied to the raw YAML before validation, so they are checked the same way.
 from __future__ import annotations
 
 import math
+import re
 import types
 import typing
 from pathlib import Path
@@ -364,10 +365,17 @@ def _user_path(loc: tuple[Any, ...]) -> tuple[list[str], list[str]]:
             path.append(name)
             reach = [pair for m in here for pair in _models_in(m.model_fields[name].annotation)]
             continue
+        if not reach and _UNION_MEMBER.match(name):
+            continue  # a plain union's member label (chunk_unit: int | 'block' -> 'constrained-int')
         parent_fields = _field_names(reach)
         path.append(name)
         reach = []
     return path, parent_fields
+
+
+# how pydantic labels the members of an untagged union in an error location
+_UNION_MEMBER = re.compile(r"^(constrained-)?(int|float|str|bool|none|bytes)$|^(literal|function-\w+|list|dict|tuple|"
+                           r"is-instance|lax-or-strict|nullable)\[")
 
 
 def _field_names(reach: list[tuple[type[BaseModel], str | None]]) -> list[str]:

@@ -152,6 +152,7 @@ def corpus(tmp: Path) -> list[Case]:
     _files(b)
     _set_syntax(b)
     _verb_options(b)
+    _out_of_range(b)
     _issue_cases(b)
     return b.cases
 
@@ -244,6 +245,43 @@ def _verb_options(b: _Builder) -> None:
           out=False)
     b.raw("calibrate_import", [*imp[:-2], "--hardware", "tpu-v9", str(b.tmp)], ("tpu-v9",), out=False)
     b.raw("calibrate_import", [*imp, str(b.tmp), "--with", "nonsense"], ("--with",), out=False)
+
+
+def _out_of_range(b: _Builder) -> None:
+    """Values of the right type outside what the field allows (zero where it must be positive, ...)."""
+    q, eng = QUICKSTART, ROOT / "scenarios" / "engines"
+    composed = ["scheduler.type=composed"]
+    cases = [
+        (q, ["tensor_parallel=0"], "tensor_parallel"), (q, ["tensor_parallel=65"], "tensor_parallel"),
+        (q, ["cluster.num_replicas=0"], "cluster.num_replicas"), (q, ["workload.num_requests=0"], "num_requests"),
+        (q, ["workload.arrival.rate=0"], "workload.arrival.rate"), (q, ["kv_cache.block_size=0"], "block_size"),
+        (q, ["kv_cache.gpu_memory_utilization=0"], "gpu_memory_utilization"),
+        (q, ["kv_cache.gpu_memory_utilization=1.5"], "gpu_memory_utilization"),
+        (q, ["kv_cache.watermark=1"], "kv_cache.watermark"), (q, ["kv_cache.num_blocks=0"], "num_blocks"),
+        (q, ["workload.prompt_len.min=9000"], "workload.prompt_len"),
+        (q, ["workload.prefix={num_prefixes: 2, prefix_len: 8, fraction: 1.5}"], "workload.prefix.fraction"),
+        (q, ["workload.arrival={process: gamma, rate: 2, cv: 1, burstiness: 1}"], "workload.arrival"),
+        (q, ["workload.arrival={process: gamma, rate: 2}"], "workload.arrival"),
+        (q, ["workload.prompt_len={dist: zipf, a: 1, max: 10}"], "workload.prompt_len.a"),
+        (q, ["slo.ttft_ms=0"], "slo.ttft_ms"), (q, ["live.kv_cache_memory_mb=0"], "live.kv_cache_memory_mb"),
+        (q, ["scheduler.max_num_seqs=0"], "scheduler.max_num_seqs"),
+        (q, ["scheduler.max_num_batched_tokens=0"], "scheduler.max_num_batched_tokens"),
+        (q, [*composed, "scheduler.chunk_unit=0"], "scheduler.chunk_unit"),
+        (q, [*composed, "scheduler.max_rows_per_step=-1"], "scheduler.max_rows_per_step"),
+        (q, [*composed, "scheduler.safety_margin=2"], "scheduler.safety_margin"),
+        (q, [*composed, "scheduler.max_num_batched_tokens=3", "scheduler.chunk_unit=4"],
+         "scheduler.max_num_batched_tokens"),
+        (q, ["scheduler.type=dynamic_batcher", "scheduler.preferred_batch_sizes=[512]"], "preferred_batch_sizes"),
+        (q, ["cost_model.step_overhead_ms=-1"], "cost_model.step_overhead_ms"),
+        (q, ["cost_model.flops_efficiency=1.5"], "cost_model.flops_efficiency"),
+        (eng / "tensorrt-llm.yaml", ["scheduler.max_batch_size=0"], "scheduler.max_batch_size"),
+        (eng / "sglang.yaml", ["scheduler.max_running_requests=0"], "scheduler.max_running_requests"),
+        (eng / "vllm-v1.yaml", ["scheduler.long_prefill_token_threshold=-1"], "long_prefill_token_threshold"),
+        (eng / "triton-dynamic.yaml", ["scheduler.max_queue_delay_microseconds=-1"], "max_queue_delay_microseconds"),
+        (eng / "hf-transformers.yaml", ["scheduler.safety_margin=2"], "scheduler.safety_margin"),
+    ]
+    for path, sets, name in cases:
+        b.scenario("out_of_range", path, sets, (name,))
 
 
 def _issue_cases(b: _Builder) -> None:
