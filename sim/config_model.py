@@ -40,6 +40,13 @@ def _admits_bool(annotation: Any) -> bool:
                or typing.get_origin(a) is not None)
 
 
+def _admits_number(annotation: Any) -> bool:
+    """Whether a field of this type may hold an int or a float (a bool elsewhere is pydantic's to refuse)."""
+    if annotation is int or annotation is float:
+        return True
+    return any(_admits_number(a) for a in typing.get_args(annotation) if not isinstance(a, str | int | float))
+
+
 def _holds_model(annotation: Any) -> bool:
     """Whether a field of this type holds a nested model (which checks its own fields)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
@@ -49,9 +56,9 @@ def _holds_model(annotation: Any) -> bool:
 
 @functools.cache
 def _field_kind(model: type[BaseModel], name: str) -> tuple[bool, bool]:
-    """(may hold a bool, holds a nested model) for one field, worked out once per model."""
+    """(a bool is fine here, holds a nested model) for one field, worked out once per model."""
     annotation = model.model_fields[name].annotation
-    return _admits_bool(annotation), _holds_model(annotation)
+    return _admits_bool(annotation) or not _admits_number(annotation), _holds_model(annotation)
 
 
 def _has_bool(value: Any) -> bool:

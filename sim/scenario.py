@@ -155,7 +155,10 @@ class Scenario(ConfigModel):
     def _memory_demands(self) -> list[Demand]:
         """What simulating this scenario allocates on the host, by the field that sets each part."""
         model, kv, replicas = get_model(self.model), self.kv_cache, self.cluster.num_replicas
-        block_bytes = kv_block_bytes(model, self.tensor_parallel, kv.block_size)
+        try:
+            block_bytes = kv_block_bytes(model, self.tensor_parallel, kv.block_size)
+        except ValueError as e:  # heads that do not split over tensor_parallel
+            raise PydanticCustomError("value_error", "{reason}", {"field": "tensor_parallel", "reason": str(e)}) from None
         blocks_scale: tuple[float, str] = (1.0, "")  # blocks per unit of the field that sets them
         if kv.num_blocks is not None:
             blocks, blocks_field = float(kv.num_blocks), "kv_cache.num_blocks"

@@ -253,6 +253,7 @@ def _out_of_range(b: _Builder) -> None:
     composed = ["scheduler.type=composed"]
     cases = [
         (q, ["tensor_parallel=0"], "tensor_parallel"), (q, ["tensor_parallel=65"], "tensor_parallel"),
+        (q, ["tensor_parallel=3"], "tensor_parallel"),
         (q, ["cluster.num_replicas=0"], "cluster.num_replicas"), (q, ["workload.num_requests=0"], "num_requests"),
         (q, ["workload.arrival.rate=0"], "workload.arrival.rate"), (q, ["kv_cache.block_size=0"], "block_size"),
         (q, ["kv_cache.gpu_memory_utilization=0"], "gpu_memory_utilization"),
