@@ -663,6 +663,9 @@ def read_profile_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except FileNotFoundError:
         raise ProfileError(f"profile file {str(path)!r} not found") from None
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"profile {str(path)!r} is not UTF-8 JSON (byte 0x{exc.object[exc.start]:02x} at offset "
+                           f"{exc.start}); profiles are written by servesim calibrate") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise ProfileError(f"cannot read profile {str(path)!r}: {exc}") from None
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field, Tag, ValidationError, field_validator, mo
 from pydantic_core import PydanticCustomError
 
 from .config_model import ConfigModel
-from .cost_model import CostModelConfig
+from .cost_model import CostModelConfig, build_cost_model
 from .engine_presets import (
     EnginePreset,
     apply_preset_defaults,
@@ -41,6 +41,7 @@ from .presets import HARDWARE, MODELS, get_hardware, get_model, kv_block_bytes, 
 from .router import ClusterConfig
 from .schedulers import ChunkedConfig, ComposedConfig, PolicyConfig
 from .workload import WorkloadConfig
+from .workload import check_files as check_workload_files
 
 # The scheduler section: a policy config by ``type`` or an engine preset by ``preset``, built from
 # the two registries (sim/schedulers/__init__.py, sim/engine_presets/__init__.py).
@@ -237,7 +238,15 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     sc = scenario_from_dict(raw, source=str(p))
     # trace and empirical paths are relative to the scenario file unless absolute or present here
     sc.workload = sc.workload.resolve_paths(p.parent)
+    check_files(sc)
     return sc
+
+
+def check_files(sc: Scenario) -> None:
+    """Read the files the scenario names (traces, length CSVs, a cost-model profile) the way a run
+    will, so every verb refuses a bad one before it starts: a ``WorkloadError`` or ``ProfileError``."""
+    check_workload_files(sc.workload)
+    build_cost_model(sc.cost_model, get_model(sc.model), get_hardware(sc.hardware), sc.tensor_parallel)
 
 
 def read_scenario_file(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -302,16 +303,20 @@ def _read_columns(path: Path, columns: dict[str, str], where: str) -> Any:
 
     if not path.is_file():
         raise WorkloadError(f"{where}.path: file not found: {path}")
+    unreadable = (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError)
     try:
         header = list(pd.read_csv(path, nrows=0).columns)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+    except unreadable as e:
         raise WorkloadError(f"{where}.path: cannot read {path} as CSV: {str(e).splitlines()[0]}") from e
     for fld, col in columns.items():
         if col not in header:
             raise WorkloadError(
                 f"{where}.{fld}: column {col!r} not in {path}; columns are: {', '.join(map(repr, header))}"
             )
-    return pd.read_csv(path, usecols=list(dict.fromkeys(columns.values())))
+    try:  # a file can go bad after its header (binary rows, a cut-off quote)
+        return pd.read_csv(path, usecols=list(dict.fromkeys(columns.values())))
+    except unreadable as e:
+        raise WorkloadError(f"{where}.path: cannot read {path} as CSV: {str(e).splitlines()[0]}") from e
 
 
 def _numeric(series: Any, src: str, most: float | None = None) -> np.ndarray:
@@ -339,7 +344,9 @@ def _seconds(series: Any, src: str, datetimes: bool) -> np.ndarray:
     if not datetimes and pd.api.types.is_numeric_dtype(series):
         return _numeric(series, src)
     try:
-        ts = pd.to_datetime(series)
+        with warnings.catch_warnings():  # pandas warns before it fails on text that is not a date
+            warnings.simplefilter("ignore", UserWarning)
+            ts = pd.to_datetime(series)
     except (ValueError, TypeError) as e:
         raise WorkloadError(f"{src}: neither seconds nor datetimes ({e})") from e
     if ts.isna().any():
@@ -389,6 +396,19 @@ def load_trace(cfg: TraceConfig, where: str = "workload.trace") -> Trace:
     prompt_len, p_clipped = _clip_lengths(prompt)
     output_len, o_clipped = _clip_lengths(output)
     return Trace((times - times[0]) * cfg.time_scale, prompt_len, output_len, failed, p_clipped, o_clipped)
+
+
+def check_files(cfg: WorkloadConfig) -> None:
+    """Read every file the workload names, as generation will: a bad trace or length file is then
+    one ``WorkloadError`` when the scenario loads, not a failure in each worker of a sweep or compare."""
+    rng = np.random.default_rng(0)
+    if cfg.trace is not None:
+        load_trace(cfg.trace)
+    if isinstance(cfg.arrival, TraceArrival):
+        _arrival_times(cfg.arrival, None, None, rng)
+    for where, dist in (("workload.prompt_len", cfg.prompt_len), ("workload.output_len", cfg.output_len)):
+        if isinstance(dist, EmpiricalLength):
+            _lengths(dist, 0, rng, where)
 
 
 # --------------------------------------------------------------------------- sampling

@@ -150,6 +150,7 @@ def corpus(tmp: Path) -> list[Case]:
                 b.scenario("bad_enum", path, [f"{field}={bad}"], (field,))
         b.scenario("missing_required", path, ["workload="], ("workload",))
     _files(b)
+    _data_files(b)
     _set_syntax(b)
     _verb_options(b)
     _out_of_range(b)
@@ -187,6 +188,35 @@ def _files(b: _Builder) -> None:
     for verb in VERBS:
         b.scenario("missing_file", b.tmp / "no-such.yaml", [], ("no-such.yaml",), verb=verb)
     b.raw("missing_file", ["compare", str(QUICKSTART), str(b.tmp / "no-such.yaml"), "--quiet"], ("no-such.yaml",))
+
+
+def _data_files(b: _Builder) -> None:
+    """Broken files a scenario points at: traces (CSV) and cost-model profiles (JSON)."""
+    header = b"arrival_time,prompt_len,output_len\n"
+    traces = {
+        "trace-binary-rows.csv": header + b"0.0,100,20\n\xff\xfe,\x00\x01,5\n",
+        "trace-utf16.csv": (header + b"0,1,2\n").decode().encode("utf-16"),
+        "trace-empty.csv": b"",
+        "trace-header-only.csv": header,
+        "trace-bad-time.csv": header + b"0,5,3\nabc,1,2\n",
+        "trace-text-length.csv": header + b"0,five,3\n",
+        "trace-no-columns.csv": b"a,b\n1,2\n",
+    }
+    for name, data in traces.items():
+        b.file(name, data)
+        scenario = b.file(f"uses-{name}.yaml", f"workload:\n  trace: {{format: csv, path: {name}}}\n".encode())
+        b.scenario("bad_data_file", scenario, [], (name,))
+    profiles = {
+        "profile-binary.json": b"\xff\xfe\x00\x01garbage",
+        "profile-utf16.json": '{"a": 1}'.encode("utf-16"),
+        "profile-list.json": b"[1, 2]",
+        "profile-truncated.json": b'{"format": "servesim-profile/2", "coeff',
+    }
+    for name, data in profiles.items():
+        path = b.file(name, data)
+        b.scenario("bad_data_file", QUICKSTART, ["cost_model.type=profile", f"cost_model.path={path}"], (name,))
+    b.scenario("bad_data_file", QUICKSTART, ["cost_model.type=profile", f"cost_model.path={b.tmp / 'nope.json'}"],
+               ("nope.json",))
 
 
 def _set_syntax(b: _Builder) -> None:

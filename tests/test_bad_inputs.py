@@ -95,7 +95,7 @@ def test_corpus_covers_every_verb_and_category(cases: list[Case]) -> None:
     for verb in ("run", "plan", "sweep", "compare", "engines", "validate", "calibrate"):
         assert c[f"verb:{verb}"] >= 3, verb
     for category in ("bool_for_number", "non_finite", "huge", "negative", "wrong_type", "misspelt_key",
-                     "bad_enum", "bad_file", "set_syntax", "grid_syntax", "verb_options", "out_of_range", "issue_15"):
+                     "bad_enum", "bad_file", "bad_data_file", "set_syntax", "grid_syntax", "verb_options", "out_of_range", "issue_15"):
         assert c[category] >= 3, category
     assert {p.name for p in SCENARIOS} <= {Path(a).name for case in cases for a in case.argv}
 
