@@ -302,7 +302,8 @@ def _out_of_range(b: _Builder) -> None:
         (q, [*composed, "scheduler.safety_margin=2"], "scheduler.safety_margin"),
         (q, [*composed, "scheduler.max_num_batched_tokens=3", "scheduler.chunk_unit=4"],
          "scheduler.max_num_batched_tokens"),
-        (q, ["scheduler.type=dynamic_batcher", "scheduler.preferred_batch_sizes=[512]"], "preferred_batch_sizes"),
+        (q, ["scheduler.type=dynamic_batcher", "scheduler.preferred_batch_sizes=[512]"],
+         "scheduler.preferred_batch_sizes"),
         (q, ["cost_model.step_overhead_ms=-1"], "cost_model.step_overhead_ms"),
         (q, ["cost_model.flops_efficiency=1.5"], "cost_model.flops_efficiency"),
         (eng / "tensorrt-llm.yaml", ["scheduler.max_batch_size=0"], "scheduler.max_batch_size"),
@@ -310,6 +311,7 @@ def _out_of_range(b: _Builder) -> None:
         (eng / "vllm-v1.yaml", ["scheduler.long_prefill_token_threshold=-1"], "long_prefill_token_threshold"),
         (eng / "triton-dynamic.yaml", ["scheduler.max_queue_delay_microseconds=-1"], "max_queue_delay_microseconds"),
         (eng / "hf-transformers.yaml", ["scheduler.safety_margin=2"], "scheduler.safety_margin"),
+        (eng / "triton-dynamic.yaml", ["scheduler.preferred_batch_size=[512]"], "scheduler.preferred_batch_size"),
     ]
     for path, sets, name in cases:
         b.scenario("out_of_range", path, sets, (name,))
@@ -340,6 +342,7 @@ def _issue_cases(b: _Builder) -> None:
         (q, [f"workload.prompt_len={2**63}"], "workload.prompt_len"),
         (q, ["name=[unclosed"], "name"),
         (q, ["name=!!python/object/apply:os.system ['true']"], "name"),
+        (q, ["name=!!python/object:os.system {}"], "name"),
         (q, ["seed=true"], "seed"),
         (q, ["tensor_parallel=true"], "tensor_parallel"),
         (q, ["scheduler.max_num_seqs=true"], "scheduler.max_num_seqs"),

@@ -239,3 +239,26 @@ def test_the_checker_flags_an_input_the_cli_accepts(tmp_path: Path) -> None:
                           "--out", str(out)), ("workload.num_requests",))
     wrong = problems(case)
     assert "exit 0, not 2" in wrong and "left a summary.json" in wrong
+
+
+ENGINES = QUICKSTART.parent / "engines"
+
+
+@pytest.mark.parametrize("size", [0, -1])
+def test_sglang_chunked_prefill_size_at_most_zero_turns_chunking_off(size: int) -> None:
+    # SGLang's scheduler: "if self.chunked_prefill_size <= 0: # -1 means disable"
+    sc = load_scenario(ENGINES / "sglang.yaml", [f"scheduler.chunked_prefill_size={size}"])
+    assert sc.policy.chunked is False and sc.scheduler.chunked_prefill_size == size
+    assert load_scenario(ENGINES / "sglang.yaml").policy.chunked is True
+
+
+def test_tensorrt_llm_chunking_with_a_budget_of_one_block_finishes_every_request() -> None:
+    from servesim.sim.simulate import simulate
+
+    sc = load_scenario(ENGINES / "tensorrt-llm.yaml", ["scheduler.enable_chunked_prefill=true",
+                                                      "scheduler.max_num_tokens=32", "workload.num_requests=20"])
+    result = simulate(sc, progress=False)
+    assert result.summary["completed"] == 20
+    with pytest.raises(ScenarioError, match=r"scheduler\.max_num_tokens: 31 tokens is less than one chunk unit"):
+        load_scenario(ENGINES / "tensorrt-llm.yaml", ["scheduler.enable_chunked_prefill=true",
+                                                     "scheduler.max_num_tokens=31"])
