@@ -6,9 +6,9 @@ its inter-token latencies and its row of the results. A scenario that asks for m
 host's physical memory fails at load, naming the field that asks for the most and how far it may
 go, instead of dying in numpy ("Unable to allocate 43.7 TiB") or in the kernel's OOM killer.
 
-The bytes per item are measured (``tests/test_bad_inputs.py`` holds the first three to the
-measured sizes); the estimate is deliberately a lower bound, so a scenario refused here would
-certainly not have fit.
+The bytes per item are measured (``tests/test_bad_inputs.py`` holds the row and block sizes to
+what the tables allocate); the per-request figure is the marginal peak of a typical run, so the
+check refuses what would not fit by a wide margin, not a run that is merely close to the limit.
 """
 
 from __future__ import annotations
