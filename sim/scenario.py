@@ -333,6 +333,12 @@ def format_validation_error(err: ValidationError) -> str:
             msg += f"; allowed here: {', '.join(parent_fields)}"
     elif kind == "missing":
         msg = "required field is missing"
+    elif kind == "union_tag_not_found":
+        msg = "required field is missing (it picks the kind of section)"
+    elif kind in ("model_type", "dict_type", "model_attributes_type"):
+        msg = "expected a section (a mapping of fields)"
+        if not isinstance(first.get("input"), dict | list):
+            msg += f", got {first.get('input')!r}"
     elif kind == "union_tag_invalid":
         tags = [t.strip(" '") for t in str(ctx["expected_tags"]).split(",")]
         msg = f"unknown {loc[-1]} {ctx['tag']!r}{did_you_mean(str(ctx['tag']), tags)}; choose one of: {', '.join(tags)}"
