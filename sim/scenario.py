@@ -349,7 +349,8 @@ def format_validation_error(err: ValidationError) -> str:
         if kind not in _SELF_CONTAINED and "input" in first and not isinstance(first["input"], dict | list):
             msg += f" (got {first['input']!r})"
     more = f" [and {len(errors) - 1} more problem(s)]" if len(errors) > 1 else ""
-    return f"{path}: {msg}{more}"
+    # a value the user wrote may hold a line break; the message stays one line
+    return f"{path}: {msg}{more}".replace("\r", "\\r").replace("\n", "\\n")
 
 
 # error kinds whose message already shows the value

@@ -10,6 +10,7 @@ check the exit status the shell sees. The validation layer's own rules (every se
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import signal
 import subprocess
@@ -19,7 +20,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from bad_input_corpus import QUICKSTART, SCENARIOS, Case, corpus, counts
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 from servesim.sim.cli import main
 from servesim.sim.config_model import INT_MAX, ConfigModel
@@ -262,3 +266,55 @@ def test_tensorrt_llm_chunking_with_a_budget_of_one_block_finishes_every_request
     with pytest.raises(ScenarioError, match=r"scheduler\.max_num_tokens: 31 tokens is less than one chunk unit"):
         load_scenario(ENGINES / "tensorrt-llm.yaml", ["scheduler.enable_chunked_prefill=true",
                                                      "scheduler.max_num_tokens=31"])
+
+
+# ---- property: any value at any field either validates into sane numbers or is one clean line ------
+def _numbers_in(model: BaseModel) -> list[tuple[str, object]]:
+    out: list[tuple[str, object]] = []
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            out += [(f"{name}.{k}", v) for k, v in _numbers_in(value)]
+        elif isinstance(value, dict):
+            out += [(f"{name}.{k}", v) for k, v in value.items()]
+        elif isinstance(value, list | tuple):
+            out += [(f"{name}.{i}", v) for i, v in enumerate(value)]
+        else:
+            out.append((name, value))
+    return out
+
+
+HOSTILE = st.one_of(
+    st.booleans(), st.none(), st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
+    st.lists(st.one_of(st.booleans(), st.integers(), st.floats()), max_size=3),
+    st.dictionaries(st.sampled_from(["a", "min", "rate", "dist", "process"]), st.integers(), max_size=2),
+)
+RAW = {p.name: (p, yaml.safe_load(p.read_text())) for p in SCENARIOS if "live" not in p.name}
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_any_value_at_any_field_validates_sanely_or_fails_in_one_line(data: st.DataObject) -> None:
+    from bad_input_corpus import _leaves, _sections
+    from servesim.sim.scenario import scenario_from_dict
+
+    name = data.draw(st.sampled_from(sorted(RAW)))
+    raw = copy.deepcopy(RAW[name][1])
+    path = data.draw(st.sampled_from([p for p, _ in _leaves(raw)] + [p for p in _sections(raw) if p]))
+    node = raw
+    *parents, last = path.split(".")
+    for part in parents:
+        node = node[part]
+    node[last] = data.draw(HOSTILE)
+    try:
+        sc = scenario_from_dict(raw, source=name)
+    except ScenarioError as e:
+        text = str(e)
+        assert "\n" not in text and text.startswith(f"{name}: ") and path.split(".")[0] in text
+        return
+    for where, value in _numbers_in(sc):
+        if isinstance(value, float):
+            assert np.isfinite(value), where
+        if isinstance(value, int) and not isinstance(value, bool):
+            assert abs(value) <= 2**63 - 1, where

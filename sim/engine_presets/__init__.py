@@ -93,9 +93,10 @@ def _section_tag(value: Any) -> str:
         preset, kind = value.get("preset"), value.get("type", DEFAULT_POLICY)
     else:
         preset, kind = getattr(value, "preset", None), getattr(value, "type", DEFAULT_POLICY)
+    # a name that is not a string (a list, a mapping) is as unknown as a misspelt one
     if preset is not None:
-        return preset if preset in PRESETS else _UNKNOWN_PRESET
-    return kind if kind in POLICIES else _UNKNOWN_TYPE
+        return preset if isinstance(preset, str) and preset in PRESETS else _UNKNOWN_PRESET
+    return kind if isinstance(kind, str) and kind in POLICIES else _UNKNOWN_TYPE
 
 
 def scheduler_section() -> Any:
