@@ -114,12 +114,6 @@ def scheduler_section() -> Any:
     ]
 
 
-def section_tags() -> set[str]:
-    """The union tags that can appear in a validation error's location (not something a user wrote;
-    the unknown-name tags stay, as they read as the field: ``scheduler.preset: unknown ...``)."""
-    return set(POLICIES) | set(PRESETS)
-
-
 def apply_preset_defaults(scheduler: Any, hardware: HardwareConfig, model: str, kv_cache: BaseModel) -> Any:
     """Resolve a preset's hardware defaults and set its KV defaults on fields the user left unset.
 
@@ -140,4 +134,4 @@ def resolve_policy(scheduler: PolicyConfig | EnginePreset, hardware: HardwareCon
     return scheduler
 
 
-__all__ = ["PRESETS", "EnginePreset", "apply_preset_defaults", "resolve_policy", "scheduler_section", "section_tags"]
+__all__ = ["PRESETS", "EnginePreset", "apply_preset_defaults", "resolve_policy", "scheduler_section"]
