@@ -83,10 +83,11 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
+from pydantic import ValidationInfo, field_validator, model_validator
 
 from .batch import StepSums
 from .batch import step_sums as _step_sums
+from .config_model import ConfigModel
 from .errors import ProfileError
 from .layer_cost_model import GPU_PROFILE_FORMAT, LayerCostModel
 from .presets import HardwareConfig, ModelConfig, kv_heads_per_rank
@@ -598,10 +599,8 @@ class ConstantCostModel:
 # Config
 
 
-class CostModelConfig(BaseModel):
+class CostModelConfig(ConfigModel):
     """The ``cost_model:`` section of a scenario. Times in milliseconds."""
-
-    model_config = ConfigDict(extra="forbid")
 
     type: Literal["roofline", "profile", "constant"] = "roofline"
     path: str | None = None  # profile JSON; relative paths also searched in servesim.calibration
@@ -664,6 +663,9 @@ def read_profile_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except FileNotFoundError:
         raise ProfileError(f"profile file {str(path)!r} not found") from None
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"profile {str(path)!r} is not UTF-8 JSON (byte 0x{exc.object[exc.start]:02x} at offset "
+                           f"{exc.start}); profiles are written by servesim calibrate") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise ProfileError(f"cannot read profile {str(path)!r}: {exc}") from None
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from .config_model import ConfigModel
 
 if TYPE_CHECKING:
     from .engine import Replica
@@ -19,9 +21,7 @@ if TYPE_CHECKING:
 RouterName = Literal["round_robin", "least_outstanding", "kv_aware"]
 
 
-class ClusterConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ClusterConfig(ConfigModel):
     num_replicas: int = Field(1, ge=1)
     router: RouterName = "round_robin"
 

@@ -8,38 +8,48 @@ are applied to the raw YAML before validation, so they are checked the same way.
 from __future__ import annotations
 
 import math
+import re
 import types
 import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
-from .cost_model import CostModelConfig
+from .config_model import ConfigModel
+from .cost_model import CostModelConfig, build_cost_model
 from .engine_presets import (
     EnginePreset,
     apply_preset_defaults,
     resolve_policy,
     scheduler_section,
-    section_tags,
 )
 from .errors import ScenarioError
 from .hints import did_you_mean
-from .presets import HARDWARE, MODELS, get_hardware
+from .host_memory import (
+    BLOCK_BYTES,
+    REPLICA_BYTES,
+    REPLICAS_FIELD,
+    REQUEST_BYTES,
+    ROW_BYTES,
+    Demand,
+    over_host_memory,
+)
+from .presets import HARDWARE, MODELS, get_hardware, get_model, kv_block_bytes, num_kv_blocks
 from .router import ClusterConfig
-from .schedulers import ChunkedConfig, PolicyConfig
+from .schedulers import ChunkedConfig, ComposedConfig, PolicyConfig
 from .workload import WorkloadConfig
+from .workload import check_files as check_workload_files
 
 # The scheduler section: a policy config by ``type`` or an engine preset by ``preset``, built from
 # the two registries (sim/schedulers/__init__.py, sim/engine_presets/__init__.py).
 SchedulerSection = scheduler_section()
 
 
-class KVCacheConfig(BaseModel):
+class KVCacheConfig(ConfigModel):
     """The paged KV cache. ``num_blocks`` wins over the memory-derived count when given."""
-
-    model_config = ConfigDict(extra="forbid")
 
     block_size: int = Field(16, ge=1, le=4096)
     num_blocks: int | None = Field(None, ge=1)
@@ -50,10 +60,8 @@ class KVCacheConfig(BaseModel):
     watermark: float = Field(0.01, ge=0.0, lt=1.0, description="fraction of blocks kept free on admission")
 
 
-class LiveConfig(BaseModel):
+class LiveConfig(ConfigModel):
     """How ``servesim live`` runs the model (ignored by ``servesim run``)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     backend: Literal["torch", "triton"] = "torch"
     device: Literal["cpu", "cuda"] = "cpu"
@@ -65,9 +73,7 @@ class LiveConfig(BaseModel):
     warmup_steps: int = Field(2, ge=0, description="untimed forward passes before the replay starts")
 
 
-class Scenario(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class Scenario(ConfigModel):
     name: str = "scenario"
     # strict: YAML's true/false are not seeds; numpy seeds are non-negative
     seed: int = Field(0, ge=0, strict=True)
@@ -117,6 +123,79 @@ class Scenario(BaseModel):
         self.policy  # noqa: B018 - validates the translation
         return self
 
+    @model_validator(mode="after")
+    def _chunks_can_progress(self) -> Scenario:
+        # A chunk that stops short of a prompt's end is cut at a multiple of the chunk unit
+        # (TensorRT-LLM: tokens_per_block, microBatchScheduler.cpp FIRST_COME_FIRST_SERVED), so a
+        # step budget below one unit never schedules a prompt longer than the budget: the engine
+        # would wait forever, and the simulation would stop with "scheduler made no progress".
+        pol = self.policy
+        if not isinstance(pol, ComposedConfig) or not pol.chunked:
+            return self
+        unit = self.kv_cache.block_size if pol.chunk_unit == "block" else pol.chunk_unit
+        if pol.max_num_batched_tokens < unit:
+            field = "scheduler." + (self.scheduler.RENAMED.get("max_num_batched_tokens", "max_num_batched_tokens")
+                                    if isinstance(self.scheduler, EnginePreset) else "max_num_batched_tokens")
+            source = "kv_cache.block_size" if pol.chunk_unit == "block" else "scheduler.chunk_unit"
+            raise PydanticCustomError(
+                "value_error",
+                "{value} tokens is less than one chunk unit ({unit} tokens, {source}): chunked prefill cuts a "
+                "prompt at multiples of it, so a prompt longer than {value} tokens would never be scheduled; "
+                "set it to at least {unit} or lower {source}",
+                {"field": field, "value": pol.max_num_batched_tokens, "unit": unit, "source": source},
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _fits_host_memory(self) -> Scenario:
+        over = over_host_memory(self._memory_demands())
+        if over is not None:
+            raise PydanticCustomError("host_memory", "{reason}", {"field": over[0], "reason": over[1]})
+        return self
+
+    def _memory_demands(self) -> list[Demand]:
+        """What simulating this scenario allocates on the host, by the field that sets each part."""
+        model, kv, replicas = get_model(self.model), self.kv_cache, self.cluster.num_replicas
+        try:
+            block_bytes = kv_block_bytes(model, self.tensor_parallel, kv.block_size)
+        except ValueError as e:  # heads that do not split over tensor_parallel
+            raise PydanticCustomError("value_error", "{reason}", {"field": "tensor_parallel", "reason": str(e)}) from None
+        blocks_scale: tuple[float, str] = (1.0, "")  # blocks per unit of the field that sets them
+        if kv.num_blocks is not None:
+            blocks, blocks_field = float(kv.num_blocks), "kv_cache.num_blocks"
+        elif self.live.kv_cache_memory_mb is not None:
+            blocks, blocks_field = self.live.kv_cache_memory_mb * 2**20 / block_bytes, "live.kv_cache_memory_mb"
+            blocks_scale = (2**20 / block_bytes, " MiB")
+        else:
+            try:
+                blocks = float(num_kv_blocks(model, get_hardware(self.hardware), self.tensor_parallel,
+                                             kv.gpu_memory_utilization, kv.block_size))
+            except ValueError:  # the model does not fit: simulate says so
+                blocks = 0.0
+            blocks_field = "kv_cache.gpu_memory_utilization"
+        seats = self.policy.max_num_seqs
+        seats_field = "scheduler." + (self.scheduler.RENAMED.get("max_num_seqs", "max_num_seqs")
+                                      if isinstance(self.scheduler, EnginePreset) else "max_num_seqs")
+        seats_scale = (1.0, "")
+        if seats is None:  # bounded by the cache (a composed policy's seats) or small (SGLang's default)
+            seats, seats_field, seats_scale = blocks, blocks_field, blocks_scale
+        wl = self.workload
+        requests, requests_field = float(wl.num_requests or 0), "workload.num_requests"
+        requests_scale = (1.0, "")
+        rate = getattr(wl.arrival, "rate", None)
+        if wl.duration_s is not None and rate is not None and (not requests or wl.duration_s * rate < requests):
+            requests, requests_field = wl.duration_s * rate, "workload.duration_s"
+            requests_scale = (rate, " s")
+        swap_per_gib = 2**30 / block_bytes
+        return [
+            Demand(seats_field, "running-table rows", seats, ROW_BYTES, replicas, *seats_scale),
+            Demand(blocks_field, "KV blocks", blocks, BLOCK_BYTES, replicas, *blocks_scale),
+            Demand("kv_cache.swap_space_gb", "host KV blocks", kv.swap_space_gb * swap_per_gib, BLOCK_BYTES,
+                   replicas, swap_per_gib, " GiB"),
+            Demand(REPLICAS_FIELD, "replicas", 1, REPLICA_BYTES, replicas),
+            Demand(requests_field, "requests", requests, REQUEST_BYTES, 1, *requests_scale),
+        ]
+
     @property
     def policy(self) -> PolicyConfig:
         """The policy config the replicas schedule with (an engine preset's translation)."""
@@ -136,8 +215,9 @@ class Scenario(BaseModel):
                     hint = (". A per-token ITL target is a percentile term: servesim plan --slo p99_itl_ms=..."
                             if str(key).endswith("itl_ms") else "")
                     hint = hint or did_you_mean(key, ["ttft_ms", "tpot_ms", "e2el_ms"])
-                    raise ValueError(f"unknown key {key!r}; the per-request targets (vLLM's --goodput keys) are "
-                                     f"ttft_ms, tpot_ms and e2el_ms{hint}")
+                    raise PydanticCustomError(  # ctx["field"]: the path ends at the key
+                        "value_error", "unknown key {key}; the per-request targets (vLLM's --goodput keys) are "
+                        "ttft_ms, tpot_ms and e2el_ms{hint}", {"field": str(key), "key": repr(key), "hint": hint})
         return v
 
     @field_validator("slo")
@@ -145,7 +225,8 @@ class Scenario(BaseModel):
     def _positive_slo(cls, v: dict[str, float]) -> dict[str, float]:
         for key, target in v.items():
             if not (math.isfinite(target) and target > 0):
-                raise ValueError(f"slo.{key} must be a positive number of milliseconds, got {target}")
+                raise PydanticCustomError("value_error", "must be a positive number of milliseconds, got {target}",
+                                          {"field": key, "target": target})
         return v
 
 
@@ -157,7 +238,15 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     sc = scenario_from_dict(raw, source=str(p))
     # trace and empirical paths are relative to the scenario file unless absolute or present here
     sc.workload = sc.workload.resolve_paths(p.parent)
+    check_files(sc)
     return sc
+
+
+def check_files(sc: Scenario) -> None:
+    """Read the files the scenario names (traces, length CSVs, a cost-model profile) the way a run
+    will, so every verb refuses a bad one before it starts: a ``WorkloadError`` or ``ProfileError``."""
+    check_workload_files(sc.workload)
+    build_cost_model(sc.cost_model, get_model(sc.model), get_hardware(sc.hardware), sc.tensor_parallel)
 
 
 def read_scenario_file(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
@@ -223,54 +312,107 @@ def parse_yaml_value(text: str, where: str) -> Any:
 
 
 def format_validation_error(err: ValidationError) -> str:
-    """The first error as ``field.path: what is wrong (allowed: ...)``, plus a count of the rest."""
+    """The first error as ``field.path: what is wrong (allowed: ...)``, plus a count of the rest.
+
+    The path is the one the user wrote: the tags pydantic puts in the location of a tagged union
+    (``workload.arrival.poisson.rate``, ``scheduler.chunked.max_num_seqs``) are left out, and the
+    field a section-wide check names (``ctx["field"]``, sim/config_model.py) is added.
+    """
     errors = err.errors(include_url=False)
     first = errors[0]
-    # the tag of the built-in scheduler section is not something a user wrote: leave it out
-    tags = section_tags()
-    loc = [str(x) for i, x in enumerate(first["loc"]) if not (i == 1 and first["loc"][0] == "scheduler" and x in tags)]
+    ctx = first.get("ctx") or {}
+    field = ctx.get("field") or (str(ctx["discriminator"]).strip("'") if "discriminator" in ctx else None)
+    raw_loc = tuple(first["loc"]) + ((field,) if field else ())
+    loc, parent_fields = _user_path(raw_loc)
     path = ".".join(loc) or "(top level)"
     kind = first["type"]
     if kind == "extra_forbidden":
-        allowed = _fields_at(Scenario, first["loc"][:-1])
         msg = f"unknown field '{loc[-1]}'"
-        if allowed:
-            msg += did_you_mean(loc[-1], allowed)
-            msg += f"; allowed here: {', '.join(allowed)}"
+        if parent_fields:
+            msg += did_you_mean(loc[-1], parent_fields)
+            msg += f"; allowed here: {', '.join(parent_fields)}"
     elif kind == "missing":
         msg = "required field is missing"
+    elif kind == "union_tag_not_found":
+        msg = "required field is missing (it picks the kind of section)"
+    elif kind in ("model_type", "dict_type", "model_attributes_type"):
+        msg = "expected a section (a mapping of fields)"
+        if not isinstance(first.get("input"), dict | list):
+            msg += f", got {first.get('input')!r}"
+    elif kind == "union_tag_invalid":
+        tags = [t.strip(" '") for t in str(ctx["expected_tags"]).split(",")]
+        msg = f"unknown {loc[-1]} {ctx['tag']!r}{did_you_mean(str(ctx['tag']), tags)}; choose one of: {', '.join(tags)}"
     else:
         msg = first["msg"]
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
-        if kind not in ("value_error", "assertion_error") and "input" in first and not isinstance(
-            first["input"], dict | list
-        ):
+        if kind not in _SELF_CONTAINED and "input" in first and not isinstance(first["input"], dict | list):
             msg += f" (got {first['input']!r})"
     more = f" [and {len(errors) - 1} more problem(s)]" if len(errors) > 1 else ""
-    return f"{path}: {msg}{more}"
+    # a value the user wrote may hold a line break; the message stays one line
+    return f"{path}: {msg}{more}".replace("\r", "\\r").replace("\n", "\\n")
 
 
-def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
-    """Field names of the model reached by following ``loc`` from ``model`` (best effort)."""
-    candidates: list[tuple[type[BaseModel], str | None]] = [(model, None)]
+# error kinds whose message already shows the value
+_SELF_CONTAINED = ("value_error", "assertion_error", "bool_for_number", "int_too_large", "unknown_knob",
+                   "host_memory")
+
+
+def _user_path(loc: tuple[Any, ...]) -> tuple[list[str], list[str]]:
+    """The error location without union tags, and the field names allowed where its last part sits.
+
+    Walks the schema from ``Scenario``: a part that names a field of a model in reach is kept and
+    followed; one that is the tag of a union member (a ``Tag``, or the value of its ``Literal``
+    discriminator such as ``poisson``) narrows to that member and is dropped; anything else (an
+    unknown key, a list index) is kept as written.
+    """
+    reach: list[tuple[type[BaseModel], str | None]] = [(Scenario, None)]
+    path: list[str] = []
+    parent_fields: list[str] = []
     for part in loc:
-        nxt: list[tuple[type[BaseModel], str | None]] = []
-        for m, _ in candidates:
-            field = m.model_fields.get(str(part))
-            if field is not None:
-                nxt.extend(_models_in(field.annotation))
-        if not nxt:
-            # a discriminated-union tag ('poisson', 'builtin') appears in the path: keep the union
-            # members it names (a Tag), or all of them
-            nxt = [c for c in candidates if c[1] == part] or candidates
-        candidates = nxt
+        name = str(part)
+        # a union's tag first: the 'chunked' policy tag is also a knob of other policies
+        tagged = [(m, t) for m, t in reach if name in _member_tags(m, t)] if len(reach) > 1 else []
+        if tagged and len(tagged) < len(reach):
+            reach = tagged
+            if not any(m.model_fields for m, _ in tagged):
+                path.append(name)  # an unknown-name member: its tag reads as the field (scheduler.preset)
+            continue
+        here = [m for m, _ in reach if name in m.model_fields]
+        if here:
+            parent_fields = _field_names(reach)
+            path.append(name)
+            reach = [pair for m in here for pair in _models_in(m.model_fields[name].annotation)]
+            continue
+        if not reach and _UNION_MEMBER.match(name):
+            continue  # a plain union's member label (chunk_unit: int | 'block' -> 'constrained-int')
+        parent_fields = _field_names(reach)
+        path.append(name)
+        reach = []
+    return path, parent_fields
+
+
+# how pydantic labels the members of an untagged union in an error location
+_UNION_MEMBER = re.compile(r"^(constrained-)?(int|float|str|bool|none|bytes)$|^(literal|function-\w+|list|dict|tuple|"
+                           r"is-instance|lax-or-strict|nullable)\[")
+
+
+def _field_names(reach: list[tuple[type[BaseModel], str | None]]) -> list[str]:
     names: list[str] = []
-    for m, _ in candidates:
-        for n in m.model_fields:
-            if n not in names:
-                names.append(n)
+    for m, _ in reach:
+        names.extend(n for n in m.model_fields if n not in names)
     return names
+
+
+def _member_tags(model: type[BaseModel], tag: str | None) -> set[str]:
+    """The tags a union member answers to: its ``Tag``, else its Literal field values (``poisson``)."""
+    if tag is not None:
+        return {tag}
+    tags: set[str] = set()
+    for field in model.model_fields.values():
+        if typing.get_origin(field.annotation) is Literal:
+            tags.update(str(a) for a in typing.get_args(field.annotation))
+    return tags
 
 
 def _models_in(annotation: Any, tag: str | None = None) -> list[tuple[type[BaseModel], str | None]]:

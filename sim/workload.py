@@ -39,14 +39,16 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from .config_model import INT_MAX, ConfigModel
 from .errors import WorkloadError
 from .request import Request
 
@@ -82,22 +84,8 @@ def _tokens(name: str) -> Any:
     return Annotated[int, _check(name, lambda v: v >= 1, ">= 1 token")]
 
 
-class _Strict(BaseModel):
-    """Rejects unknown fields with a message that lists the allowed ones."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known_fields_only(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            unknown = [str(k) for k in data if k not in cls.model_fields]
-            if unknown:
-                raise PydanticCustomError(
-                    "extra_forbidden",
-                    f"unknown field {', '.join(map(repr, unknown))}; allowed: {', '.join(cls.model_fields)}",
-                )
-        return data
+class _Strict(ConfigModel):
+    """A workload section (unknown fields are errors whose path names the key: see scenario.py)."""
 
 
 class PoissonArrival(_Strict):
@@ -175,8 +163,8 @@ class UniformLength(_Bounded):
 
 class NormalLength(_Bounded):
     dist: Literal["normal"]
-    mean: Annotated[float, _check("mean", _finite_pos, "> 0 tokens")]
-    std: Annotated[float, _check("std", lambda v: math.isfinite(v) and v >= 0, ">= 0 tokens")]
+    mean: Annotated[float, _check("mean", lambda v: 0 < v <= INT_MAX, f"in (0, {INT_MAX}] tokens")]
+    std: Annotated[float, _check("std", lambda v: 0 <= v <= INT_MAX, f"in [0, {INT_MAX}] tokens")]
 
 
 class LognormalLength(NormalLength):
@@ -315,20 +303,25 @@ def _read_columns(path: Path, columns: dict[str, str], where: str) -> Any:
 
     if not path.is_file():
         raise WorkloadError(f"{where}.path: file not found: {path}")
+    unreadable = (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError)
     try:
         header = list(pd.read_csv(path, nrows=0).columns)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+    except unreadable as e:
         raise WorkloadError(f"{where}.path: cannot read {path} as CSV: {str(e).splitlines()[0]}") from e
     for fld, col in columns.items():
         if col not in header:
             raise WorkloadError(
                 f"{where}.{fld}: column {col!r} not in {path}; columns are: {', '.join(map(repr, header))}"
             )
-    return pd.read_csv(path, usecols=list(dict.fromkeys(columns.values())))
+    try:  # a file can go bad after its header (binary rows, a cut-off quote)
+        return pd.read_csv(path, usecols=list(dict.fromkeys(columns.values())))
+    except unreadable as e:
+        raise WorkloadError(f"{where}.path: cannot read {path} as CSV: {str(e).splitlines()[0]}") from e
 
 
-def _numeric(series: Any, src: str) -> np.ndarray:
-    """Column values as float64; ``src`` ("<field>: column 'x' of <path>") prefixes errors."""
+def _numeric(series: Any, src: str, most: float | None = None) -> np.ndarray:
+    """Column values as float64, each at most ``most`` where given (token counts);
+    ``src`` ("<field>: column 'x' of <path>") prefixes errors, which name the file's line."""
     import pandas as pd
 
     values = pd.to_numeric(series, errors="coerce").to_numpy(dtype=np.float64)
@@ -336,6 +329,11 @@ def _numeric(series: Any, src: str) -> np.ndarray:
     if bad.any():
         line = int(series.index[np.flatnonzero(bad)[0]]) + 2  # + header, 1-based
         raise WorkloadError(f"{src} has {int(bad.sum())} empty or non-numeric values (first at line {line})")
+    if most is not None and (values > most).any():
+        first = np.flatnonzero(values > most)[0]
+        line = int(series.index[first]) + 2
+        raise WorkloadError(f"{src}, line {line}: {values[first]:.6g} tokens is more than any context "
+                            f"(at most {most:.0f}); is it the right column?")
     return values
 
 
@@ -346,7 +344,9 @@ def _seconds(series: Any, src: str, datetimes: bool) -> np.ndarray:
     if not datetimes and pd.api.types.is_numeric_dtype(series):
         return _numeric(series, src)
     try:
-        ts = pd.to_datetime(series)
+        with warnings.catch_warnings():  # pandas warns before it fails on text that is not a date
+            warnings.simplefilter("ignore", UserWarning)
+            ts = pd.to_datetime(series)
     except (ValueError, TypeError) as e:
         raise WorkloadError(f"{src}: neither seconds nor datetimes ({e})") from e
     if ts.isna().any():
@@ -380,8 +380,8 @@ def load_trace(cfg: TraceConfig, where: str = "workload.trace") -> Trace:
     df = _read_columns(cfg.path, {"time_column": tcol, "prompt_column": pcol, "output_column": ocol}, where)
     df = df.iloc[cfg.start :]
     times = _seconds(df[tcol], f"{where}.time_column: column {tcol!r} of {cfg.path}", cfg.format == "azure")
-    prompt = _numeric(df[pcol], f"{where}.prompt_column: column {pcol!r} of {cfg.path}")
-    output = _numeric(df[ocol], f"{where}.output_column: column {ocol!r} of {cfg.path}")
+    prompt = _numeric(df[pcol], f"{where}.prompt_column: column {pcol!r} of {cfg.path}", INT_MAX)
+    output = _numeric(df[ocol], f"{where}.output_column: column {ocol!r} of {cfg.path}", INT_MAX)
     failed = 0
     if cfg.format == "burstgpt":
         ok = output > 0
@@ -396,6 +396,19 @@ def load_trace(cfg: TraceConfig, where: str = "workload.trace") -> Trace:
     prompt_len, p_clipped = _clip_lengths(prompt)
     output_len, o_clipped = _clip_lengths(output)
     return Trace((times - times[0]) * cfg.time_scale, prompt_len, output_len, failed, p_clipped, o_clipped)
+
+
+def check_files(cfg: WorkloadConfig) -> None:
+    """Read every file the workload names, as generation will: a bad trace or length file is then
+    one ``WorkloadError`` when the scenario loads, not a failure in each worker of a sweep or compare."""
+    rng = np.random.default_rng(0)
+    if cfg.trace is not None:
+        load_trace(cfg.trace)
+    if isinstance(cfg.arrival, TraceArrival):
+        _arrival_times(cfg.arrival, None, None, rng)
+    for where, dist in (("workload.prompt_len", cfg.prompt_len), ("workload.output_len", cfg.output_len)):
+        if isinstance(dist, EmpiricalLength):
+            _lengths(dist, 0, rng, where)
 
 
 # --------------------------------------------------------------------------- sampling
@@ -456,7 +469,7 @@ def _lengths(dist: Any, n: int, rng: np.random.Generator, where: str) -> tuple[n
     if isinstance(dist, EmpiricalLength):
         df = _read_columns(dist.path, {"column": dist.column}, where)
         pool, clipped = _clip_lengths(
-            _numeric(df[dist.column], f"{where}.column: {dist.column!r} of {dist.path}")
+            _numeric(df[dist.column], f"{where}.column: {dist.column!r} of {dist.path}", INT_MAX)
         )
         if pool.size == 0:
             raise WorkloadError(f"{where}.path: column {dist.column!r} of {dist.path} is empty")
@@ -464,7 +477,7 @@ def _lengths(dist: Any, n: int, rng: np.random.Generator, where: str) -> tuple[n
         if clipped:
             notes.append(f"{where}: {clipped} of {pool.size} lengths in {dist.path} were < 1, raised to 1")
         return rng.choice(pool, n, replace=True), notes
-    hi = dist.max if dist.max is not None else np.iinfo(np.int64).max // 2
+    hi = dist.max if dist.max is not None else INT_MAX
     if isinstance(dist, ZipfLength):
         out = rng.zipf(dist.a, n)
         for _ in range(_ZIPF_ROUNDS):

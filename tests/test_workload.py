@@ -315,16 +315,25 @@ def test_negative_rate_is_rejected_naming_rate():
     assert "rate must be > 0 requests/s" in msg and "arrival.poisson.rate" in msg
 
 
+def scenario_error_text(**workload) -> str:
+    """The one line a user sees for a bad workload section (field paths are the scenario's)."""
+    from servesim.sim.scenario import ScenarioError, scenario_from_dict
+
+    with pytest.raises(ScenarioError) as e:
+        scenario_from_dict({"workload": workload})
+    return str(e.value)
+
+
 def test_misspelled_field_is_rejected_listing_allowed_fields():
-    msg = error_text(num_request=10, arrival={"process": "poisson", "rate": 2}, prompt_len=5, output_len=5)
-    assert "unknown field 'num_request'" in msg and "num_requests" in msg
-    msg = error_text(
+    msg = scenario_error_text(num_request=10, arrival={"process": "poisson", "rate": 2}, prompt_len=5, output_len=5)
+    assert "workload.num_request: unknown field 'num_request'" in msg and "num_requests" in msg
+    msg = scenario_error_text(
         num_requests=10,
         arrival={"process": "poisson", "rate": 2},
         prompt_len={"dist": "uniform", "mn": 1, "max": 4},
         output_len=5,
     )
-    assert "'mn'" in msg and "min" in msg
+    assert "workload.prompt_len.mn: unknown field 'mn'" in msg and "min" in msg
 
 
 def test_unknown_process_lists_the_known_ones():

@@ -93,9 +93,10 @@ def _section_tag(value: Any) -> str:
         preset, kind = value.get("preset"), value.get("type", DEFAULT_POLICY)
     else:
         preset, kind = getattr(value, "preset", None), getattr(value, "type", DEFAULT_POLICY)
+    # a name that is not a string (a list, a mapping) is as unknown as a misspelt one
     if preset is not None:
-        return preset if preset in PRESETS else _UNKNOWN_PRESET
-    return kind if kind in POLICIES else _UNKNOWN_TYPE
+        return preset if isinstance(preset, str) and preset in PRESETS else _UNKNOWN_PRESET
+    return kind if isinstance(kind, str) and kind in POLICIES else _UNKNOWN_TYPE
 
 
 def scheduler_section() -> Any:
@@ -111,12 +112,6 @@ def scheduler_section() -> Any:
         ],
         Discriminator(_section_tag),
     ]
-
-
-def section_tags() -> set[str]:
-    """The union tags that can appear in a validation error's location (not something a user wrote;
-    the unknown-name tags stay, as they read as the field: ``scheduler.preset: unknown ...``)."""
-    return set(POLICIES) | set(PRESETS)
 
 
 def apply_preset_defaults(scheduler: Any, hardware: HardwareConfig, model: str, kv_cache: BaseModel) -> Any:
@@ -139,4 +134,4 @@ def resolve_policy(scheduler: PolicyConfig | EnginePreset, hardware: HardwareCon
     return scheduler
 
 
-__all__ = ["PRESETS", "EnginePreset", "apply_preset_defaults", "resolve_policy", "scheduler_section", "section_tags"]
+__all__ = ["PRESETS", "EnginePreset", "apply_preset_defaults", "resolve_policy", "scheduler_section"]

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import model_validator
+from pydantic_core import PydanticCustomError
 
+from ..config_model import ConfigModel
 from ..hints import did_you_mean
 from ..presets import HardwareConfig
 from ..schedulers import PolicyConfig
@@ -37,10 +39,8 @@ _KV_KNOBS = {
 
 
 
-class EnginePreset(BaseModel):
+class EnginePreset(ConfigModel):
     """What every preset shares: knob checking, hardware defaults, the KV defaults it sets, ``build``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     ENGINE: ClassVar[str] = ""
     MODELLED: ClassVar[str] = ""  # engine version / source modelled (README table)
@@ -70,7 +70,10 @@ class EnginePreset(BaseModel):
                 hint = "a preset picks its own scheduler; drop 'type'"
             else:
                 hint = did_you_mean(key, allowed).strip(" ()") or "not a knob of this preset"
-            raise ValueError(f"unknown knob '{key}' for preset {name} ({hint}); its knobs: {', '.join(allowed)}")
+            raise PydanticCustomError(  # ctx["field"]: the error's path ends at the knob (sim/config_model.py)
+                "unknown_knob", "unknown knob '{field}' for preset {name} ({hint}); its knobs: {knobs}",
+                {"field": key, "name": name, "hint": hint, "knobs": ", ".join(allowed)},
+            )
         return data
 
     # ---- resolution and construction --------------------------------------------------------

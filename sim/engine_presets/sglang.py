@@ -59,7 +59,9 @@ class SGLangPreset(EnginePreset):
 
     preset: Literal["sglang"] = "sglang"
     schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
-    chunked_prefill_size: int | None = Field(None, description="default by GPU memory; -1 turns chunking off")
+    # SGLang turns chunking off for any value <= 0 (scheduler.py init_chunked_prefill: "if
+    # self.chunked_prefill_size <= 0: # -1 means disable"), so 0 is off, not "unset"
+    chunked_prefill_size: int | None = Field(None, description="default by GPU memory; <= 0 turns chunking off")
     max_prefill_tokens: int = Field(16384, ge=1)
     max_running_requests: int | None = Field(None, ge=1)
     schedule_conservativeness: float = Field(1.0, ge=0.0)
@@ -67,11 +69,12 @@ class SGLangPreset(EnginePreset):
 
     def resolved(self, hardware: HardwareConfig, model: str) -> SGLangPreset:
         return self.model_copy(update={
-            "chunked_prefill_size": self.chunked_prefill_size or _sglang_chunked_prefill_size(hardware),
+            "chunked_prefill_size": (self.chunked_prefill_size if self.chunked_prefill_size is not None
+                                     else _sglang_chunked_prefill_size(hardware)),
         })
 
     def translate(self, hardware: HardwareConfig, model: str) -> RetractingConfig:
-        chunk = self.chunked_prefill_size or 8192
+        chunk = self.chunked_prefill_size if self.chunked_prefill_size is not None else 8192
         chunked = chunk > 0
         return RetractingConfig(
             max_num_seqs=self.max_running_requests,  # None: SGLang's default from the pool and the context

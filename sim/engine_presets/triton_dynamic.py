@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from ..presets import HardwareConfig
 from ..schedulers import DynamicBatcherConfig
@@ -46,7 +47,9 @@ class TritonDynamicPreset(EnginePreset):
     def _preferred_within_max(self) -> TritonDynamicPreset:
         bad = [p for p in self.preferred_batch_size if not 1 <= p <= self.max_batch_size]
         if bad:
-            raise ValueError(f"preferred_batch_size {bad} must lie in 1..max_batch_size ({self.max_batch_size})")
+            raise PydanticCustomError(  # ctx["field"]: the error's path ends at the knob (sim/config_model.py)
+                "value_error", "{bad} must lie in 1..max_batch_size ({most})",
+                {"field": "preferred_batch_size", "bad": str(bad), "most": self.max_batch_size})
         return self
 
     def translate(self, hardware: HardwareConfig, model: str) -> DynamicBatcherConfig:

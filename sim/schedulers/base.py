@@ -19,9 +19,10 @@ from functools import partial
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from ..batch import Batch
+from ..config_model import ConfigModel
 from ..kv_cache import BlockManager
 from ..request import Request, RequestState
 from .running import RunningTable, StepRows, _readonly
@@ -29,14 +30,12 @@ from .running import RunningTable, StepRows, _readonly
 PreemptionMode = Literal["recompute", "soft_reset", "swap"]
 
 
-class PolicyConfig(BaseModel):
+class PolicyConfig(ConfigModel):
     """The knobs every policy reads; names follow vLLM where vLLM has the knob.
 
     Each policy subclasses this with a ``type: Literal[NAME]`` and only the knobs it adds; the
     scenario's ``scheduler`` section is the union of them, tagged by ``type``.
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     type: str
     max_num_seqs: int = Field(256, ge=1, description="most sequences running at once (static: batch size)")

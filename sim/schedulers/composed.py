@@ -19,7 +19,7 @@ whole output are free after the running requests' own remaining needs; nothing i
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -50,15 +50,15 @@ class ComposedConfig(PolicyConfig):
     order: tuple[Group, ...] = ("decode", "partial")  # running groups; waiting requests always come last
     chunked: bool = True  # False: a prompt starts only if it fits the step's remaining budget whole
     # a prompt chunk cut short is cut at a multiple of this many tokens ("block": the KV block size)
-    chunk_unit: int | Literal["block"] = 1
+    chunk_unit: Annotated[int, Field(ge=1)] | Literal["block"] = 1
     admission: Literal["free_blocks", "safety_margin", "reserve_to_completion"] = "free_blocks"
-    safety_margin: float = 0.0  # fraction of the cache that must be free for a prefill (safety_margin)
+    safety_margin: float = Field(0.0, ge=0.0, le=1.0)  # fraction of the cache that must be free for a prefill (safety_margin)
     skip_unfit_waiting: bool = False  # a queued request that does not fit is passed over, not waited on
     on_kv_shortage: Literal["preempt", "stall"] = "preempt"
     victim: Literal["latest_arrival", "oldest_then_newest"] = "latest_arrival"
     requeue: Literal["head", "tail"] = "head"  # where a preempted request goes back in the queue
     admit_after_preemption: Literal["yes", "not_this_step", "not_until_a_finish"] = "yes"
-    max_rows_per_step: int = 0  # 0 = no cap beyond max_num_seqs
+    max_rows_per_step: int = Field(0, ge=0)  # 0 = no cap beyond max_num_seqs
 
     @model_validator(mode="after")
     def _no_swap(self) -> ComposedConfig:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from ..batch import Batch
 from ..kv_cache import BlockManager
@@ -39,7 +40,9 @@ class DynamicBatcherConfig(StaticConfig):
     def _preferred_within_max(self) -> DynamicBatcherConfig:
         bad = [p for p in self.preferred_batch_sizes if not 1 <= p <= self.max_num_seqs]
         if bad:
-            raise ValueError(f"preferred_batch_sizes {bad} must lie in 1..max_num_seqs ({self.max_num_seqs})")
+            raise PydanticCustomError(  # ctx["field"]: the error's path ends at the knob (sim/config_model.py)
+                "value_error", "{bad} must lie in 1..max_num_seqs ({most})",
+                {"field": "preferred_batch_sizes", "bad": str(bad), "most": self.max_num_seqs})
         return self
 
 

@@ -57,7 +57,8 @@ class PresetChoice:
 
 def parse_presets(text: str | None) -> list[PresetChoice]:
     """``"vllm-v1,tensorrt-llm:MAX_UTILIZATION"`` -> choices; one-line ``ScenarioError`` on a bad entry."""
-    items = [s.strip() for s in text.split(",")] if text else list(DEFAULT_PRESETS)
+    # None: the default set; an empty --presets "" is a mistake, not "all of them"
+    items = [s.strip() for s in text.split(",")] if text is not None else list(DEFAULT_PRESETS)
     choices = []
     for item in items:
         if not item:

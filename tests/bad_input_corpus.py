@@ -1,0 +1,393 @@
+"""The bad-input corpus: hostile or mistaken inputs to every verb, each of which must fail cleanly.
+
+``corpus(tmp)`` builds the table: mutations of every shipped scenario (each numeric field set to a
+boolean, a negative number, inf / nan, a huge integer, a string; a misspelt key at every level of
+nesting, tagged unions included; unknown names for every enum), broken files (not UTF-8, UTF-16,
+binary, truncated YAML, unsafe tags, not a mapping), malformed ``--set`` / ``--grid`` / verb
+options, and every case issue #15 lists. A case is the CLI's argv and the words its one error line
+must contain (the field path or the file). ``tests/test_bad_inputs.py`` runs them all;
+``python tests/bad_input_corpus.py`` prints how many there are per category.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = sorted((ROOT / "scenarios").rglob("*.yaml"))
+QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
+
+# every verb that takes a scenario: argv before the scenario, argv after it
+VERBS: dict[str, tuple[list[str], list[str]]] = {
+    "run": (["run"], ["--no-plots", "--quiet"]),
+    "plan": (["plan"], ["--no-plots", "--quiet", "--workers", "1", "--slo", "p99_ttft_ms=500"]),
+    "sweep": (["sweep"], ["--no-plots", "--quiet", "--workers", "1", "--grid", "seed=0,1"]),
+    "engines": (["engines"], ["--no-plots", "--quiet", "--presets", "vllm-v1"]),
+    "compare": (["compare"], ["--quiet", "--workers", "1", "--seeds", "2"]),
+    "validate": (["validate"], ["--no-plots", "--quiet"]),
+}
+# values a numeric field must refuse, by category; -1 is checked only where negatives mean nothing
+NUMBER_MUTATIONS = {
+    "bool_for_number": ["true", "false"],
+    "non_finite": [".inf", ".nan", "-.inf"],
+    "huge": ["9223372036854775808", "1.0e30"],
+    "wrong_type": ["abc", "[1, 2]", "{a: 1}"],
+    "negative": ["-1"],
+}
+NEGATIVE_MEANS_SOMETHING = {"scheduler.chunked_prefill_size"}  # SGLang: <= 0 turns chunking off
+# fields where any finite positive number means something (a rate of 1e18 requests/s all arrive at
+# once; an SLO of 1e18 ms is always met): no "huge" case for them
+SCALE_FREE = {"rate", "cv", "burstiness", "time_scale", "ttft_ms", "tpot_ms", "e2el_ms", "step_ms",
+              "per_token_ms", "step_overhead_ms", "per_seq_overhead_ms"}
+# unknown names for every enum-like field, where the scenario has the section
+BAD_ENUMS = {
+    "model": "gpt-9", "hardware": "tpu-v9", "scheduler.type": "fifo2", "scheduler.preset": "vllm-v9",
+    "scheduler.policy": "lifo", "scheduler.preemption_mode": "swapp", "cost_model.type": "magic",
+    "cluster.router": "random", "live.device": "tpu", "live.dtype": "float8", "live.backend": "jax",
+    "workload.arrival.process": "poison", "workload.prompt_len.dist": "lognorml",
+    "workload.output_len.dist": "unifrom", "workload.trace.format": "parquet",
+}
+
+ALWAYS = {"model", "hardware", "cluster", "live", "cost_model"}  # sections --set creates where absent
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    category: str
+    argv: tuple[str, ...]
+    names: tuple[str, ...]  # the error line must contain each (a field path, a file)
+
+    @property
+    def out(self) -> str | None:
+        """The --out folder the case passes, if any (it must hold no summary.json afterwards)."""
+        argv = list(self.argv)
+        for flag in ("--out",):
+            if flag in argv:
+                return argv[argv.index(flag) + 1]
+        return None
+
+
+def _leaves(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted path, value) of every scalar in a raw scenario mapping."""
+    if isinstance(node, dict):
+        return [pair for k, v in node.items() for pair in _leaves(v, f"{prefix}{k}.")]
+    return [(prefix[:-1], node)]
+
+
+def _sections(node: Any, prefix: str = "") -> list[str]:
+    """Dotted paths of every mapping in a raw scenario, the top level as ''."""
+    out = [prefix[:-1]]
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if isinstance(v, dict):
+                out += _sections(v, f"{prefix}{k}.")
+    return out
+
+
+def _misspell(key: str) -> str:
+    return key[:-1] + "x" + key[-1] if len(key) > 2 else key + "xx"
+
+
+class _Builder:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.cases: list[Case] = []
+        self._verbs = itertools.cycle(VERBS)
+
+    def scenario(self, category: str, path: Path, sets: list[str], names: tuple[str, ...],
+                 verb: str | None = None) -> None:
+        verb = verb or next(self._verbs)
+        before, after = VERBS[verb]
+        if verb == "compare":  # the scenario against itself: the baseline is the one that fails
+            before = ["compare", str(path)]
+        argv = [*before, str(path), *[a for s in sets for a in ("--set", s)], *after,
+                "--out", str(self.tmp / f"out{len(self.cases)}")]
+        self.cases.append(Case(category, tuple(argv), names))
+
+    def raw(self, category: str, argv: list[str], names: tuple[str, ...], out: bool = True) -> None:
+        extra = ["--out", str(self.tmp / f"out{len(self.cases)}")] if out else []
+        self.cases.append(Case(category, (*argv, *extra), names))
+
+    def file(self, name: str, data: bytes) -> Path:
+        p = self.tmp / name
+        p.write_bytes(data)
+        return p
+
+
+def corpus(tmp: Path) -> list[Case]:
+    """Every case, with its files written under ``tmp``."""
+    b = _Builder(tmp)
+    for path in SCENARIOS:
+        raw = yaml.safe_load(path.read_text())
+        for field, value in _leaves(raw):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            # a boolean for every number; one other category per field, rotating, and one value of
+            # it, rotating through the category's values
+            others = [c for c in NUMBER_MUTATIONS if c != "bool_for_number"
+                      and not (c == "negative" and field in NEGATIVE_MEANS_SOMETHING)
+                      and not (c == "huge" and field.rpartition(".")[2] in SCALE_FREE)]
+            for category in ("bool_for_number", others[len(b.cases) % len(others)]):
+                texts = NUMBER_MUTATIONS[category]
+                b.scenario(category, path, [f"{field}={texts[len(b.cases) % len(texts)]}"], (field,))
+        for section in _sections(raw):
+            node = raw
+            for part in filter(None, section.split(".")):
+                node = node[part]
+            key = next((k for k in node if k not in ("type", "preset", "process", "dist", "format")), None)
+            if key is None:
+                continue
+            wrong = f"{section}.{_misspell(key)}" if section else _misspell(key)
+            b.scenario("misspelt_key", path, [f"{wrong}=1"], (wrong,))
+        for field, bad in BAD_ENUMS.items():
+            if _get(raw, field) is not None or field.partition(".")[0] in ALWAYS:
+                b.scenario("bad_enum", path, [f"{field}={bad}"], (field,))
+        b.scenario("missing_required", path, ["workload="], ("workload",))
+    _files(b)
+    _data_files(b)
+    _set_syntax(b)
+    _verb_options(b)
+    _out_of_range(b)
+    _issue_cases(b)
+    return b.cases
+
+
+def _get(raw: Any, dotted: str) -> Any:
+    node = raw
+    for part in filter(None, dotted.split(".")):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _files(b: _Builder) -> None:
+    text = QUICKSTART.read_text()
+    bad = {
+        "utf16.yaml": text.encode("utf-16"),
+        "latin1.yaml": "name: caf\xe9\n".encode("latin-1") + text.encode(),
+        "binary.yaml": bytes(range(256)) * 4,
+        "truncated.yaml": text.encode()[: text.index("workload:") + 30] + b"{rate: [1,",
+        "unsafe-tag.yaml": b"name: !!python/object/apply:os.system ['true']\n" + text.encode(),
+        "list.yaml": b"- run\n- this\n",
+        "scalar.yaml": b"just a string\n",
+        "empty.yaml": b"",
+        "tabs.yaml": b"name: x\n\tmodel: tiny\n",
+        "duplicate-mapping.yaml": b"workload: [1, 2]\n",
+    }
+    for name, data in bad.items():
+        p = b.file(name, data)
+        for verb in VERBS:
+            b.scenario("bad_file", p, [], (name,), verb=verb)
+    for verb in VERBS:
+        b.scenario("missing_file", b.tmp / "no-such.yaml", [], ("no-such.yaml",), verb=verb)
+    b.raw("missing_file", ["compare", str(QUICKSTART), str(b.tmp / "no-such.yaml"), "--quiet"], ("no-such.yaml",))
+
+
+def _data_files(b: _Builder) -> None:
+    """Broken files a scenario points at: traces (CSV) and cost-model profiles (JSON)."""
+    header = b"arrival_time,prompt_len,output_len\n"
+    traces = {
+        "trace-binary-rows.csv": header + b"0.0,100,20\n\xff\xfe,\x00\x01,5\n",
+        "trace-utf16.csv": (header + b"0,1,2\n").decode().encode("utf-16"),
+        "trace-empty.csv": b"",
+        "trace-header-only.csv": header,
+        "trace-bad-time.csv": header + b"0,5,3\nabc,1,2\n",
+        "trace-text-length.csv": header + b"0,five,3\n",
+        "trace-no-columns.csv": b"a,b\n1,2\n",
+    }
+    for name, data in traces.items():
+        b.file(name, data)
+        scenario = b.file(f"uses-{name}.yaml", f"workload:\n  trace: {{format: csv, path: {name}}}\n".encode())
+        b.scenario("bad_data_file", scenario, [], (name,))
+    profiles = {
+        "profile-binary.json": b"\xff\xfe\x00\x01garbage",
+        "profile-utf16.json": '{"a": 1}'.encode("utf-16"),
+        "profile-list.json": b"[1, 2]",
+        "profile-truncated.json": b'{"format": "servesim-profile/2", "coeff',
+    }
+    for name, data in profiles.items():
+        path = b.file(name, data)
+        b.scenario("bad_data_file", QUICKSTART, ["cost_model.type=profile", f"cost_model.path={path}"], (name,))
+    b.scenario("bad_data_file", QUICKSTART, ["cost_model.type=profile", f"cost_model.path={b.tmp / 'nope.json'}"],
+               ("nope.json",))
+
+
+def _set_syntax(b: _Builder) -> None:
+    cases = {
+        "no-equals-sign": "scheduler.max_num_seqs",
+        "=3": "=3",
+        "name=[1, 2": "name",
+        "name=!!python/object/apply:os.system ['true']": "name",
+        "kv_cache=3": "kv_cache",
+        "kv_cache.block_size.x=3": "block_size",
+        "workload.arrival=poisson": "workload.arrival",
+        "scheduler=chunked": "scheduler",
+        "slo.p99_itl_ms=5": "slo",
+        "slo.ttft_ms=-5": "slo.ttft_ms",
+        "slo.ttft_ms=true": "slo",
+        "output_dir=[1]": "output_dir",
+        "name={a: 1}": "name",
+    }
+    for item, name in cases.items():
+        for verb in ("run", "sweep", "engines"):
+            b.scenario("set_syntax", QUICKSTART, [item], (name,), verb=verb)
+    for grid, name in {"seed": "seed", "seed=": "seed", "=1,2": "--grid", "seed=[1,": "seed",
+                       "seed=!!python/name:os.system": "seed", "scheduler.max_num_seq=1,2": "max_num_seq",
+                       "workload.num_requests=true": "num_requests", "kv_cache.num_blocks=1.0e30": "num_blocks"}.items():
+        b.raw("grid_syntax", ["sweep", str(QUICKSTART), "--grid", grid, "--quiet", "--no-plots", "--workers", "1"],
+              (name,))
+
+
+def _verb_options(b: _Builder) -> None:
+    q = str(QUICKSTART)
+    for presets, name in {"": "--presets", ",": "--presets", "vllm-v9": "vllm-v9", "vllm-v1:FOO": "vllm-v1",
+                          "vllm-v1,vllm-v1": "twice", "tensorrt-llm:BEST": "BEST"}.items():
+        b.raw("verb_options", ["engines", q, "--presets", presets, "--quiet", "--no-plots"], (name,))
+    for slo, name in {"p99_ttft_ms": "p99_ttft_ms", "p99_ttft_ms=abc": "p99_ttft_ms", "p99_bogus_ms=5": "bogus",
+                      "p101_ttft_ms=5": "p101", "p99_ttft_ms=-5": "p99_ttft_ms", "p99_ttft_ms=.inf": "p99_ttft_ms",
+                      "p99_ttft_ms=nan": "p99_ttft_ms"}.items():
+        b.raw("verb_options", ["plan", q, "--slo", slo, "--quiet", "--no-plots", "--workers", "1"], (name,))
+    b.raw("verb_options", ["plan", str(QUICKSTART), "--set", "slo={}", "--quiet", "--no-plots"], ("SLO",))
+    for flag, value, name in [("--attainment", "2", "attainment"), ("--attainment", "0", "attainment"),
+                              ("--seeds", "0", "seeds"), ("--tolerance", "0", "tolerance"),
+                              ("--target-rate", "-1", "target"),
+                              ("--duration", "-5", "duration"), ("--start-rate", "0", "start")]:
+        b.raw("verb_options", ["plan", q, flag, value, "--slo", "p99_ttft_ms=500", "--quiet", "--no-plots",
+                               "--workers", "1"], (name,))
+    for extra, name in [(["--candidate-set", "scheduler.max_num_seq=1"], "max_num_seq"),
+                        (["--candidate-set", "workload.arrival.rate=true"], "rate"),
+                        (["--fail-on", "nonsense"], "fail-on"), (["--seeds", "0"], "seeds"),
+                        (["--metrics", "no_such_metric"], "no_such_metric")]:
+        b.raw("verb_options", ["compare", q, q, *extra, "--quiet", "--workers", "1"], (name,))
+    b.raw("verb_options", ["validate", q, "--max-error", "ttft=abc", "--quiet", "--no-plots"], ("abc",))
+    b.raw("verb_options", ["validate", "--against", str(b.tmp / "no-run"), "--quiet", "--no-plots"], ("no-run",))
+    b.raw("verb_options", ["validate", "--quiet", "--no-plots"], ("--against",))
+    imp = ["calibrate", "import", "--format", "vidur", "--model", "llama-3.1-8b", "--hardware", "h100-sxm"]
+    b.raw("calibrate_import", [*imp, str(b.tmp / "no-profile")], ("no-profile",), out=False)
+    b.raw("calibrate_import", [*imp[:-4], "--model", "gpt-9", "--hardware", "h100-sxm", str(b.tmp)], ("gpt-9",),
+          out=False)
+    b.raw("calibrate_import", [*imp[:-2], "--hardware", "tpu-v9", str(b.tmp)], ("tpu-v9",), out=False)
+    b.raw("calibrate_import", [*imp, str(b.tmp), "--with", "nonsense"], ("--with",), out=False)
+
+
+def _out_of_range(b: _Builder) -> None:
+    """Values of the right type outside what the field allows (zero where it must be positive, ...)."""
+    q, eng = QUICKSTART, ROOT / "scenarios" / "engines"
+    composed = ["scheduler.type=composed"]
+    cases = [
+        (q, ["tensor_parallel=0"], "tensor_parallel"), (q, ["tensor_parallel=65"], "tensor_parallel"),
+        (q, ["tensor_parallel=3"], "tensor_parallel"),
+        (q, ["cluster.num_replicas=0"], "cluster.num_replicas"), (q, ["workload.num_requests=0"], "num_requests"),
+        (q, ["workload.arrival.rate=0"], "workload.arrival.rate"), (q, ["kv_cache.block_size=0"], "block_size"),
+        (q, ["kv_cache.gpu_memory_utilization=0"], "gpu_memory_utilization"),
+        (q, ["kv_cache.gpu_memory_utilization=1.5"], "gpu_memory_utilization"),
+        (q, ["kv_cache.watermark=1"], "kv_cache.watermark"), (q, ["kv_cache.num_blocks=0"], "num_blocks"),
+        (q, ["workload.prompt_len.min=9000"], "workload.prompt_len"),
+        (q, ["workload.prefix={num_prefixes: 2, prefix_len: 8, fraction: 1.5}"], "workload.prefix.fraction"),
+        (q, ["workload.arrival={process: gamma, rate: 2, cv: 1, burstiness: 1}"], "workload.arrival"),
+        (q, ["workload.arrival={process: gamma, rate: 2}"], "workload.arrival"),
+        (q, ["workload.prompt_len={dist: zipf, a: 1, max: 10}"], "workload.prompt_len.a"),
+        (q, ["slo.ttft_ms=0"], "slo.ttft_ms"), (q, ["live.kv_cache_memory_mb=0"], "live.kv_cache_memory_mb"),
+        (q, ["scheduler.max_num_seqs=0"], "scheduler.max_num_seqs"),
+        (q, ["scheduler.max_num_batched_tokens=0"], "scheduler.max_num_batched_tokens"),
+        (q, [*composed, "scheduler.chunk_unit=0"], "scheduler.chunk_unit"),
+        (q, [*composed, "scheduler.max_rows_per_step=-1"], "scheduler.max_rows_per_step"),
+        (q, [*composed, "scheduler.safety_margin=2"], "scheduler.safety_margin"),
+        (q, [*composed, "scheduler.max_num_batched_tokens=3", "scheduler.chunk_unit=4"],
+         "scheduler.max_num_batched_tokens"),
+        (q, ["scheduler.type=dynamic_batcher", "scheduler.preferred_batch_sizes=[512]"],
+         "scheduler.preferred_batch_sizes"),
+        (q, ["cost_model.step_overhead_ms=-1"], "cost_model.step_overhead_ms"),
+        (q, ["cost_model.flops_efficiency=1.5"], "cost_model.flops_efficiency"),
+        (eng / "tensorrt-llm.yaml", ["scheduler.max_batch_size=0"], "scheduler.max_batch_size"),
+        (eng / "sglang.yaml", ["scheduler.max_running_requests=0"], "scheduler.max_running_requests"),
+        (eng / "vllm-v1.yaml", ["scheduler.long_prefill_token_threshold=-1"], "long_prefill_token_threshold"),
+        (eng / "triton-dynamic.yaml", ["scheduler.max_queue_delay_microseconds=-1"], "max_queue_delay_microseconds"),
+        (eng / "hf-transformers.yaml", ["scheduler.safety_margin=2"], "scheduler.safety_margin"),
+        (eng / "triton-dynamic.yaml", ["scheduler.preferred_batch_size=[512]"], "scheduler.preferred_batch_size"),
+    ]
+    for path, sets, name in cases:
+        b.scenario("out_of_range", path, sets, (name,))
+
+
+def _issue_cases(b: _Builder) -> None:
+    """Every input issue #15 lists, as written there."""
+    q, engines = QUICKSTART, ROOT / "scenarios" / "engines"
+    listed = [
+        (q, ["workload.num_request=5"], "workload.num_request"),
+        (q, ["workload.arrival.rat=5"], "workload.arrival.rat"),
+        (q, ["workload.prompt_len.maen=1"], "workload.prompt_len.maen"),
+        (q, ["seed=-1"], "seed"),
+        (q, ["kv_cache.swap_space_gb=.inf"], "kv_cache.swap_space_gb"),
+        (q, ["kv_cache.swap_space_gb=1e30"], "kv_cache.swap_space_gb"),
+        (q, ["kv_cache.swap_space_gb=1.0e30"], "kv_cache.swap_space_gb"),
+        (q, ["live.kv_cache_memory_mb=.inf"], "live.kv_cache_memory_mb"),
+        (q, ["live.kv_cache_memory_mb=1.0e30"], "live.kv_cache_memory_mb"),
+        (q, ["workload.num_requests=", "workload.duration_s=1.0e30"], "workload.duration_s"),
+        (q, ["kv_cache.num_blocks=100000000000"], "kv_cache.num_blocks"),
+        (q, ["kv_cache.num_blocks=2000000000"], "kv_cache.num_blocks"),
+        (q, ["cluster.num_replicas=100000000000"], "cluster.num_replicas"),
+        (q, ["cluster.num_replicas=10000000"], "cluster.num_replicas"),
+        (q, ["workload.num_requests=100000000000"], "workload.num_requests"),
+        (q, ["workload.num_requests=1000000000"], "workload.num_requests"),
+        (q, ["scheduler.max_num_seqs=100000000000000"], "scheduler.max_num_seqs"),
+        (q, ["scheduler.max_num_seqs=3000000000"], "scheduler.max_num_seqs"),
+        (q, [f"workload.prompt_len={2**63}"], "workload.prompt_len"),
+        (q, ["name=[unclosed"], "name"),
+        (q, ["name=!!python/object/apply:os.system ['true']"], "name"),
+        (q, ["name=!!python/object:os.system {}"], "name"),
+        (q, ["seed=true"], "seed"),
+        (q, ["tensor_parallel=true"], "tensor_parallel"),
+        (q, ["scheduler.max_num_seqs=true"], "scheduler.max_num_seqs"),
+        (q, ["kv_cache.num_blocks=true"], "kv_cache.num_blocks"),
+        (q, ["workload.arrival.rate=true"], "workload.arrival.rate"),
+        (q, ["cluster.num_replicas=true"], "cluster.num_replicas"),
+        (q, ["workload.num_requests=true"], "workload.num_requests"),
+        (engines / "tensorrt-llm.yaml", ["scheduler.enable_chunked_prefill=true", "scheduler.max_num_tokens=31"],
+         "scheduler.max_num_tokens"),
+        (engines / "tensorrt-llm.yaml", ["scheduler.max_batch_size=true"], "scheduler.max_batch_size"),
+        (engines / "sglang.yaml", ["scheduler.max_running_requests=4000000000"], "scheduler.max_running_requests"),
+    ]
+    for path, sets, name in listed:
+        b.scenario("issue_15", path, sets, (name,), verb="run")
+    b.scenario("issue_15", b.file("utf16-issue.yaml", QUICKSTART.read_text().encode("utf-16")), [],
+               ("utf16-issue.yaml",), verb="run")
+    b.scenario("issue_15", b.file("binary-issue.yaml", b"\x00\xff\xfe" * 100), [], ("binary-issue.yaml",),
+               verb="run")
+    b.raw("issue_15", ["run", str(q), "--no-plots", "--quiet", "--out", str(b.file("out-is-a-file", b"x"))],
+          ("out-is-a-file",), out=False)
+    b.raw("issue_15", ["sweep", str(q), "--grid", "seed=[1,", "--quiet", "--no-plots"], ("seed",))
+    b.raw("issue_15", ["sweep", str(q), "--grid", "seed=!!python/object/apply:os.system ['true']", "--quiet",
+                       "--no-plots"], ("seed",))
+    b.raw("issue_15", ["engines", str(q), "--presets", "", "--quiet", "--no-plots"], ("--presets",))
+    trace = b.file("trace-1e30.csv", b"arrival_time,prompt_len,output_len\n0.0,100,20\n0.5,1e30,20\n1.0,50,10\n")
+    scenario = b.file("trace-1e30.yaml", f"workload:\n  trace: {{format: csv, path: {trace.name}}}\n".encode())
+    b.scenario("issue_15", scenario, [], ("trace-1e30.csv", "line 3", "prompt_len"), verb="run")
+    empirical = b.file("empirical-1e30.yaml", (
+        "workload:\n  num_requests: 5\n  arrival: {process: poisson, rate: 1}\n"
+        f"  prompt_len: {{dist: empirical, path: {trace.name}, column: prompt_len}}\n  output_len: 5\n").encode())
+    b.scenario("issue_15", empirical, [], ("trace-1e30.csv", "line 3"), verb="run")
+
+
+def counts(cases: list[Case]) -> Counter[str]:
+    """Cases per category, and per verb under ``verb:NAME``."""
+    c: Counter[str] = Counter(case.category for case in cases)
+    c.update(f"verb:{case.argv[0]}" for case in cases)
+    return c
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        found = corpus(Path(d))
+    for name, n in sorted(counts(found).items()):
+        print(f"{name:20s} {n:5d}")
+    print(f"{'total':20s} {len(found):5d}")
