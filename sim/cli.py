@@ -7,13 +7,16 @@ prints one line on stderr and exits with status 2; a traceback means a bug in se
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .errors import USER_ERRORS, UserError, one_line_error
+from .outputs import Interrupted
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
 
 def _load(args: argparse.Namespace):
@@ -28,8 +31,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .workload import workload_stats
 
     sc = _load(args)
-    result = simulate(sc, progress=None if not args.quiet else False)
-    out = write_results(result, args.out or default_out_dir(sc), plots=not args.no_plots)
+    out_dir = Path(args.out or default_out_dir(sc))
+    try:
+        result = simulate(sc, progress=None if not args.quiet else False)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted during the simulation; nothing written to {out_dir}/") from None
+    try:
+        out = write_results(result, out_dir, plots=not args.no_plots)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted while writing {out_dir}/; it holds no summary.json, so it is not a "
+                          f"result: run again") from None
     stats = workload_stats(result.requests)
     print(
         f"servesim run: {sc.name} | {sc.model} on {sc.hardware} (tp={sc.tensor_parallel}) x{sc.cluster.num_replicas} | "
@@ -394,6 +405,7 @@ def _add_planning_commands(sub, scenario_cmd) -> None:  # noqa: ANN001 - argpars
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    previous_term = signal.signal(signal.SIGTERM, _interrupt)
     try:
         out = getattr(args, "out", None)
         if out and Path(out).exists() and not Path(out).is_dir():
@@ -402,9 +414,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except USER_ERRORS as e:
         print(f"servesim {args.command}: error: {one_line_error(e)}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("servesim: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not turn this line into a traceback
+        what = str(e) if isinstance(e, Interrupted) and str(e) else "interrupted; no complete result was written"
+        print(f"servesim {args.command}: {what}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous_term)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM (a job scheduler, ``kill``) ends a run the way Ctrl-C does."""
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

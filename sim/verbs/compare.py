@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from ..hints import did_you_mean
+from ..outputs import begin_folder, write_csv, write_text
 from ..scenario import Scenario, ScenarioError
 from .parallel import TaskRunner
 
@@ -260,11 +261,10 @@ def write_compare(result: CompareResult, out_dir: str | Path) -> Path:
     """compare.csv (one row per metric), compare_seeds.csv (every run's summary), compare.json."""
     from ..metrics import to_json
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    result.frame().to_csv(out / "compare.csv", index=False)
-    result.per_seed.to_csv(out / "compare_seeds.csv", index=False)
-    (out / "compare.json").write_text(to_json({
+    out = begin_folder(out_dir, "compare.json")  # compare.json last: it marks a finished comparison
+    write_csv(result.frame(), out / "compare.csv")
+    write_csv(result.per_seed, out / "compare_seeds.csv")
+    write_text(out / "compare.json", to_json({
         "baseline": result.baseline.name, "candidate": result.candidate.name, "seeds": result.seeds,
         "bootstrap": {"kind": "paired over seeds", "resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED,
                       "confidence": CONFIDENCE},

@@ -25,6 +25,7 @@ import pandas as pd
 
 from ..engine_presets import PRESETS
 from ..hints import did_you_mean
+from ..outputs import begin_folder, write_csv, write_parquet
 from ..scenario import Scenario, ScenarioError, read_scenario_file, scenario_from_dict
 from ..simulate import RunResult, simulate, write_results
 from ..workload import generate_requests
@@ -132,6 +133,7 @@ def compare_engines(
     out = Path(out_dir) if out_dir else Path("results") / f"{base.name}-engines"
     scenarios = [preset_scenario(raw, c, path.parent, str(path)) for c in choices]  # all errors before any run
     requests = generate_requests(base.workload, base.seed)  # one draw of the traffic for every preset
+    begin_folder(out, "engines.csv")  # engines.csv last: it marks a finished comparison
     rows, frames = [], {}
     for choice, sc in zip(choices, scenarios, strict=True):
         t0 = time.perf_counter()
@@ -143,13 +145,12 @@ def compare_engines(
         if progress is not False:
             print(f"  {choice.label}: {result.summary['completed']} requests in {result.wall_s:.1f} s", flush=True)
     table = pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "engines.csv", index=False)
-    table.to_parquet(out / "engines.parquet", index=False)
+    write_parquet(table, out / "engines.parquet")
     if plots:
         from ..plots import plot_cdf_overlay  # matplotlib import is slow; only when plotting
 
         plot_cdf_overlay(out / "latency_cdf.png", frames)
+    write_csv(table, out / "engines.csv")
     return table, out
 
 
