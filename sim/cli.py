@@ -318,17 +318,21 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     sc = _load(args)  # the base scenario must be valid on its own
     raw = read_scenario_file(args.scenario)
     axes = parse_grid(args.grid)
+    out_dir = Path(args.out or Path("results") / f"{sc.name}-sweep")
     df = run_sweep(raw, axes, args.set, backend="ray" if args.ray is not None else "local", workers=args.workers,
                    ray_address=args.ray or None, source=args.scenario, base_dir=Path(args.scenario).parent,
-                   progress=not args.quiet)
-    out = write_sweep(df, axes, args.out or Path("results") / f"{sc.name}-sweep", plots=not args.no_plots)
+                   progress=not args.quiet, out_dir=out_dir, resume=args.resume)
+    out = write_sweep(df, axes, out_dir, plots=not args.no_plots)
+    resumed = df.attrs.get("resumed_points", 0)
     print(f"servesim sweep: {sc.name} | {len(df)} points over {', '.join(a.key for a in axes)} | "
-          f"{'on ray' if args.ray is not None else 'on local processes'}")
+          f"{'on ray' if args.ray is not None else 'on local processes'}"
+          f"{f' | resumed: {resumed} points from points.jsonl' if args.resume else ''}")
     print(format_sweep(df, axes))
     failed = df[df["status"] != "ok"]
     for _, r in failed.iterrows():
-        print(f"servesim sweep: point {r['point']} failed: {r['error']}", file=sys.stderr)
-    print(f"results in {out}/ (sweep.parquet, sweep.csv{'' if args.no_plots else ', sweep.png'})")
+        again = "; --resume runs it again" if r["status"] == "lost" else ""
+        print(f"servesim sweep: point {r['point']} {r['status']}: {r['error']}{again}", file=sys.stderr)
+    print(f"results in {out}/ (sweep.parquet, sweep.csv, points.jsonl{'' if args.no_plots else ', sweep.png'})")
     return 1 if len(failed) else 0
 
 
@@ -381,6 +385,9 @@ def _add_planning_commands(sub, scenario_cmd) -> None:  # noqa: ANN001 - argpars
                     help="run the points as Ray tasks: no ADDRESS starts or joins Ray like ray.init(); "
                          "'auto' or ray://HOST:PORT joins a cluster")
     sw.add_argument("--no-plots", action="store_true", help="skip sweep.png")
+    sw.add_argument("--resume", action="store_true",
+                    help="finish an interrupted sweep in the same --out: run only the points its points.jsonl lacks "
+                         "(the grid, --set and base scenario must be the ones it recorded)")
     workers(sw)
 
     cp = sub.add_parser("compare", help="is a candidate config worse than the baseline? paired runs, bootstrap CIs",
@@ -410,6 +417,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = getattr(args, "out", None)
         if out and Path(out).exists() and not Path(out).is_dir():
             raise UserError(f"--out {out}: exists and is not a folder; name a folder (it is created if missing)")
+        if getattr(args, "workers", None) is not None:
+            from .verbs.parallel import check_workers
+
+            check_workers(args.workers)
         return int(args.fn(args) or 0)
     except USER_ERRORS as e:
         print(f"servesim {args.command}: error: {one_line_error(e)}", file=sys.stderr)

@@ -52,11 +52,12 @@ def write_csv(df, path: str | Path) -> Path:  # noqa: ANN001 - a pandas DataFram
     return Path(path)
 
 
-def begin_folder(out_dir: str | Path, marker: str) -> Path:
-    """Create ``out_dir`` and remove its old marker, so a rewrite cut short never looks complete."""
+def begin_folder(out_dir: str | Path, *markers: str) -> Path:
+    """Create ``out_dir`` and remove its old markers, so a rewrite cut short never looks complete."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / marker).unlink(missing_ok=True)
+    for marker in markers:
+        (out / marker).unlink(missing_ok=True)
     return out
 
 

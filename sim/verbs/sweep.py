@@ -7,10 +7,16 @@ point validates (a misspelt key fails them all) the sweep stops before running a
 grid order (the first ``--grid`` varies slowest), so the table is the same whichever backend ran
 it and in whatever order the workers finished. Everything in a row except ``wall_s`` (seconds the
 run took on its worker, see ``WALL_COLUMNS``) is a pure function of the scenario and its seed.
+
+Given an output folder, each point is recorded in its ``points.jsonl`` as it finishes
+(``sweep_points.py``) and the table is built from those records, so ``resume=True`` reruns only the
+points missing there and gives the very table an uninterrupted sweep gives. A point whose worker
+died twice has status ``lost`` and is not recorded: ``--resume`` runs it again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import math
@@ -21,11 +27,14 @@ from typing import Any
 
 import pandas as pd
 
+from ..outputs import Interrupted, begin_folder, write_csv, write_parquet
 from ..scenario import Scenario, ScenarioError, apply_override, parse_yaml_value, scenario_from_dict
-from .parallel import TaskRunner
+from .parallel import Outcome, TaskRunner
+from .sweep_points import PointsLog, read_back
 
 WALL_COLUMNS = ("wall_s",)  # vary from run to run; leave them out when comparing sweeps
 HEADER_KEYS = ("kv_num_blocks",)
+TABLE_FILES = ("sweep.csv", "sweep.parquet")  # sweep.csv is written last: it marks a finished sweep
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +106,26 @@ def _label(overrides: Sequence[str]) -> str:
     return ", ".join(overrides)
 
 
+def sweep_spec(raw: dict[str, Any], axes: Sequence[GridAxis], base_overrides: Sequence[str]) -> dict[str, Any]:
+    """What makes two sweeps the same sweep (``--resume`` refuses a folder recorded with another)."""
+    return {"scenario": raw, "set": list(base_overrides), "grid": [{"key": a.key, "values": list(a.texts)}
+                                                                    for a in axes]}
+
+
+def _record(i: int, o: Outcome) -> dict[str, Any]:
+    return {"point": i, "status": "ok" if o.ok else "failed", "error": o.error or "",
+            "value": o.value if o.ok else None, "wall_s": o.wall_s}
+
+
 def run_sweep(raw: dict[str, Any], axes: Sequence[GridAxis], base_overrides: Sequence[str] = (),
               backend: str = "local", workers: int | None = None, ray_address: str | None = None,
-              source: str = "scenario", base_dir: str | Path = ".", progress: bool = True) -> pd.DataFrame:
-    """One row per grid point: point index, grid values, status, error, summary metrics, wall_s."""
+              source: str = "scenario", base_dir: str | Path = ".", progress: bool = True,
+              out_dir: str | Path | None = None, resume: bool = False) -> pd.DataFrame:
+    """One row per grid point: point index, grid values, status, error, summary metrics, wall_s.
+
+    ``out_dir``: record each finished point in its ``points.jsonl``; ``resume``: keep the points
+    already recorded there (the folder must hold this same sweep) and run only the others.
+    """
     points = grid_points(axes)
     keys = [a.key for a in axes]
     scenarios: list[Scenario | None] = []
@@ -114,25 +139,54 @@ def run_sweep(raw: dict[str, Any], axes: Sequence[GridAxis], base_overrides: Seq
         except ScenarioError as e:
             scenarios.append(None)
             errors.append(str(e).splitlines()[0])
-    todo = [i for i, s in enumerate(scenarios) if s is not None]
-    if not todo:
+    valid = [i for i, s in enumerate(scenarios) if s is not None]
+    if not valid:
         # a misspelt grid key (or a base scenario that does not validate) fails every point: say so
         # once, before any worker starts, instead of a table of identical failures
         raise ScenarioError(f"sweep: none of the {len(points)} grid points is a valid scenario; the first: "
                             f"{errors[0]}")
-    with TaskRunner(backend, workers=workers, ray_address=ray_address, progress=progress, desc="sweep") as runner:
-        outcomes = runner.map(run_point, [scenarios[i] for i in todo])
-    by_index = dict(zip(todo, outcomes, strict=True))
+    spec = sweep_spec(raw, axes, base_overrides)
+    # --resume reads the folder and refuses another sweep's before anything in it changes
+    log = PointsLog.resume(Path(out_dir), spec) if resume and out_dir is not None else None
+    records: dict[int, dict[str, Any]] = dict(log.done) if log else {}
+    todo = [i for i in valid if i not in records]
+    resumed = len(valid) - len(todo)
+    lost: dict[int, Outcome] = {}
+
+    def done(k: int, o: Outcome) -> None:
+        i = todo[k]
+        if o.lost:
+            lost[i] = o
+        else:
+            rec = _record(i, o)
+            records[i] = log.append(rec) if log else read_back(rec)
+
+    try:
+        # the runner starts first: an unreachable Ray cluster is an error before the folder is touched
+        with TaskRunner(backend, workers=workers, ray_address=ray_address, progress=progress,
+                        desc="sweep") if todo else contextlib.nullcontext() as runner:
+            if out_dir is not None:
+                out = begin_folder(out_dir, *TABLE_FILES)  # an old table must not outlive a new sweep
+                log = log or PointsLog.start(out, spec)
+            if todo:
+                runner.map(run_point, [scenarios[i] for i in todo], on_done=done)
+    except KeyboardInterrupt:
+        finished = sum(1 for i in valid if i in records)
+        where = f"recorded in {log.path}; the same command with --resume runs the other {len(valid) - finished}" \
+            if log else "not recorded (no output folder)"
+        raise Interrupted(f"interrupted: {finished} of {len(valid)} points finished, {where}") from None
     rows = []
     for i, pt in enumerate(points):
         row: dict[str, Any] = {"point": i, **{a.key: a.values[j] for a, j in zip(axes, pt, strict=True)}}
-        o = by_index.get(i)
-        err = errors[i] if o is None else o.error
-        row["status"] = "ok" if err is None else "failed"
-        row["error"] = err or ""
-        if o is not None and o.ok:
-            row.update(o.value)
-        row["wall_s"] = o.wall_s if o is not None else 0.0
+        rec = records.get(i)
+        if rec is not None:
+            row["status"], row["error"] = rec["status"], rec["error"]
+            row.update(rec["value"] or {})
+            row["wall_s"] = rec["wall_s"]
+        elif i in lost:
+            row.update(status="lost", error=lost[i].error, wall_s=lost[i].wall_s)
+        else:
+            row.update(status="failed", error=errors[i] or "", wall_s=0.0)
         rows.append(row)
     df = pd.DataFrame(rows)
     metric_cols = [c for c in df.columns if c not in ("point", "status", "error", *WALL_COLUMNS, *keys)]
@@ -140,6 +194,7 @@ def run_sweep(raw: dict[str, Any], axes: Sequence[GridAxis], base_overrides: Seq
     for a in axes:  # parquet wants one type per column; a grid mixing types is kept as text
         if len({type(v) for v in a.values}) > 1:
             df[a.key] = df[a.key].map(str)
+    df.attrs["resumed_points"] = resumed  # points taken from points.jsonl instead of run now
     return df
 
 
@@ -149,15 +204,14 @@ def comparable(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_sweep(df: pd.DataFrame, axes: Sequence[GridAxis], out_dir: str | Path, plots: bool = True) -> Path:
-    """sweep.parquet, sweep.csv and sweep.png (one bar per point for the headline metrics)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    df.to_parquet(out / "sweep.parquet", index=False)
-    df.to_csv(out / "sweep.csv", index=False)
+    """sweep.parquet, sweep.png (one bar per point for the headline metrics), and sweep.csv last."""
+    out = begin_folder(out_dir, *TABLE_FILES)
+    write_parquet(df, out / "sweep.parquet")
     if plots:
         from ..plots import plot_sweep
 
         plot_sweep(out / "sweep.png", df, [a.key for a in axes])
+    write_csv(df, out / "sweep.csv")
     return out
 
 
