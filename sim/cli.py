@@ -160,7 +160,12 @@ def cmd_validate_against(args: argparse.Namespace) -> int:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     try:
-        from servesim.calibration.commands import CalibrateOptions, calibrate, format_report
+        from servesim.calibration.commands import (
+            CalibrateOptions,
+            calibrate,
+            format_report,
+            unusable_fit_warning,
+        )
     except ImportError as e:  # torch is an optional extra
         raise UserError(f"calibrate needs the kernels extra (pip install -e '.[kernels]'): {e}") from None
     opts = CalibrateOptions(
@@ -170,7 +175,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         holdout=args.holdout, seed=args.seed, progress=False if args.quiet else None)
     print(f"servesim calibrate: {opts.model} ({opts.dtype}, {opts.backend} on {opts.device}), "
           f"{'quick' if opts.quick else 'default'} grid")
-    print(format_report(calibrate(opts)))
+    profile = calibrate(opts)
+    print(format_report(profile))
+    warning = unusable_fit_warning(profile)
+    if warning:
+        print(f"servesim calibrate: {warning}", file=sys.stderr)
     return 0
 
 
@@ -344,7 +353,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     cand = load_scenario(args.candidate, [*args.set, *args.candidate_set])
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
     result = compare(base, cand, seeds=args.seeds, fail_on=args.fail_on, metrics=metrics, workers=args.workers,
-                     progress=not args.quiet)
+                     progress=not args.quiet, set_both=args.set, set_candidate=args.candidate_set)
     out = write_compare(result, args.out or Path("results") / f"compare-{base.name}-vs-{cand.name}")
     print(format_compare(result))
     print(f"results in {out}/ (compare.csv, compare_seeds.csv, compare.json)")
@@ -392,7 +401,7 @@ def _add_planning_commands(sub, scenario_cmd) -> None:  # noqa: ANN001 - argpars
 
     cp = sub.add_parser("compare", help="is a candidate config worse than the baseline? paired runs, bootstrap CIs",
                         description="Run BASELINE and CANDIDATE on the same workloads over N seeds and report "
-                                    "each metric's change with a 95%% bootstrap CI; exit 1 on a flagged regression.")
+                                    "each metric's change with a 95% bootstrap CI; exit 1 on a flagged regression.")
     cp.add_argument("scenario", metavar="BASELINE", help="baseline scenario YAML")
     cp.add_argument("candidate", metavar="CANDIDATE", help="candidate scenario YAML (its workload is replaced by the baseline's)")
     cp.add_argument("--seeds", type=int, default=10, help="paired runs per side (10)")

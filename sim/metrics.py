@@ -550,8 +550,11 @@ def format_summary_table(summary: Mapping[str, Any]) -> str:
     for label, key in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"), ("E2E", "e2el")):
         cells = (g(f"{s}_{key}_ms") for s in ("mean", "median", "p90", "p99"))
         lines.append(f"{label:<13}" + "".join(f"{_fmt(c):>10}" for c in cells))
+    rejected = g("rejected", 0) or 0
+    # throughput counts the admitted requests only: a run that turned requests away must say so here
+    admitted = f" (REJECTED {rejected} of {rejected + (g('completed', 0) or 0)} requests)" if rejected else ""
     lines.append(
-        f"throughput: {_fmt(g('request_throughput'), '.2f')} req/s, "
+        f"throughput: {_fmt(g('request_throughput'), '.2f')} req/s{admitted}, "
         f"{_fmt(g('output_throughput'))} output tok/s, {_fmt(g('total_token_throughput'))} total tok/s"
     )
     att = g("slo_attainment")

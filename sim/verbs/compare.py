@@ -31,7 +31,7 @@ import math
 import re
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +139,8 @@ class CompareResult:
     per_seed: pd.DataFrame  # seed, side ("baseline"/"candidate"), status, error, summary metrics
     changes: list[MetricChange]
     notes: list[str]
+    set_both: list[str] = field(default_factory=list)  # --set, applied to both sides
+    set_candidate: list[str] = field(default_factory=list)  # --candidate-set: what the candidate changes
 
     @property
     def flagged(self) -> list[MetricChange]:
@@ -182,8 +184,12 @@ def _run_summary(sc: Scenario) -> dict[str, Any]:
 
 
 def compare(baseline: Scenario, candidate: Scenario, seeds: int = 10, fail_on: Sequence[str] = (),
-            metrics: Sequence[str] | None = None, workers: int | None = None, progress: bool = True) -> CompareResult:
-    """Run both on seeds ``baseline.seed ..`` and the change of each metric with its CI."""
+            metrics: Sequence[str] | None = None, workers: int | None = None, progress: bool = True,
+            set_both: Sequence[str] = (), set_candidate: Sequence[str] = ()) -> CompareResult:
+    """Run both on seeds ``baseline.seed ..`` and the change of each metric with its CI.
+
+    ``set_both`` / ``set_candidate``: the overrides already applied to the scenarios, for the header.
+    """
     if seeds < 1:
         raise ScenarioError(f"--seeds must be >= 1, got {seeds}")
     known = summary_keys()
@@ -219,7 +225,7 @@ def compare(baseline: Scenario, candidate: Scenario, seeds: int = 10, fail_on: S
         changes.append(MetricChange(m, float(np.nanmean(b)) if b.size else math.nan,
                                     float(np.nanmean(c)) if c.size else math.nan, change, lo, hi, method,
                                     rules.get(m)))
-    return CompareResult(baseline, cand, seed_list, per_seed, changes, notes)
+    return CompareResult(baseline, cand, seed_list, per_seed, changes, notes, list(set_both), list(set_candidate))
 
 
 def format_compare(result: CompareResult) -> str:
@@ -237,8 +243,17 @@ def format_compare(result: CompareResult) -> str:
     lines = [f"baseline {result.baseline.name} ({result.baseline.scheduler_name}) vs candidate "
              f"{result.candidate.name} ({result.candidate.scheduler_name}), seeds {result.seeds[0]}..{result.seeds[-1]}, "
              f"same workload; CI: paired bootstrap over seeds ({BOOTSTRAP_RESAMPLES} resamples)"]
+    if result.set_both or result.set_candidate:
+        lines.append("overrides: " + "; ".join(
+            [f"both --set {', '.join(result.set_both)}"] * bool(result.set_both)
+            + [f"candidate --candidate-set {', '.join(result.set_candidate)}"] * bool(result.set_candidate)))
     for note in result.notes:
         lines.append(f"note: {note}")
+    seeds = result.per_seed
+    if "rejected" in seeds and seeds["rejected"].fillna(0).gt(0).any():
+        mean = seeds.groupby("side")["rejected"].mean()
+        lines.append(f"REJECTED requests, mean per seed: baseline {mean.get('baseline', math.nan):.1f}, candidate "
+                     f"{mean.get('candidate', math.nan):.1f}; throughput and latencies count only the admitted ones")
     for j, r in enumerate(table):
         lines.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths,
                                                                                                   strict=True))))
@@ -269,6 +284,7 @@ def write_compare(result: CompareResult, out_dir: str | Path) -> Path:
         "bootstrap": {"kind": "paired over seeds", "resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED,
                       "confidence": CONFIDENCE},
         "notes": result.notes,
+        "set": result.set_both, "candidate_set": result.set_candidate,
         "changes": result.frame().to_dict(orient="records"),
         "regression": bool(result.flagged),
     }))  # fmt: skip

@@ -216,26 +216,42 @@ def write_sweep(df: pd.DataFrame, axes: Sequence[GridAxis], out_dir: str | Path,
 
 
 def format_sweep(df: pd.DataFrame, axes: Sequence[GridAxis]) -> str:
-    """A compact table: grid values and the headline metrics, failed points with their error."""
+    """A compact table: grid values and the headline metrics, failed points with their error.
+
+    Throughput and latencies count only the requests a point admitted, so a point that rejected
+    some is marked ``!`` in the ``rejected`` column and named below the table: it must not pass
+    for the best point.
+    """
     keys = [a.key for a in axes]
-    metrics = [("request_throughput", "req/s", ".2f"), ("request_goodput", "goodput", ".2f"),
-               ("p99_ttft_ms", "TTFT p99", ".0f"), ("p99_tpot_ms", "TPOT p99", ".1f"),
-               ("p99_itl_ms", "ITL p99", ".1f"), ("p99_e2el_ms", "E2E p99", ".0f")]  # fmt: skip
+    metrics = [("request_throughput", "req/s", ".2f"), ("rejected", "rejected", "d"),
+               ("request_goodput", "goodput", ".2f"), ("p99_ttft_ms", "TTFT p99", ".0f"),
+               ("p99_tpot_ms", "TPOT p99", ".1f"), ("p99_itl_ms", "ITL p99", ".1f"),
+               ("p99_e2el_ms", "E2E p99", ".0f")]  # fmt: skip
     head = ["#", *[k.rsplit(".", 1)[-1] for k in keys], *[h for _, h, _ in metrics]]
-    rows = []
+    rows, rejecting = [], []
     for _, r in df.iterrows():
         cells = [str(r["point"]), *[str(r[k]) for k in keys]]
         if r["status"] != "ok":
-            cells.append(f"FAILED: {r['error']}")
+            cells.append(f"{r['status'].upper()}: {r['error']}")
         else:
             for col, _, spec in metrics:
                 v = r.get(col, math.nan)
-                cells.append("-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec))
+                if v is None or (isinstance(v, float) and math.isnan(v)):
+                    cells.append("-")
+                elif col == "rejected":
+                    cells.append(f"{int(v)}!" if v else "0")
+                else:
+                    cells.append(format(v, spec))
+            if r.get("rejected"):
+                rejecting.append(f"{r['point']} ({int(r['rejected'])} of {int(r['rejected'] + r['completed'])})")
         rows.append(cells)
     full = [head, *[c for c in rows if len(c) == len(head)]]  # failed rows do not set widths
     widths = [max(len(c[i]) for c in full) for i in range(len(head))]
     lines = ["  ".join(v.rjust(w) for v, w in zip(head, widths, strict=True)), "  ".join("-" * w for w in widths)]
     for cells in rows:
-        lines.append("  ".join(v.rjust(w) if not v.startswith("FAILED") else v
+        lines.append("  ".join(v.rjust(w) if len(cells) == len(head) else v
                                for v, w in zip(cells, widths, strict=False)))
+    if rejecting:
+        lines.append(f"! rejected requests at point{'s' if len(rejecting) > 1 else ''} {', '.join(rejecting)}: "
+                     f"their throughput and latencies count only the requests they admitted")
     return "\n".join(lines)
