@@ -19,8 +19,9 @@ QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
 
 
 def start_cli(*args: str) -> subprocess.Popen:
+    # a shell starts background jobs with SIGINT ignored, and Python then keeps ignoring it: undo that
     return subprocess.Popen([sys.executable, "-m", "servesim.sim.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def wait_for_stderr(proc: subprocess.Popen, text: str, timeout_s: float = 90.0) -> str:
