@@ -171,7 +171,7 @@ def run_sweep(raw: dict[str, Any], axes: Sequence[GridAxis], base_overrides: Seq
             if todo:
                 runner.map(run_point, [scenarios[i] for i in todo], on_done=done)
     except KeyboardInterrupt:
-        finished = sum(1 for i in valid if i in records)
+        finished = len(log.done) if log else len(records)  # log.done counts a point once its line is written
         where = f"recorded in {log.path}; the same command with --resume runs the other {len(valid) - finished}" \
             if log else "not recorded (no output folder)"
         raise Interrupted(f"interrupted: {finished} of {len(valid)} points finished, {where}") from None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -101,13 +102,18 @@ class PointsLog:
     def append(self, record: Mapping[str, Any]) -> dict[str, Any]:
         """Record one finished point; returns it as it reads back (what a resumed sweep will see)."""
         line = to_line(record)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-        try:
-            data = line.encode()
-            while data:  # a regular file takes it whole; loop in case a write comes back short
-                data = data[os.write(fd, data):]
-        finally:
-            os.close(fd)
         back = read_back(record)
-        self.done[int(back["point"])] = back
+        # Ctrl-C / SIGTERM wait until the line is written and counted, so "N points finished" is exact
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            try:
+                data = line.encode()
+                while data:  # a regular file takes it whole; loop in case a write comes back short
+                    data = data[os.write(fd, data):]
+            finally:
+                os.close(fd)
+            self.done[int(back["point"])] = back
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         return back
