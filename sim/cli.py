@@ -193,7 +193,7 @@ def _add_calibrate(sub) -> None:  # noqa: ANN001 - argparse's private subparsers
     cal.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="(float32)")
     cal.add_argument("--out", help="profile JSON path; the raw CSV and the fit plot go beside it "
                                    "(default calibration/profiles/DEVICE-MODEL.json)")
-    cal.add_argument("--quick", action="store_true", help="a small grid and 3 rounds (~1 minute on 2 cores)")
+    cal.add_argument("--quick", action="store_true", help="a small grid and 3 rounds: a smoke test (2-3 minutes on 2 idle cores)")
     cal.add_argument("--rounds", type=int, default=None, help="timed runs per shape (3 quick, 25 default)")
     cal.add_argument("--threads", type=int, default=2, help="torch CPU threads; match the scenario's live.threads (2)")
     cal.add_argument("--block-size", type=int, default=16, help="KV block size in tokens (16)")
