@@ -157,7 +157,8 @@ def compare_engines(
 def format_table(table: pd.DataFrame) -> str:
     """The comparison as fixed-width text: latencies in ms, rates per second."""
     cols = {
-        "preset": "preset", "kv_block_size": "block", "completed": "done", "request_throughput": "req/s",
+        "preset": "preset", "kv_block_size": "block", "completed": "done", "rejected": "rejected",
+        "request_throughput": "req/s",
         "request_goodput": "goodput", "median_ttft_ms": "TTFT p50", "p99_ttft_ms": "TTFT p99",
         "median_tpot_ms": "TPOT p50", "p99_tpot_ms": "TPOT p99", "p99_itl_ms": "ITL p99",
         "p99_e2el_ms": "E2E p99", "num_preemptions": "preempt", "mean_batch_size": "batch",
