@@ -11,8 +11,7 @@ import yaml
 from servesim.sim.cli import main
 from servesim.sim.verbs import sweep as sweep_mod
 from servesim.sim.verbs.parallel import Outcome, TaskRunner, guarded
-from servesim.sim.verbs.sweep import parse_grid, run_sweep
-from servesim.sim.verbs.sweep_points import POINTS_FILE
+from servesim.sim.verbs.sweep import POINTS_FILE, parse_grid, run_sweep
 from test_sweep import RAW
 
 HAS_RAY = importlib.util.find_spec("ray") is not None

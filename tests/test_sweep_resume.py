@@ -16,8 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 from servesim.sim.cli import main
-from servesim.sim.verbs.sweep import WALL_COLUMNS
-from servesim.sim.verbs.sweep_points import POINTS_FILE
+from servesim.sim.verbs.sweep import POINTS_FILE, WALL_COLUMNS
 from test_sweep import RAW
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,14 +9,13 @@ it and in whatever order the workers finished. Everything in a row except ``wall
 run took on its worker, see ``WALL_COLUMNS``) is a pure function of the scenario and its seed.
 
 Given an output folder, each point is recorded in its ``points.jsonl`` as it finishes
-(``sweep_points.py``) and the table is built from those records, so ``resume=True`` reruns only the
+(``points_log.py``) and the table is built from those records, so ``resume=True`` reruns only the
 points missing there and gives the very table an uninterrupted sweep gives. A point whose worker
 died twice has status ``lost`` and is not recorded: ``--resume`` runs it again.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import itertools
 import math
@@ -27,14 +26,16 @@ from typing import Any
 
 import pandas as pd
 
-from ..outputs import Interrupted, begin_folder, write_csv, write_parquet
+from ..outputs import begin_folder, write_csv, write_parquet
 from ..scenario import Scenario, ScenarioError, apply_override, parse_yaml_value, scenario_from_dict
-from .parallel import Outcome, TaskRunner
-from .sweep_points import PointsLog, read_back
+from .parallel import TaskRunner
+from .points_log import Recording, run_recorded
 
 WALL_COLUMNS = ("wall_s",)  # vary from run to run; leave them out when comparing sweeps
 HEADER_KEYS = ("kv_num_blocks",)
 TABLE_FILES = ("sweep.csv", "sweep.parquet")  # sweep.csv is written last: it marks a finished sweep
+POINTS_FILE = "points.jsonl"
+SPEC_LABELS = {"scenario": "base scenario", "set": "--set overrides", "grid": "grid"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,11 +113,6 @@ def sweep_spec(raw: dict[str, Any], axes: Sequence[GridAxis], base_overrides: Se
                                                                     for a in axes]}
 
 
-def _record(i: int, o: Outcome) -> dict[str, Any]:
-    return {"point": i, "status": "ok" if o.ok else "failed", "error": o.error or "",
-            "value": o.value if o.ok else None, "wall_s": o.wall_s}
-
-
 def run_sweep(raw: dict[str, Any], axes: Sequence[GridAxis], base_overrides: Sequence[str] = (),
               backend: str = "local", workers: int | None = None, ray_address: str | None = None,
               source: str = "scenario", base_dir: str | Path = ".", progress: bool = True,
@@ -145,47 +141,20 @@ def run_sweep(raw: dict[str, Any], axes: Sequence[GridAxis], base_overrides: Seq
         # once, before any worker starts, instead of a table of identical failures
         raise ScenarioError(f"sweep: none of the {len(points)} grid points is a valid scenario; the first: "
                             f"{errors[0]}")
-    spec = sweep_spec(raw, axes, base_overrides)
-    # --resume reads the folder and refuses another sweep's before anything in it changes
-    log = PointsLog.resume(Path(out_dir), spec) if resume and out_dir is not None else None
-    records: dict[int, dict[str, Any]] = dict(log.done) if log else {}
-    todo = [i for i in valid if i not in records]
-    resumed = len(valid) - len(todo)
-    lost: dict[int, Outcome] = {}
-
-    def done(k: int, o: Outcome) -> None:
-        i = todo[k]
-        if o.lost:
-            lost[i] = o
-        else:
-            rec = _record(i, o)
-            records[i] = log.append(rec) if log else read_back(rec)
-
-    try:
-        # the runner starts first: an unreachable Ray cluster is an error before the folder is touched
-        with TaskRunner(backend, workers=workers, ray_address=ray_address, progress=progress,
-                        desc="sweep") if todo else contextlib.nullcontext() as runner:
-            if out_dir is not None:
-                out = begin_folder(out_dir, *TABLE_FILES)  # an old table must not outlive a new sweep
-                log = log or PointsLog.start(out, spec)
-            if todo:
-                runner.map(run_point, [scenarios[i] for i in todo], on_done=done)
-    except KeyboardInterrupt:
-        finished = len(log.done) if log else len(records)  # log.done counts a point once its line is written
-        where = f"recorded in {log.path}; the same command with --resume runs the other {len(valid) - finished}" \
-            if log else "not recorded (no output folder)"
-        raise Interrupted(f"interrupted: {finished} of {len(valid)} points finished, {where}") from None
+    recording = None if out_dir is None else Recording(
+        Path(out_dir), POINTS_FILE, sweep_spec(raw, axes, base_overrides), SPEC_LABELS, "sweep", resume, TABLE_FILES)
+    done = run_recorded(run_point, {i: scenarios[i] for i in valid},
+                        lambda: TaskRunner(backend, workers=workers, ray_address=ray_address, progress=progress,
+                                           desc="sweep"), recording, "points")
     rows = []
     for i, pt in enumerate(points):
         row: dict[str, Any] = {"point": i, **{a.key: a.values[j] for a, j in zip(axes, pt, strict=True)}}
-        rec = records.get(i)
+        rec = done.get(i)
         if rec is not None:
             row["status"], row["error"] = rec["status"], rec["error"]
             row.update(rec["value"] or {})
             row["wall_s"] = rec["wall_s"]
-        elif i in lost:
-            row.update(status="lost", error=lost[i].error, wall_s=lost[i].wall_s)
-        else:
+        else:  # did not validate: never ran
             row.update(status="failed", error=errors[i] or "", wall_s=0.0)
         rows.append(row)
     df = pd.DataFrame(rows)
@@ -194,7 +163,7 @@ def run_sweep(raw: dict[str, Any], axes: Sequence[GridAxis], base_overrides: Seq
     for a in axes:  # parquet wants one type per column; a grid mixing types is kept as text
         if len({type(v) for v in a.values}) > 1:
             df[a.key] = df[a.key].map(str)
-    df.attrs["resumed_points"] = resumed  # points taken from points.jsonl instead of run now
+    df.attrs["resumed_points"] = done.resumed  # points taken from points.jsonl instead of run now
     return df
 
 
