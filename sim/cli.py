@@ -352,11 +352,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     base = load_scenario(args.scenario, args.set)
     cand = load_scenario(args.candidate, [*args.set, *args.candidate_set])
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
+    out_dir = Path(args.out or Path("results") / f"compare-{base.name}-vs-{cand.name}")
     result = compare(base, cand, seeds=args.seeds, fail_on=args.fail_on, metrics=metrics, workers=args.workers,
-                     progress=not args.quiet, set_both=args.set, set_candidate=args.candidate_set)
-    out = write_compare(result, args.out or Path("results") / f"compare-{base.name}-vs-{cand.name}")
+                     progress=not args.quiet, set_both=args.set, set_candidate=args.candidate_set, out_dir=out_dir,
+                     resume=args.resume)
+    out = write_compare(result, out_dir)
+    if args.resume:
+        print(f"resumed: {result.resumed} runs from runs.jsonl")
     print(format_compare(result))
-    print(f"results in {out}/ (compare.csv, compare_seeds.csv, compare.json)")
+    print(f"results in {out}/ (compare.csv, compare_seeds.csv, compare.json, runs.jsonl)")
     if len(result.failed_runs):
         return 1
     return 1 if result.flagged else 0
@@ -414,6 +418,8 @@ def _add_planning_commands(sub, scenario_cmd) -> None:  # noqa: ANN001 - argpars
                     help="override the candidate only, e.g. --candidate-set scheduler.max_num_batched_tokens=256")
     cp.add_argument("--out", help="folder for compare.csv / compare.json (default results/compare-BASE-vs-CAND)")
     cp.add_argument("--quiet", action="store_true", help="no progress bar")
+    cp.add_argument("--resume", action="store_true",
+                    help="finish an interrupted comparison in the same --out: run only the runs its runs.jsonl lacks")
     cp.set_defaults(fn=cmd_compare)
     workers(cp)
 

@@ -67,21 +67,25 @@ def table_bytes(folder: Path) -> bytes:
     return df.drop(columns=list(WALL_COLUMNS)).to_csv(index=False).encode()
 
 
-def recorded_points(folder: Path) -> list[dict]:
-    lines = (folder / POINTS_FILE).read_text().splitlines()
+def recorded_points(folder: Path, filename: str = POINTS_FILE) -> list[dict]:
+    lines = (folder / filename).read_text().splitlines()
     return [json.loads(line) for line in lines[1:]]
 
 
+def start_cli_at(argv: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "servesim.sim.cli", *argv], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
 def start_sweep(scenario: Path, out: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "servesim.sim.cli", "sweep", str(scenario), *GRID, "--quiet",
-                             "--no-plots", "--out", str(out), *extra],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return start_cli_at(["sweep", str(scenario), *GRID, "--quiet", "--no-plots", "--out", str(out), *extra])
 
 
-def wait_for_points(proc: subprocess.Popen, out: Path, n: int, timeout_s: float = 120.0) -> None:
+def wait_for_points(proc: subprocess.Popen, out: Path, n: int, timeout_s: float = 120.0,
+                    filename: str = POINTS_FILE) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if (out / POINTS_FILE).exists() and len(recorded_points(out)) >= n:
+        if (out / filename).exists() and len(recorded_points(out, filename)) >= n:
             return
         if proc.poll() is not None:
             raise AssertionError(f"the sweep ended before {n} points: {proc.communicate()}")
