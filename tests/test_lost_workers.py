@@ -30,7 +30,7 @@ def test_a_task_whose_worker_dies_twice_comes_back_lost_and_the_others_finish():
         outcomes = runner.map(die_on_odd, [0, 1, 2, 3, 4], on_done=lambda i, o: finished.append(i))
     assert [o.value for o in outcomes if o.ok] == [0, 20, 40]
     assert [o.lost for o in outcomes] == [False, True, False, True, False]
-    assert all(o.error.startswith("lost: its worker process died, also running alone") for o in outcomes if o.lost)
+    assert all(o.error.startswith("its worker process died, also when run alone (killed or out of memory)") for o in outcomes if o.lost)
     assert sorted(finished) == [0, 1, 2, 3, 4]  # every task reported once, the lost ones too
 
 
@@ -40,7 +40,7 @@ class LosesPointOne(TaskRunner):
     def map(self, fn, tasks, desc=None, on_done=None):  # noqa: ANN001, ANN201 - the parent's signature
         out = []
         for i, t in enumerate(tasks):
-            o = Outcome(error="lost: its worker process died, also running alone", lost=True) \
+            o = Outcome(error="its worker process died, also when run alone", lost=True) \
                 if i == 1 else guarded(fn, t)
             on_done(i, o)
             out.append(o)
@@ -51,7 +51,7 @@ def test_a_lost_point_is_a_row_saying_so_and_resume_runs_it(tmp_path: Path, monk
     grid = parse_grid(["seed=0,1,2"])
     monkeypatch.setattr(sweep_mod, "TaskRunner", LosesPointOne)
     df = run_sweep(RAW, grid, workers=1, progress=False, out_dir=tmp_path)
-    assert list(df["status"]) == ["ok", "lost", "ok"] and df.loc[1, "error"].startswith("lost:")
+    assert list(df["status"]) == ["ok", "lost", "ok"] and df.loc[1, "error"].startswith("its worker process died")
     assert len((tmp_path / POINTS_FILE).read_text().splitlines()) == 1 + 2  # spec + the two that finished
     monkeypatch.undo()
     df = run_sweep(RAW, grid, workers=1, progress=False, out_dir=tmp_path, resume=True)

@@ -209,7 +209,7 @@ class TaskRunner:
             for i in sorted(i for i in failed if attempts[i] >= LOCAL_ATTEMPTS):
                 again = self._run_on_pool(fn, tasks, [i], finished, workers=1)
                 if again:
-                    finished(i, Outcome(error=f"lost: its worker process died, also running alone (killed or out "
+                    finished(i, Outcome(error=f"its worker process died, also when run alone (killed or out "
                                               f"of memory): {again[i]}", lost=True))
 
     def _run_on_pool(self, fn: Callable[[Any], Any], tasks: Sequence[Any], indices: Sequence[int],
@@ -247,7 +247,7 @@ class TaskRunner:
                     try:
                         o = ray.get(r)
                     except Exception as e:  # noqa: BLE001 - its worker died more often than Ray retries
-                        o = Outcome(error=f"lost: its Ray worker died {RAY_RETRIES + 1} times: {one_line_error(e)}",
+                        o = Outcome(error=f"its Ray worker died {RAY_RETRIES + 1} times: {one_line_error(e)}",
                                     lost=True)
                     finished(index[r], o)
         except BaseException:
