@@ -442,7 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt as e:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not turn this line into a traceback
-        what = str(e) if isinstance(e, Interrupted) and str(e) else "interrupted; no complete result was written"
+        what = str(e) if isinstance(e, Interrupted) and str(e) else "interrupted before its results were written"
         print(f"servesim {args.command}: {what}", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:

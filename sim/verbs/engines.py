@@ -25,7 +25,7 @@ import pandas as pd
 
 from ..engine_presets import PRESETS
 from ..hints import did_you_mean
-from ..outputs import begin_folder, write_csv, write_parquet
+from ..outputs import Interrupted, begin_folder, write_csv, write_parquet
 from ..scenario import Scenario, ScenarioError, read_scenario_file, scenario_from_dict
 from ..simulate import RunResult, simulate, write_results
 from ..workload import generate_requests
@@ -137,9 +137,13 @@ def compare_engines(
     rows, frames = [], {}
     for choice, sc in zip(choices, scenarios, strict=True):
         t0 = time.perf_counter()
-        result = simulate(sc, requests=requests, progress=False)  # one line per preset instead of bars
-        result.wall_s = time.perf_counter() - t0
-        write_results(result, out / choice.folder, plots=False)
+        try:
+            result = simulate(sc, requests=requests, progress=False)  # one line per preset instead of bars
+            result.wall_s = time.perf_counter() - t0
+            write_results(result, out / choice.folder, plots=False)
+        except KeyboardInterrupt:
+            raise Interrupted(f"interrupted: {len(rows)} of {len(choices)} presets finished, each a run folder in "
+                              f"{out}/; engines.csv not written") from None
         rows.append(summary_row(choice, result))
         frames[choice.label] = result.requests_df
         if progress is not False:
