@@ -338,7 +338,8 @@ def format_plan(result: PlanResult) -> str:
     st = result.settings
     cols = [("request_rate", "rate/s", ".3f"), ("replicas", "repl", "d"), ("passed", "pass", ""),
             ("seeds_passing", "seeds ok", "d"), ("slo_attainment", "attain", ".3f"),
-            ("request_goodput", "goodput/s", ".3f"), ("median_ttft_ms", "TTFT p50", ".0f"),
+            ("request_goodput", "goodput/s", ".3f"), ("rejected", "rejected", ".0f"),
+            ("median_ttft_ms", "TTFT p50", ".0f"),
             ("p99_ttft_ms", "TTFT p99", ".0f"), ("p99_tpot_ms", "TPOT p99", ".1f"),
             ("p99_itl_ms", "ITL p99", ".1f"), ("p99_e2el_ms", "E2E p99", ".0f"),
             ("median_queueing_delay_ms", "queue p50", ".0f")]  # fmt: skip
