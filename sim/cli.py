@@ -331,7 +331,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     df = run_sweep(raw, axes, args.set, backend="ray" if args.ray is not None else "local", workers=args.workers,
                    ray_address=args.ray or None, source=args.scenario, base_dir=Path(args.scenario).parent,
                    progress=not args.quiet, out_dir=out_dir, resume=args.resume)
-    out = write_sweep(df, axes, out_dir, plots=not args.no_plots)
+    try:
+        out = write_sweep(df, axes, out_dir, plots=not args.no_plots)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted while writing the table; every point is recorded in {out_dir}/points.jsonl, "
+                          f"and the same command with --resume writes it without running any") from None
     resumed = df.attrs.get("resumed_points", 0)
     print(f"servesim sweep: {sc.name} | {len(df)} points over {', '.join(a.key for a in axes)} | "
           f"{'on ray' if args.ray is not None else 'on local processes'}"
