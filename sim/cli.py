@@ -334,8 +334,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     try:
         out = write_sweep(df, axes, out_dir, plots=not args.no_plots)
     except KeyboardInterrupt:
-        raise Interrupted(f"interrupted while writing the table; every point is recorded in {out_dir}/points.jsonl, "
-                          f"and the same command with --resume writes it without running any") from None
+        raise Interrupted(f"interrupted while writing the table; the finished points are recorded in "
+                          f"{out_dir}/points.jsonl, and the same command with --resume writes it from them") from None
     resumed = df.attrs.get("resumed_points", 0)
     print(f"servesim sweep: {sc.name} | {len(df)} points over {', '.join(a.key for a in axes)} | "
           f"{'on ray' if args.ray is not None else 'on local processes'}"
