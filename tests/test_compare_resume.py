@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import signal
-
-from test_sweep_resume import recorded_points, run_cli_here, scenario, start_cli_at, wait_for_points  # noqa: F401
+from test_sweep_resume import recorded_points, run_cli_here, scenario, start_cli_at, stop_midway  # noqa: F401
 
 COMPARE = ["--candidate-set", "scheduler.type=continuous", "--seeds", "4", "--workers", "1", "--quiet"]
 
@@ -14,13 +12,7 @@ def test_sigterm_mid_compare_then_resume_gives_the_uninterrupted_tables(scenario
     ref_stdout = run_cli_here(["compare", str(scenario), str(scenario), *COMPARE, "--out", str(ref)])
     out = tmp_path / "cut"
     proc = start_cli_at(["compare", str(scenario), str(scenario), *COMPARE, "--out", str(out)])
-    try:
-        wait_for_points(proc, out, 3, filename="runs.jsonl")
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    err, _ = stop_midway(proc, out, 3, filename="runs.jsonl")
     assert proc.returncode == 130, err
     done = len(recorded_points(out, "runs.jsonl"))
     assert 3 <= done < 8

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -131,6 +132,21 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def stop_midway(proc: subprocess.Popen, out: Path, n: int, filename: str = POINTS_FILE,
+                before: Callable[[], object] = lambda: None) -> tuple[str, object]:
+    """SIGTERM ``proc`` once ``n`` tasks are recorded (``before()`` runs just before); its stderr and
+    what ``before`` returned."""
+    try:
+        wait_for_points(proc, out, n, filename=filename)
+        seen = before()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return err, seen
+
+
 def local_workers(parent: int) -> list[int]:
     """The pool's worker processes: the children of the sweep's fork server."""
     servers = [p for p in descendants(parent) if "forkserver" in cmdline(p)]
@@ -140,15 +156,8 @@ def local_workers(parent: int) -> list[int]:
 def test_sigterm_mid_sweep_then_resume_gives_the_uninterrupted_table(scenario, reference, tmp_path):
     out = tmp_path / "sweep"
     proc = start_sweep(scenario, out, "--workers", "2")
-    try:
-        wait_for_points(proc, out, 2)
-        workers = local_workers(proc.pid)
-        assert workers, "expected a pool of worker processes"
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    err, workers = stop_midway(proc, out, 2, before=lambda: local_workers(proc.pid))
+    assert workers, "expected a pool of worker processes"
     assert proc.returncode == 130, err
     done = len(recorded_points(out))
     assert 2 <= done < 8, "the sweep was meant to be stopped in the middle"
