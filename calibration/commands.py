@@ -27,6 +27,11 @@ from .grid import GridSpec, build_grid
 from .validate import servesim_commit
 
 QUICK_ROUNDS, DEFAULT_ROUNDS = 3, 25
+# A held-out median error above this and the profile is not worth loading. One shape timed back to
+# back on a quiet 2-core machine spreads +-15-25 % (10th-90th percentile, README "Calibration"),
+# and a good fit's held-out median is ~3 %: beyond 25 % the fit describes a machine busy with
+# something else, not the engine's steps.
+UNUSABLE_MEDIAN_APE = 0.25
 DECODE_REPEAT = 2  # decode shapes are timed twice per round: the noisiest relative to their length
 SETTLE_S = 3.0
 
@@ -177,6 +182,16 @@ def calibrate(opts: CalibrateOptions) -> dict[str, Any]:
     return {**profile, "paths": [str(path), str(path.with_suffix(".csv")), str(path.with_name(path.stem + "-gemm.csv")),
                                  str(path.with_suffix(".png"))],
             "train_error": result.train}
+
+
+def unusable_fit_warning(profile: dict[str, Any]) -> str | None:
+    """One line when a regime's held-out median error is above ``UNUSABLE_MEDIAN_APE``, else None."""
+    bad = [f"{r} {100 * e['median_ape']:.0f} %" for r in (*REGIMES, "all")
+           if (e := profile["held_out_error"].get(r)) and e["median_ape"] > UNUSABLE_MEDIAN_APE]
+    if not bad:
+        return None
+    return (f"warning: held-out median error above {100 * UNUSABLE_MEDIAN_APE:.0f} % ({', '.join(bad)}): this fit is "
+            f"unusable; the machine was too noisy (other load?). Rerun on a quiet machine, or with more --rounds")
 
 
 def format_report(profile: dict[str, Any]) -> str:

@@ -7,13 +7,16 @@ prints one line on stderr and exits with status 2; a traceback means a bug in se
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .errors import USER_ERRORS, UserError, one_line_error
+from .outputs import Interrupted
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
 
 def _load(args: argparse.Namespace):
@@ -28,8 +31,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .workload import workload_stats
 
     sc = _load(args)
-    result = simulate(sc, progress=None if not args.quiet else False)
-    out = write_results(result, args.out or default_out_dir(sc), plots=not args.no_plots)
+    out_dir = Path(args.out or default_out_dir(sc))
+    try:
+        result = simulate(sc, progress=None if not args.quiet else False)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted during the simulation; nothing written to {out_dir}/") from None
+    try:
+        out = write_results(result, out_dir, plots=not args.no_plots)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted while writing {out_dir}/; it holds no summary.json, so it is not a "
+                          f"result: run again") from None
     stats = workload_stats(result.requests)
     print(
         f"servesim run: {sc.name} | {sc.model} on {sc.hardware} (tp={sc.tensor_parallel}) x{sc.cluster.num_replicas} | "
@@ -149,7 +160,12 @@ def cmd_validate_against(args: argparse.Namespace) -> int:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     try:
-        from servesim.calibration.commands import CalibrateOptions, calibrate, format_report
+        from servesim.calibration.commands import (
+            CalibrateOptions,
+            calibrate,
+            format_report,
+            unusable_fit_warning,
+        )
     except ImportError as e:  # torch is an optional extra
         raise UserError(f"calibrate needs the kernels extra (pip install -e '.[kernels]'): {e}") from None
     opts = CalibrateOptions(
@@ -159,7 +175,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         holdout=args.holdout, seed=args.seed, progress=False if args.quiet else None)
     print(f"servesim calibrate: {opts.model} ({opts.dtype}, {opts.backend} on {opts.device}), "
           f"{'quick' if opts.quick else 'default'} grid")
-    print(format_report(calibrate(opts)))
+    profile = calibrate(opts)
+    print(format_report(profile))
+    warning = unusable_fit_warning(profile)
+    if warning:
+        print(f"servesim calibrate: {warning}", file=sys.stderr)
     return 0
 
 
@@ -173,7 +193,7 @@ def _add_calibrate(sub) -> None:  # noqa: ANN001 - argparse's private subparsers
     cal.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="(float32)")
     cal.add_argument("--out", help="profile JSON path; the raw CSV and the fit plot go beside it "
                                    "(default calibration/profiles/DEVICE-MODEL.json)")
-    cal.add_argument("--quick", action="store_true", help="a small grid and 3 rounds (~1 minute on 2 cores)")
+    cal.add_argument("--quick", action="store_true", help="a small grid and 3 rounds: a smoke test (2-3 minutes on 2 idle cores)")
     cal.add_argument("--rounds", type=int, default=None, help="timed runs per shape (3 quick, 25 default)")
     cal.add_argument("--threads", type=int, default=2, help="torch CPU threads; match the scenario's live.threads (2)")
     cal.add_argument("--block-size", type=int, default=16, help="KV block size in tokens (16)")
@@ -307,17 +327,25 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     sc = _load(args)  # the base scenario must be valid on its own
     raw = read_scenario_file(args.scenario)
     axes = parse_grid(args.grid)
+    out_dir = Path(args.out or Path("results") / f"{sc.name}-sweep")
     df = run_sweep(raw, axes, args.set, backend="ray" if args.ray is not None else "local", workers=args.workers,
                    ray_address=args.ray or None, source=args.scenario, base_dir=Path(args.scenario).parent,
-                   progress=not args.quiet)
-    out = write_sweep(df, axes, args.out or Path("results") / f"{sc.name}-sweep", plots=not args.no_plots)
+                   progress=not args.quiet, out_dir=out_dir, resume=args.resume)
+    try:
+        out = write_sweep(df, axes, out_dir, plots=not args.no_plots)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted while writing the table; the finished points are recorded in "
+                          f"{out_dir}/points.jsonl, and the same command with --resume writes it from them") from None
+    resumed = df.attrs.get("resumed_points", 0)
     print(f"servesim sweep: {sc.name} | {len(df)} points over {', '.join(a.key for a in axes)} | "
-          f"{'on ray' if args.ray is not None else 'on local processes'}")
+          f"{'on ray' if args.ray is not None else 'on local processes'}"
+          f"{f' | resumed: {resumed} points from points.jsonl' if args.resume else ''}")
     print(format_sweep(df, axes))
     failed = df[df["status"] != "ok"]
     for _, r in failed.iterrows():
-        print(f"servesim sweep: point {r['point']} failed: {r['error']}", file=sys.stderr)
-    print(f"results in {out}/ (sweep.parquet, sweep.csv{'' if args.no_plots else ', sweep.png'})")
+        again = "; --resume runs it again" if r["status"] == "lost" else ""
+        print(f"servesim sweep: point {r['point']} {r['status']}: {r['error']}{again}", file=sys.stderr)
+    print(f"results in {out}/ (sweep.parquet, sweep.csv, points.jsonl{'' if args.no_plots else ', sweep.png'})")
     return 1 if len(failed) else 0
 
 
@@ -328,11 +356,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     base = load_scenario(args.scenario, args.set)
     cand = load_scenario(args.candidate, [*args.set, *args.candidate_set])
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
+    out_dir = Path(args.out or Path("results") / f"compare-{base.name}-vs-{cand.name}")
     result = compare(base, cand, seeds=args.seeds, fail_on=args.fail_on, metrics=metrics, workers=args.workers,
-                     progress=not args.quiet)
-    out = write_compare(result, args.out or Path("results") / f"compare-{base.name}-vs-{cand.name}")
+                     progress=not args.quiet, set_both=args.set, set_candidate=args.candidate_set, out_dir=out_dir,
+                     resume=args.resume)
+    out = write_compare(result, out_dir)
+    if args.resume:
+        print(f"resumed: {result.resumed} runs from runs.jsonl")
     print(format_compare(result))
-    print(f"results in {out}/ (compare.csv, compare_seeds.csv, compare.json)")
+    print(f"results in {out}/ (compare.csv, compare_seeds.csv, compare.json, runs.jsonl)")
     if len(result.failed_runs):
         return 1
     return 1 if result.flagged else 0
@@ -370,11 +402,14 @@ def _add_planning_commands(sub, scenario_cmd) -> None:  # noqa: ANN001 - argpars
                     help="run the points as Ray tasks: no ADDRESS starts or joins Ray like ray.init(); "
                          "'auto' or ray://HOST:PORT joins a cluster")
     sw.add_argument("--no-plots", action="store_true", help="skip sweep.png")
+    sw.add_argument("--resume", action="store_true",
+                    help="finish an interrupted sweep in the same --out: run only the points its points.jsonl lacks "
+                         "(the grid, --set and base scenario must be the ones it recorded)")
     workers(sw)
 
     cp = sub.add_parser("compare", help="is a candidate config worse than the baseline? paired runs, bootstrap CIs",
                         description="Run BASELINE and CANDIDATE on the same workloads over N seeds and report "
-                                    "each metric's change with a 95%% bootstrap CI; exit 1 on a flagged regression.")
+                                    "each metric's change with a 95% bootstrap CI; exit 1 on a flagged regression.")
     cp.add_argument("scenario", metavar="BASELINE", help="baseline scenario YAML")
     cp.add_argument("candidate", metavar="CANDIDATE", help="candidate scenario YAML (its workload is replaced by the baseline's)")
     cp.add_argument("--seeds", type=int, default=10, help="paired runs per side (10)")
@@ -387,6 +422,8 @@ def _add_planning_commands(sub, scenario_cmd) -> None:  # noqa: ANN001 - argpars
                     help="override the candidate only, e.g. --candidate-set scheduler.max_num_batched_tokens=256")
     cp.add_argument("--out", help="folder for compare.csv / compare.json (default results/compare-BASE-vs-CAND)")
     cp.add_argument("--quiet", action="store_true", help="no progress bar")
+    cp.add_argument("--resume", action="store_true",
+                    help="finish an interrupted comparison in the same --out: run only the runs its runs.jsonl lacks")
     cp.set_defaults(fn=cmd_compare)
     workers(cp)
 
@@ -394,17 +431,31 @@ def _add_planning_commands(sub, scenario_cmd) -> None:  # noqa: ANN001 - argpars
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    previous_term = signal.signal(signal.SIGTERM, _interrupt)
     try:
         out = getattr(args, "out", None)
         if out and Path(out).exists() and not Path(out).is_dir():
             raise UserError(f"--out {out}: exists and is not a folder; name a folder (it is created if missing)")
+        if getattr(args, "workers", None) is not None:
+            from .verbs.parallel import check_workers
+
+            check_workers(args.workers)
         return int(args.fn(args) or 0)
     except USER_ERRORS as e:
         print(f"servesim {args.command}: error: {one_line_error(e)}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("servesim: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not turn this line into a traceback
+        what = str(e) if isinstance(e, Interrupted) and str(e) else "interrupted before its results were written"
+        print(f"servesim {args.command}: {what}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous_term)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM (a job scheduler, ``kill``) ends a run the way Ctrl-C does."""
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from .batch import Batch
+from .outputs import begin_folder, write_parquet, write_text
 from .request import Request
 
 _PERCENTILES = (90, 95, 99)  # reported for every latency, next to mean, median and std
@@ -501,7 +502,6 @@ def write_run(
     summary keys, both in insertion order; a key in both is an error. Returns the written paths.
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     extra = dict(extra or {})
     clash = sorted(set(extra) & set(summary))
     if clash:
@@ -512,10 +512,12 @@ def write_run(
         out / "summary.json",
         out / "itl_histogram.json",
     ]
-    requests_df.to_parquet(paths[0], index=False)
-    iterations_df.to_parquet(paths[1], index=False)
-    paths[2].write_text(to_json({**extra, **summary}))
-    paths[3].write_text(to_json((itl_hist or LogHistogram()).to_dict()))
+    # summary.json is the folder's marker: removed first, written last (see sim/outputs.py)
+    begin_folder(out, "summary.json")
+    write_parquet(requests_df, paths[0])
+    write_parquet(iterations_df, paths[1])
+    write_text(paths[3], to_json((itl_hist or LogHistogram()).to_dict()))
+    write_text(paths[2], to_json({**extra, **summary}))
     return paths
 
 
@@ -548,8 +550,11 @@ def format_summary_table(summary: Mapping[str, Any]) -> str:
     for label, key in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"), ("E2E", "e2el")):
         cells = (g(f"{s}_{key}_ms") for s in ("mean", "median", "p90", "p99"))
         lines.append(f"{label:<13}" + "".join(f"{_fmt(c):>10}" for c in cells))
+    rejected = g("rejected", 0) or 0
+    # throughput counts the admitted requests only: a run that turned requests away must say so here
+    admitted = f" (REJECTED {rejected} of {rejected + (g('completed', 0) or 0)} requests)" if rejected else ""
     lines.append(
-        f"throughput: {_fmt(g('request_throughput'), '.2f')} req/s, "
+        f"throughput: {_fmt(g('request_throughput'), '.2f')} req/s{admitted}, "
         f"{_fmt(g('output_throughput'))} output tok/s, {_fmt(g('total_token_throughput'))} total tok/s"
     )
     att = g("slo_attainment")

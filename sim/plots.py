@@ -331,7 +331,8 @@ def plot_sweep(
     """One bar per sweep point for each metric; bars are labelled with the point's grid values.
 
     Points are coloured by the first grid key, so one axis of the grid reads as groups of bars.
-    Failed points have no bar and an "x" at the axis.
+    Failed points have no bar and an "x" at the axis. A point that rejected requests has a hatched
+    bar labelled with the count: its latencies and goodput leave those requests out.
     """
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -344,11 +345,20 @@ def plot_sweep(
     colors = [f"C{groups.index(v) % 10}" for v in table[grid_keys[0]]] if grid_keys else ["C0"] * n
     ok = (table["status"] == "ok").to_numpy() if "status" in table else np.ones(n, dtype=bool)
     x = np.arange(n)
+    rejected = table["rejected"].fillna(0).to_numpy(dtype=np.float64) if "rejected" in table else np.zeros(n)
     for ax, (col, title) in zip(axes, metrics, strict=False):
         y = table[col].to_numpy(dtype=np.float64) if col in table else np.full(n, np.nan)
-        ax.bar(x[ok], np.nan_to_num(y[ok]), color=[c for c, k in zip(colors, ok, strict=True) if k])
+        bars = ax.bar(x[ok], np.nan_to_num(y[ok]), color=[c for c, k in zip(colors, ok, strict=True) if k])
+        for bar, r in zip(bars, rejected[ok], strict=True):
+            if r > 0:
+                bar.set_hatch("//")
+                ax.annotate(f"{int(r)} rej.", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+                            va="bottom", fontsize="x-small", color="red")
+        if (rejected[ok] > 0).any():
+            ax.bar([0], [0], color="white", edgecolor="black", hatch="//", label="rejected requests")
         if (~ok).any():
             ax.plot(x[~ok], np.zeros((~ok).sum()), "x", color="red", label="failed")
+        if (~ok).any() or (rejected[ok] > 0).any():
             ax.legend(fontsize="small")
         ax.set_title(title)
         ax.set_xticks(x, labels, fontsize="x-small", rotation=90 if n > 8 else 0)

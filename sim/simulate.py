@@ -21,6 +21,7 @@ from .cost_model import build_cost_model
 from .engine import Replica, SimExecutor
 from .kv_cache import BlockManager
 from .metrics import LogHistogram, MetricsRecorder, summarize, write_run
+from .outputs import begin_folder, write_text
 from .presets import get_hardware, get_model, kv_block_bytes, num_kv_blocks
 from .request import Request
 from .scenario import Scenario, ScenarioError, scenario_to_yaml
@@ -176,15 +177,18 @@ def finish_run(sc: Scenario, mode: str, requests: list[Request], recorder: Metri
 
 
 def write_results(result: RunResult, out_dir: str | Path, plots: bool = True) -> Path:
-    """Write the run folder: parquet tables, summary.json, the resolved scenario, and plots."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_run(out, result.requests_df, result.iterations_df, result.summary, result.itl_hist, extra=result.header())
-    (out / "scenario.yaml").write_text(scenario_to_yaml(result.scenario))
+    """Write the run folder: parquet tables, the resolved scenario, plots, and summary.json last.
+
+    An interrupted write leaves no summary.json (``write_run`` removes the old one first and
+    writes it last), so a folder holding one is a complete run.
+    """
+    out = begin_folder(out_dir, "summary.json")
+    write_text(out / "scenario.yaml", scenario_to_yaml(result.scenario))
     if plots:
         from .plots import plot_run  # matplotlib import is slow; only when plotting
 
         plot_run(out, result.requests_df, result.iterations_df, result.itl_hist)
+    write_run(out, result.requests_df, result.iterations_df, result.summary, result.itl_hist, extra=result.header())
     return out
 
 

@@ -31,7 +31,7 @@ import math
 import re
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +39,10 @@ import numpy as np
 import pandas as pd
 
 from ..hints import did_you_mean
-from ..scenario import Scenario, ScenarioError
+from ..outputs import begin_folder, write_csv, write_text
+from ..scenario import Scenario, ScenarioError, scenario_to_yaml
 from .parallel import TaskRunner
+from .points_log import Recording, run_recorded
 
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
@@ -48,6 +50,9 @@ CONFIDENCE = 0.95
 DEFAULT_METRICS = ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "p99_itl_ms", "mean_e2el_ms",
                    "p99_e2el_ms", "request_throughput", "output_throughput")
 SLO_METRICS = ("request_goodput", "slo_attainment")
+RUNS_FILE = "runs.jsonl"  # each finished run, for --resume (points_log.py)
+MARKER = "compare.json"  # written last: it marks a finished comparison
+SPEC_LABELS = {"baseline": "baseline scenario", "candidate": "candidate scenario", "seeds": "--seeds"}
 _FAIL_ON = re.compile(r"^(?P<metric>[a-z0-9_]+)=(?P<sign>[+-])(?P<margin>\d+(?:\.\d+)?)%$")
 
 
@@ -138,6 +143,9 @@ class CompareResult:
     per_seed: pd.DataFrame  # seed, side ("baseline"/"candidate"), status, error, summary metrics
     changes: list[MetricChange]
     notes: list[str]
+    set_both: list[str] = field(default_factory=list)  # --set, applied to both sides
+    set_candidate: list[str] = field(default_factory=list)  # --candidate-set: what the candidate changes
+    resumed: int = 0  # runs taken from runs.jsonl instead of run now
 
     @property
     def flagged(self) -> list[MetricChange]:
@@ -181,8 +189,15 @@ def _run_summary(sc: Scenario) -> dict[str, Any]:
 
 
 def compare(baseline: Scenario, candidate: Scenario, seeds: int = 10, fail_on: Sequence[str] = (),
-            metrics: Sequence[str] | None = None, workers: int | None = None, progress: bool = True) -> CompareResult:
-    """Run both on seeds ``baseline.seed ..`` and the change of each metric with its CI."""
+            metrics: Sequence[str] | None = None, workers: int | None = None, progress: bool = True,
+            set_both: Sequence[str] = (), set_candidate: Sequence[str] = (), out_dir: str | Path | None = None,
+            resume: bool = False) -> CompareResult:
+    """Run both on seeds ``baseline.seed ..`` and the change of each metric with its CI.
+
+    ``set_both`` / ``set_candidate``: the overrides already applied to the scenarios, for the header.
+    ``out_dir``: record each finished run in its ``runs.jsonl``; ``resume``: keep the runs recorded
+    there (the folder must hold this same comparison) and run only the others.
+    """
     if seeds < 1:
         raise ScenarioError(f"--seeds must be >= 1, got {seeds}")
     known = summary_keys()
@@ -196,13 +211,18 @@ def compare(baseline: Scenario, candidate: Scenario, seeds: int = 10, fail_on: S
     cand, notes = same_workload(baseline, candidate)
     seed_list = [baseline.seed + i for i in range(seeds)]
     tasks = [side.model_copy(update={"seed": s}) for side in (baseline, cand) for s in seed_list]
-    with TaskRunner("local", workers=workers, progress=progress, desc="compare") as runner:
-        outcomes = runner.map(_run_summary, tasks)
+    spec = {"baseline": scenario_to_yaml(baseline), "candidate": scenario_to_yaml(cand), "seeds": seed_list}
+    recording = None if out_dir is None else Recording(Path(out_dir), RUNS_FILE, spec, SPEC_LABELS, "comparison",
+                                                       resume, (MARKER,))
+    done = run_recorded(_run_summary, dict(enumerate(tasks)),
+                        lambda: TaskRunner("local", workers=workers, progress=progress, desc="compare"),
+                        recording, "runs")
     rows = []
-    for k, o in enumerate(outcomes):
+    for k in range(len(tasks)):
+        rec = done.get(k)
         side = "baseline" if k < seeds else "candidate"
-        rows.append({"seed": seed_list[k % seeds], "side": side, "status": "ok" if o.ok else "failed",
-                     "error": o.error or "", **(o.value if o.ok else {})})
+        rows.append({"seed": seed_list[k % seeds], "side": side, "status": rec["status"], "error": rec["error"],
+                     **(rec["value"] or {})})
     per_seed = pd.DataFrame(rows)
     for m in wanted:  # a side whose every run failed has no metric columns
         if m not in per_seed:
@@ -218,7 +238,8 @@ def compare(baseline: Scenario, candidate: Scenario, seeds: int = 10, fail_on: S
         changes.append(MetricChange(m, float(np.nanmean(b)) if b.size else math.nan,
                                     float(np.nanmean(c)) if c.size else math.nan, change, lo, hi, method,
                                     rules.get(m)))
-    return CompareResult(baseline, cand, seed_list, per_seed, changes, notes)
+    return CompareResult(baseline, cand, seed_list, per_seed, changes, notes, list(set_both), list(set_candidate),
+                         done.resumed)
 
 
 def format_compare(result: CompareResult) -> str:
@@ -236,8 +257,17 @@ def format_compare(result: CompareResult) -> str:
     lines = [f"baseline {result.baseline.name} ({result.baseline.scheduler_name}) vs candidate "
              f"{result.candidate.name} ({result.candidate.scheduler_name}), seeds {result.seeds[0]}..{result.seeds[-1]}, "
              f"same workload; CI: paired bootstrap over seeds ({BOOTSTRAP_RESAMPLES} resamples)"]
+    if result.set_both or result.set_candidate:
+        lines.append("overrides: " + "; ".join(
+            [f"both --set {', '.join(result.set_both)}"] * bool(result.set_both)
+            + [f"candidate --candidate-set {', '.join(result.set_candidate)}"] * bool(result.set_candidate)))
     for note in result.notes:
         lines.append(f"note: {note}")
+    seeds = result.per_seed
+    if "rejected" in seeds and seeds["rejected"].fillna(0).gt(0).any():
+        mean = seeds.groupby("side")["rejected"].mean()
+        lines.append(f"REJECTED requests, mean per seed: baseline {mean.get('baseline', math.nan):.1f}, candidate "
+                     f"{mean.get('candidate', math.nan):.1f}; throughput and latencies count only the admitted ones")
     for j, r in enumerate(table):
         lines.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths,
                                                                                                   strict=True))))
@@ -260,15 +290,15 @@ def write_compare(result: CompareResult, out_dir: str | Path) -> Path:
     """compare.csv (one row per metric), compare_seeds.csv (every run's summary), compare.json."""
     from ..metrics import to_json
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    result.frame().to_csv(out / "compare.csv", index=False)
-    result.per_seed.to_csv(out / "compare_seeds.csv", index=False)
-    (out / "compare.json").write_text(to_json({
+    out = begin_folder(out_dir, MARKER)
+    write_csv(result.frame(), out / "compare.csv")
+    write_csv(result.per_seed, out / "compare_seeds.csv")
+    write_text(out / MARKER, to_json({
         "baseline": result.baseline.name, "candidate": result.candidate.name, "seeds": result.seeds,
         "bootstrap": {"kind": "paired over seeds", "resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED,
                       "confidence": CONFIDENCE},
         "notes": result.notes,
+        "set": result.set_both, "candidate_set": result.set_candidate,
         "changes": result.frame().to_dict(orient="records"),
         "regression": bool(result.flagged),
     }))  # fmt: skip

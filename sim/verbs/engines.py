@@ -25,6 +25,7 @@ import pandas as pd
 
 from ..engine_presets import PRESETS
 from ..hints import did_you_mean
+from ..outputs import Interrupted, begin_folder, write_csv, write_parquet
 from ..scenario import Scenario, ScenarioError, read_scenario_file, scenario_from_dict
 from ..simulate import RunResult, simulate, write_results
 from ..workload import generate_requests
@@ -133,31 +134,36 @@ def compare_engines(
     out = Path(out_dir) if out_dir else Path("results") / f"{base.name}-engines"
     scenarios = [preset_scenario(raw, c, path.parent, str(path)) for c in choices]  # all errors before any run
     requests = generate_requests(base.workload, base.seed)  # one draw of the traffic for every preset
+    begin_folder(out, "engines.csv")  # engines.csv last: it marks a finished comparison
     rows, frames = [], {}
     for choice, sc in zip(choices, scenarios, strict=True):
         t0 = time.perf_counter()
-        result = simulate(sc, requests=requests, progress=False)  # one line per preset instead of bars
-        result.wall_s = time.perf_counter() - t0
-        write_results(result, out / choice.folder, plots=False)
+        try:
+            result = simulate(sc, requests=requests, progress=False)  # one line per preset instead of bars
+            result.wall_s = time.perf_counter() - t0
+            write_results(result, out / choice.folder, plots=False)
+        except KeyboardInterrupt:
+            raise Interrupted(f"interrupted: {len(rows)} of {len(choices)} presets finished, each a run folder in "
+                              f"{out}/; engines.csv not written") from None
         rows.append(summary_row(choice, result))
         frames[choice.label] = result.requests_df
         if progress is not False:
             print(f"  {choice.label}: {result.summary['completed']} requests in {result.wall_s:.1f} s", flush=True)
     table = pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "engines.csv", index=False)
-    table.to_parquet(out / "engines.parquet", index=False)
+    write_parquet(table, out / "engines.parquet")
     if plots:
         from ..plots import plot_cdf_overlay  # matplotlib import is slow; only when plotting
 
         plot_cdf_overlay(out / "latency_cdf.png", frames)
+    write_csv(table, out / "engines.csv")
     return table, out
 
 
 def format_table(table: pd.DataFrame) -> str:
     """The comparison as fixed-width text: latencies in ms, rates per second."""
     cols = {
-        "preset": "preset", "kv_block_size": "block", "completed": "done", "request_throughput": "req/s",
+        "preset": "preset", "kv_block_size": "block", "completed": "done", "rejected": "rejected",
+        "request_throughput": "req/s",
         "request_goodput": "goodput", "median_ttft_ms": "TTFT p50", "p99_ttft_ms": "TTFT p99",
         "median_tpot_ms": "TPOT p50", "p99_tpot_ms": "TPOT p99", "p99_itl_ms": "ITL p99",
         "p99_e2el_ms": "E2E p99", "num_preemptions": "preempt", "mean_batch_size": "batch",

@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 
 from ..metrics import ITERATION_COLUMNS, LogHistogram, summarize, to_json
+from ..outputs import begin_folder, write_csv, write_text
 from ..scenario import Scenario, ScenarioError
 from .parallel import TaskRunner, default_workers
 from .slo import SloTerm, TermResult, describe, evaluate, parse_term, request_thresholds, tightest_targets
@@ -337,7 +338,8 @@ def format_plan(result: PlanResult) -> str:
     st = result.settings
     cols = [("request_rate", "rate/s", ".3f"), ("replicas", "repl", "d"), ("passed", "pass", ""),
             ("seeds_passing", "seeds ok", "d"), ("slo_attainment", "attain", ".3f"),
-            ("request_goodput", "goodput/s", ".3f"), ("median_ttft_ms", "TTFT p50", ".0f"),
+            ("request_goodput", "goodput/s", ".3f"), ("rejected", "rejected", ".0f"),
+            ("median_ttft_ms", "TTFT p50", ".0f"),
             ("p99_ttft_ms", "TTFT p99", ".0f"), ("p99_tpot_ms", "TPOT p99", ".1f"),
             ("p99_itl_ms", "ITL p99", ".1f"), ("p99_e2el_ms", "E2E p99", ".0f"),
             ("median_queueing_delay_ms", "queue p50", ".0f")]  # fmt: skip
@@ -377,15 +379,14 @@ def format_plan(result: PlanResult) -> str:
 
 
 def write_plan(result: PlanResult, out_dir: str | Path, plots: bool = True) -> Path:
-    """plan.csv (every evaluated point), plan.json (the answer and settings), latency_vs_rate.png."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    result.frame().to_csv(out / "plan.csv", index=False)
-    (out / "plan.json").write_text(to_json(result.to_dict()))
+    """plan.csv (every evaluated point), latency_vs_rate.png, and plan.json (the answer, last)."""
+    out = begin_folder(out_dir, "plan.json")
+    write_csv(result.frame(), out / "plan.csv")
     if plots and result.points:
         from ..plots import plot_latency_vs_rate
 
         rows = pd.DataFrame([p.row() for p in result.points if p.summary])
         plot_latency_vs_rate(out / "latency_vs_rate.png", rows, chosen_rate=result.capacity or None,
                              slo=tightest_targets(result.settings.terms, ("ttft", "tpot", "itl", "e2el")), latencies=("ttft", "tpot", "itl", "e2el"))
+    write_text(out / "plan.json", to_json(result.to_dict()))
     return out

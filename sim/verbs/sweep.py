@@ -7,6 +7,11 @@ point validates (a misspelt key fails them all) the sweep stops before running a
 grid order (the first ``--grid`` varies slowest), so the table is the same whichever backend ran
 it and in whatever order the workers finished. Everything in a row except ``wall_s`` (seconds the
 run took on its worker, see ``WALL_COLUMNS``) is a pure function of the scenario and its seed.
+
+Given an output folder, each point is recorded in its ``points.jsonl`` as it finishes
+(``points_log.py``) and the table is built from those records, so ``resume=True`` reruns only the
+points missing there and gives the very table an uninterrupted sweep gives. A point whose worker
+died twice has status ``lost`` and is not recorded: ``--resume`` runs it again.
 """
 
 from __future__ import annotations
@@ -21,11 +26,16 @@ from typing import Any
 
 import pandas as pd
 
+from ..outputs import begin_folder, write_csv, write_parquet
 from ..scenario import Scenario, ScenarioError, apply_override, parse_yaml_value, scenario_from_dict
 from .parallel import TaskRunner
+from .points_log import Recording, run_recorded
 
 WALL_COLUMNS = ("wall_s",)  # vary from run to run; leave them out when comparing sweeps
 HEADER_KEYS = ("kv_num_blocks",)
+TABLE_FILES = ("sweep.csv", "sweep.parquet")  # sweep.csv is written last: it marks a finished sweep
+POINTS_FILE = "points.jsonl"
+SPEC_LABELS = {"scenario": "base scenario", "set": "--set overrides", "grid": "grid"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +107,21 @@ def _label(overrides: Sequence[str]) -> str:
     return ", ".join(overrides)
 
 
+def sweep_spec(raw: dict[str, Any], axes: Sequence[GridAxis], base_overrides: Sequence[str]) -> dict[str, Any]:
+    """What makes two sweeps the same sweep (``--resume`` refuses a folder recorded with another)."""
+    return {"scenario": raw, "set": list(base_overrides), "grid": [{"key": a.key, "values": list(a.texts)}
+                                                                    for a in axes]}
+
+
 def run_sweep(raw: dict[str, Any], axes: Sequence[GridAxis], base_overrides: Sequence[str] = (),
               backend: str = "local", workers: int | None = None, ray_address: str | None = None,
-              source: str = "scenario", base_dir: str | Path = ".", progress: bool = True) -> pd.DataFrame:
-    """One row per grid point: point index, grid values, status, error, summary metrics, wall_s."""
+              source: str = "scenario", base_dir: str | Path = ".", progress: bool = True,
+              out_dir: str | Path | None = None, resume: bool = False) -> pd.DataFrame:
+    """One row per grid point: point index, grid values, status, error, summary metrics, wall_s.
+
+    ``out_dir``: record each finished point in its ``points.jsonl``; ``resume``: keep the points
+    already recorded there (the folder must hold this same sweep) and run only the others.
+    """
     points = grid_points(axes)
     keys = [a.key for a in axes]
     scenarios: list[Scenario | None] = []
@@ -114,25 +135,27 @@ def run_sweep(raw: dict[str, Any], axes: Sequence[GridAxis], base_overrides: Seq
         except ScenarioError as e:
             scenarios.append(None)
             errors.append(str(e).splitlines()[0])
-    todo = [i for i, s in enumerate(scenarios) if s is not None]
-    if not todo:
+    valid = [i for i, s in enumerate(scenarios) if s is not None]
+    if not valid:
         # a misspelt grid key (or a base scenario that does not validate) fails every point: say so
         # once, before any worker starts, instead of a table of identical failures
         raise ScenarioError(f"sweep: none of the {len(points)} grid points is a valid scenario; the first: "
                             f"{errors[0]}")
-    with TaskRunner(backend, workers=workers, ray_address=ray_address, progress=progress, desc="sweep") as runner:
-        outcomes = runner.map(run_point, [scenarios[i] for i in todo])
-    by_index = dict(zip(todo, outcomes, strict=True))
+    recording = None if out_dir is None else Recording(
+        Path(out_dir), POINTS_FILE, sweep_spec(raw, axes, base_overrides), SPEC_LABELS, "sweep", resume, TABLE_FILES)
+    done = run_recorded(run_point, {i: scenarios[i] for i in valid},
+                        lambda: TaskRunner(backend, workers=workers, ray_address=ray_address, progress=progress,
+                                           desc="sweep"), recording, "points")
     rows = []
     for i, pt in enumerate(points):
         row: dict[str, Any] = {"point": i, **{a.key: a.values[j] for a, j in zip(axes, pt, strict=True)}}
-        o = by_index.get(i)
-        err = errors[i] if o is None else o.error
-        row["status"] = "ok" if err is None else "failed"
-        row["error"] = err or ""
-        if o is not None and o.ok:
-            row.update(o.value)
-        row["wall_s"] = o.wall_s if o is not None else 0.0
+        rec = done.get(i)
+        if rec is not None:
+            row["status"], row["error"] = rec["status"], rec["error"]
+            row.update(rec["value"] or {})
+            row["wall_s"] = rec["wall_s"]
+        else:  # did not validate: never ran
+            row.update(status="failed", error=errors[i] or "", wall_s=0.0)
         rows.append(row)
     df = pd.DataFrame(rows)
     metric_cols = [c for c in df.columns if c not in ("point", "status", "error", *WALL_COLUMNS, *keys)]
@@ -140,6 +163,7 @@ def run_sweep(raw: dict[str, Any], axes: Sequence[GridAxis], base_overrides: Seq
     for a in axes:  # parquet wants one type per column; a grid mixing types is kept as text
         if len({type(v) for v in a.values}) > 1:
             df[a.key] = df[a.key].map(str)
+    df.attrs["resumed_points"] = done.resumed  # points taken from points.jsonl instead of run now
     return df
 
 
@@ -149,39 +173,54 @@ def comparable(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_sweep(df: pd.DataFrame, axes: Sequence[GridAxis], out_dir: str | Path, plots: bool = True) -> Path:
-    """sweep.parquet, sweep.csv and sweep.png (one bar per point for the headline metrics)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    df.to_parquet(out / "sweep.parquet", index=False)
-    df.to_csv(out / "sweep.csv", index=False)
+    """sweep.parquet, sweep.png (one bar per point for the headline metrics), and sweep.csv last."""
+    out = begin_folder(out_dir, *TABLE_FILES)
+    write_parquet(df, out / "sweep.parquet")
     if plots:
         from ..plots import plot_sweep
 
         plot_sweep(out / "sweep.png", df, [a.key for a in axes])
+    write_csv(df, out / "sweep.csv")
     return out
 
 
 def format_sweep(df: pd.DataFrame, axes: Sequence[GridAxis]) -> str:
-    """A compact table: grid values and the headline metrics, failed points with their error."""
+    """A compact table: grid values and the headline metrics, failed points with their error.
+
+    Throughput and latencies count only the requests a point admitted, so a point that rejected
+    some is marked ``!`` in the ``rejected`` column and named below the table: it must not pass
+    for the best point.
+    """
     keys = [a.key for a in axes]
-    metrics = [("request_throughput", "req/s", ".2f"), ("request_goodput", "goodput", ".2f"),
-               ("p99_ttft_ms", "TTFT p99", ".0f"), ("p99_tpot_ms", "TPOT p99", ".1f"),
-               ("p99_itl_ms", "ITL p99", ".1f"), ("p99_e2el_ms", "E2E p99", ".0f")]  # fmt: skip
+    metrics = [("request_throughput", "req/s", ".2f"), ("rejected", "rejected", "d"),
+               ("request_goodput", "goodput", ".2f"), ("p99_ttft_ms", "TTFT p99", ".0f"),
+               ("p99_tpot_ms", "TPOT p99", ".1f"), ("p99_itl_ms", "ITL p99", ".1f"),
+               ("p99_e2el_ms", "E2E p99", ".0f")]  # fmt: skip
     head = ["#", *[k.rsplit(".", 1)[-1] for k in keys], *[h for _, h, _ in metrics]]
-    rows = []
+    rows, rejecting = [], []
     for _, r in df.iterrows():
         cells = [str(r["point"]), *[str(r[k]) for k in keys]]
         if r["status"] != "ok":
-            cells.append(f"FAILED: {r['error']}")
+            cells.append(f"{r['status'].upper()}: {r['error']}")
         else:
             for col, _, spec in metrics:
                 v = r.get(col, math.nan)
-                cells.append("-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec))
+                if v is None or (isinstance(v, float) and math.isnan(v)):
+                    cells.append("-")
+                elif col == "rejected":
+                    cells.append(f"{int(v)}!" if v else "0")
+                else:
+                    cells.append(format(v, spec))
+            if r.get("rejected"):
+                rejecting.append(f"{r['point']} ({int(r['rejected'])} of {int(r['rejected'] + r['completed'])})")
         rows.append(cells)
     full = [head, *[c for c in rows if len(c) == len(head)]]  # failed rows do not set widths
     widths = [max(len(c[i]) for c in full) for i in range(len(head))]
     lines = ["  ".join(v.rjust(w) for v, w in zip(head, widths, strict=True)), "  ".join("-" * w for w in widths)]
     for cells in rows:
-        lines.append("  ".join(v.rjust(w) if not v.startswith("FAILED") else v
+        lines.append("  ".join(v.rjust(w) if len(cells) == len(head) else v
                                for v, w in zip(cells, widths, strict=False)))
+    if rejecting:
+        lines.append(f"! rejected requests at point{'s' if len(rejecting) > 1 else ''} {', '.join(rejecting)}: "
+                     f"their throughput and latencies count only the requests they admitted")
     return "\n".join(lines)
