@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
 from servesim.calibration.allreduce_fit import fit_allreduce, held_out_mask, node_rows
 from servesim.sim.allreduce import Link
 from servesim.sim.presets import get_hardware
