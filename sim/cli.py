@@ -321,6 +321,36 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 1 if len(failed) else 0
 
 
+def cmd_search(args: argparse.Namespace) -> int:
+    from .scenario import read_scenario_file
+    from .verbs.plan import PlanSettings
+    from .verbs.prices import parse_gpu_costs, prices_for
+    from .verbs.search import SearchSettings, parse_space, search, space_hardware
+    from .verbs.search_report import format_search, write_search
+    from .verbs.slo import parse_slo, terms_from_scenario_slo
+
+    sc = _load(args)
+    axes = parse_space(args.space)
+    prices = prices_for(space_hardware(sc, axes), parse_gpu_costs(args.gpu_cost))
+    if not (args.slo or sc.slo):
+        raise UserError("search needs an SLO: --slo p99_ttft_ms=2000,p99_tpot_ms=100 or an slo: section in the scenario")
+    terms = parse_slo(args.slo) if args.slo else terms_from_scenario_slo(sc.slo)
+    st = PlanSettings(terms, attainment=args.attainment, seeds=args.seeds, tolerance=args.tolerance,
+                      window_s=args.duration, min_requests=args.min_requests)
+    ss = SearchSettings(args.target_rate, st, prices, wave=args.wave, max_replicas=args.max_replicas,
+                        saturation_requests=args.saturation_requests, budget_s=args.budget_s)
+    result = search(read_scenario_file(args.scenario), sc, axes, ss, args.set, source=args.scenario,
+                    base_dir=Path(args.scenario).parent, backend="ray" if args.ray is not None else "local",
+                    workers=args.workers, ray_address=args.ray or None, progress=not args.quiet)
+    out = write_search(result, args.out or Path("results") / f"{sc.name}-search", plots=not args.no_plots)
+    print(f"servesim search: {sc.name} | {sc.model} | {len(result.points)} points over "
+          f"{', '.join(a.key for a in axes)} | {'on ray' if args.ray is not None else 'on local processes'}")
+    print(format_search(result, top=args.top))
+    print(f"results in {out}/ (search.parquet, search.csv, search.json"
+          f"{'' if args.no_plots else ', pareto.png'}{', winner.yaml' if result.best else ''})")
+    return 0 if result.best is not None else 1
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from .scenario import load_scenario
     from .verbs.compare import compare, format_compare, write_compare
@@ -371,6 +401,36 @@ def _add_planning_commands(sub, scenario_cmd) -> None:  # noqa: ANN001 - argpars
                          "'auto' or ray://HOST:PORT joins a cluster")
     sw.add_argument("--no-plots", action="store_true", help="skip sweep.png")
     workers(sw)
+
+    se = scenario_cmd("search", "cheapest deployment (GPU, TP, knobs, replicas) that serves a target rate within "
+                      "an SLO", cmd_search)
+    se.add_argument("--target-rate", type=float, required=True, metavar="R", help="requests/s to serve")
+    se.add_argument("--space", action="append", default=[], metavar="KEY.PATH=V1,V2,...",
+                    help="a scenario field and its values, e.g. hardware=h100-sxm,l40s or tensor_parallel=1,2,4,8 "
+                         "(repeatable; the cross product is searched)")
+    se.add_argument("--gpu-cost", action="append", default=[], metavar="HW=PRICE,...|FILE",
+                    help="$ per GPU-hour overrides, e.g. h100-sxm=2.5,l40s=0.9, or a YAML file of hardware: price "
+                         "(default: the presets' approximate on-demand prices, see README)")
+    se.add_argument("--slo", action="append", default=[], metavar="TERMS",
+                    help="as plan's --slo, e.g. p99_ttft_ms=2000,p99_tpot_ms=100 (default: the scenario's slo)")
+    se.add_argument("--attainment", type=float, default=0.9, help="as plan's (0.9)")
+    se.add_argument("--seeds", type=int, default=2, help="seeds per tested rate, pooled (2)")
+    se.add_argument("--tolerance", type=float, default=0.1,
+                    help="overload the arrival window must expose, as plan's (0.1; sets the default window)")
+    se.add_argument("--duration", type=float, default=None, metavar="S", help="arrival window per seed (s)")
+    se.add_argument("--min-requests", type=int, default=200, help="at least this many requests per seed (200)")
+    se.add_argument("--wave", type=int, default=8,
+                    help="points searched together (8); fixes the order of decisions, so any backend gives one table")
+    se.add_argument("--max-replicas", type=int, default=128, help="give a point up beyond this many replicas (128)")
+    se.add_argument("--saturation-requests", type=int, default=200,
+                    help="requests in each point's saturation run, which bounds its capacity (200)")
+    se.add_argument("--budget-s", type=float, default=None, metavar="S",
+                    help="stop after S seconds with the best deployment found so far (marked as such)")
+    se.add_argument("--top", type=int, default=10, help="deployments to print (10)")
+    se.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                    help="run the simulations as Ray tasks (no ADDRESS: start or join Ray like ray.init())")
+    se.add_argument("--no-plots", action="store_true", help="skip pareto.png")
+    workers(se)
 
     cp = sub.add_parser("compare", help="is a candidate config worse than the baseline? paired runs, bootstrap CIs",
                         description="Run BASELINE and CANDIDATE on the same workloads over N seeds and report "
