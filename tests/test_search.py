@@ -9,7 +9,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-
 from servesim.sim import presets
 from servesim.sim.cli import main
 from servesim.sim.scenario import load_scenario
