@@ -189,16 +189,22 @@ def saturation_scenario(sc: Scenario, n: int) -> Scenario:
     return sc.model_copy(update={"workload": workload, "cluster": cluster})
 
 
-def saturation_bound(digest: Any) -> float:
-    """Capacity bound (requests/s): the completion rate between the 10th and 90th percentile
-    finish, times ``SATURATION_MARGIN``; inf when too few requests finished to tell."""
-    df = digest.requests
+def saturation_run(sc: Scenario) -> tuple[float, int, str]:
+    """Worker entry point: (capacity bound in requests/s, rejected requests, the first rejection's
+    reason) of a saturation scenario. The bound is the completion rate between the 10th and 90th
+    percentile finish times, times ``SATURATION_MARGIN``; inf when too few requests finished."""
+    from ..simulate import simulate
+
+    res = simulate(sc, progress=False)
+    df = res.requests_df
+    rejected = df[df["state"] == "rejected"]
+    reason = str(rejected["reject_reason"].iloc[0]) if len(rejected) else ""
     t = np.sort(df.loc[df["state"] == "finished", "finish_time"].to_numpy(dtype=np.float64))
     if t.size < 10:
-        return math.inf
+        return math.inf, len(rejected), reason
     lo, hi = int(0.1 * t.size), int(0.9 * t.size)
     span = t[hi] - t[lo]
-    return SATURATION_MARGIN * (hi - lo) / span if span > 0 else math.inf
+    return (SATURATION_MARGIN * (hi - lo) / span if span > 0 else math.inf), len(rejected), reason
 
 
 class Simulations:
@@ -244,7 +250,7 @@ class Simulations:
         keys: dict[tuple[str, float], list[Point]] = {}
         for p in points:
             keys.setdefault(self.key(p.scenario, SATURATION_RATE), []).append(p)
-        outcomes = self.runner.map(simulate_digest, [saturation_scenario(ps[0].scenario, n) for ps in keys.values()])
+        outcomes = self.runner.map(saturation_run, [saturation_scenario(ps[0].scenario, n) for ps in keys.values()])
         self.run += len(keys)
         self.reused += len(points) - len(keys)
         for ps, o in zip(keys.values(), outcomes, strict=True):
@@ -253,7 +259,11 @@ class Simulations:
                 if not o.ok:
                     p.status, p.reason = "infeasible", f"saturation run failed: {o.error}"
                     continue
-                p.upper_bound_rps = saturation_bound(o.value)
+                bound, rejected, reason = o.value
+                if rejected:  # a request this configuration can never serve fails every SLO term
+                    p.status, p.reason = "infeasible", f"{rejected} of {n} requests rejected: {reason}"
+                    continue
+                p.upper_bound_rps = bound
                 p.failed_replicas = max(0, math.ceil(target_rate / p.upper_bound_rps) - 1)
 
 
