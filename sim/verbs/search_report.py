@@ -162,37 +162,53 @@ def write_search(result: SearchResult, out_dir: str | Path, plots: bool = True) 
 
 
 def plot_pareto(path: Path, df: pd.DataFrame, target: float, best: int | None) -> Path:
-    """Capacity per replica against $/hour per replica, one marker per hardware, the frontier
-    (no point both cheaper and more capable) as a line, the chosen deployment starred."""
+    """Capacity of one replica against its $/hour, one colour per hardware: filled markers at the
+    capacity a point was sized at (target / replicas), hollow ones at the upper bound of a point
+    pruned before it was sized; the frontier (nothing both cheaper and more capable) as a line and
+    the chosen deployment starred."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(7.5, 5))
     ax = fig.add_subplot()
-    sized = df[df["replicas"].notna()]
-    markers = "osD^vP*X"
-    for i, (hw, g) in enumerate(sized.groupby("hardware", sort=True)):
-        ax.scatter(g["replica_cost_per_hour"], g["capacity_lo_rps"], marker=markers[i % len(markers)], s=40,
-                   alpha=0.8, label=f"{hw} (TP {', '.join(str(t) for t in sorted(g['tensor_parallel'].unique()))})")
-    front = sized.sort_values(["replica_cost_per_hour", "capacity_lo_rps"], ascending=[True, False])
+    priced = df[df["replica_cost_per_hour"].notna() & df["status"].ne("infeasible")]
+    upper = priced["upper_bound_rps"].where(priced["capacity_hi_rps"].isna(),
+                                            priced[["upper_bound_rps", "capacity_hi_rps"]].min(axis=1))
+    colours = {hw: f"C{i}" for i, hw in enumerate(sorted(priced["hardware"].unique()))}
+    for hw, g in priced.groupby("hardware", sort=True):
+        sized = g[g["replicas"].notna()]
+        tps = ", ".join(str(t) for t in sorted(g["tensor_parallel"].unique()))
+        ax.scatter(sized["replica_cost_per_hour"], sized["capacity_lo_rps"], color=colours[hw], s=40,
+                   label=f"{hw} (TP {tps})")
+        rest = g[g["replicas"].isna()]
+        ax.scatter(rest["replica_cost_per_hour"], upper[rest.index], facecolor="none", edgecolor=colours[hw], s=40)
+    sized = priced[priced["replicas"].notna()].sort_values(["replica_cost_per_hour", "capacity_lo_rps"],
+                                                           ascending=[True, False])
     xs, ys, top = [], [], -math.inf
-    for _, r in front.iterrows():
+    for _, r in sized.iterrows():
         if r["capacity_lo_rps"] > top:
             top = r["capacity_lo_rps"]
             xs.append(r["replica_cost_per_hour"])
             ys.append(top)
     if xs:
-        ax.step(xs, ys, where="post", color="grey", lw=1, label="Pareto frontier")
+        ax.step(xs, ys, where="post", color="grey", lw=1, label="frontier of sized points")
+    ax.scatter([], [], facecolor="none", edgecolor="grey", label="pruned: capacity upper bound")
     if best is not None:
         r = df[df["point"] == best].iloc[0]
-        ax.scatter([r["replica_cost_per_hour"]], [r["capacity_lo_rps"]], marker="*", s=320, facecolor="none",
-                   edgecolor="red", lw=1.5, label=f"cheapest: {int(r['replicas'])} x, ${r['cost_per_hour']:.2f}/h")
-    ax.set_xlabel("$ / hour per replica (TP x $/GPU-hour)")
-    ax.set_ylabel(f"SLO capacity per replica (req/s, >= target / replicas, target {target:g})")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title("deployment search: capacity vs price of one replica")
+        ax.scatter([r["replica_cost_per_hour"]], [r["capacity_lo_rps"]], marker="*", s=360, facecolor="none",
+                   edgecolor="red", lw=1.5,
+                   label=f"cheapest: {int(r['replicas'])} x {r['hardware']} TP {r['tensor_parallel']}, "
+                         f"\\${r['cost_per_hour']:.2f}/h")
+        # a replica beats the winner only above this line (ignoring the rounding up of replicas)
+        xmax = float(priced["replica_cost_per_hour"].max()) * 1.05
+        ax.plot([0, xmax], [0, target * xmax / r["cost_per_hour"]], ls="--", lw=0.8, color="red", alpha=0.6,
+                label="same total \\$/h as the cheapest")
+    ax.set_xlabel("\\$ / hour of one replica (tensor_parallel x \\$ / GPU-hour)")
+    ax.set_ylabel(f"SLO capacity of one replica (req/s; target {target:g} / replicas)")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(f"deployment search: one replica's capacity vs its price (target {target:g} req/s)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     return path
