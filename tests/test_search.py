@@ -156,3 +156,28 @@ def test_a_local_ray_cluster_gives_the_identical_table(tmp_path):
         ray.shutdown()
     local, on_ray = (pd.read_parquet(tmp_path / d / "search.parquet") for d in ("local", "ray"))
     pd.testing.assert_frame_equal(local, on_ray)
+
+
+def test_budget_stopping_mid_search_prints_the_best_so_far(tmp_path, capsys, monkeypatch):
+    from servesim.sim.verbs import search as search_mod
+
+    class Clock:  # each reading is one second later: the budget ends after a fixed number of steps
+        now = 0.0
+
+        @classmethod
+        def perf_counter(cls) -> float:
+            cls.now += 1.0
+            return cls.now
+
+    monkeypatch.setattr(search_mod, "time", Clock)
+    out = tmp_path / "s"
+    rc = main(["search", str(closed_form(tmp_path)), *ARGS, *SPACE, "--wave", "24", "--budget-s", "1.5",
+               "--out", str(out)])
+    text = capsys.readouterr().out
+    df = pd.read_parquet(out / "search.parquet")
+    assert rc == 0 and "BEST SO FAR" in text
+    best = df[df["status"] == "best-so-far"]
+    assert len(best) == 1 and (df["status"] == "unfinished").any()
+    # the best so far passed at its replica count, which is never below the exact answer
+    assert best.iloc[0]["replicas"] >= expected_replicas(best.iloc[0]["scheduler.max_num_seqs"],
+                                                         best.iloc[0]["cost_model.step_ms"])
