@@ -331,8 +331,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_search(args: argparse.Namespace) -> int:
     from .scenario import read_scenario_file
     from .verbs.prices import parse_gpu_costs, prices_for
-    from .verbs.search import SearchSettings, parse_space, search, space_hardware
+    from .verbs.search import SearchSettings, search
     from .verbs.search_report import format_search, write_search
+    from .verbs.search_space import parse_space, space_hardware
 
     sc = _load(args)
     axes = parse_space(args.space)

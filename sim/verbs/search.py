@@ -32,27 +32,19 @@ marked as such, and undecided points are listed as ``unfinished``.
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from ..errors import UserError
-from ..hints import did_you_mean
-from ..presets import HARDWARE, get_hardware
-from ..scenario import Scenario, ScenarioError, apply_override, scenario_from_dict
+from ..scenario import Scenario, ScenarioError
 from .parallel import TaskRunner
-from .plan import PlanSettings, RatePoint, _check_rate_workload, judge_rate, rate_tasks, simulate_digest
-from .sweep import GridAxis, grid_points, parse_grid
-
-SATURATION_MARGIN = 1.25  # the steady burst throughput can sit below the sustainable rate by ramp and drain
-SATURATION_RATE = 1e6  # requests/s: every saturation request arrives within a millisecond or so
-STATUSES = ("best", "best-so-far", "feasible", "pruned", "infeasible", "unfinished")
+from .plan import PlanSettings, _check_rate_workload
+from .search_runs import Simulations
+from .search_space import Point, build_points, check_feasible
+from .sweep import GridAxis
 
 
 @dataclass(slots=True)
@@ -77,31 +69,6 @@ class SearchSettings:
 
 
 @dataclass
-class Point:
-    """One configuration of the space and what the search learned about it."""
-
-    index: int
-    values: dict[str, Any]
-    scenario: Scenario | None
-    status: str = "unfinished"
-    reason: str = ""
-    replica_cost: float = math.nan  # $/hour of one replica: tensor_parallel x $/GPU-hour
-    upper_bound_rps: float = math.nan  # capacity bound of one replica from the saturation run
-    replicas: int | None = None  # smallest n with one replica passing at target / n
-    failed_replicas: int = 0  # largest n known to fail (0: none)
-    tested: dict[int, RatePoint] = field(default_factory=dict)
-    sims: int = 0  # simulations this point ran (cache hits not counted)
-
-    @property
-    def lower_bound_replicas(self) -> int:
-        return max(1, self.failed_replicas + 1)
-
-    @property
-    def cost(self) -> float:
-        return self.replicas * self.replica_cost if self.replicas else math.nan
-
-
-@dataclass
 class SearchResult:
     base: Scenario
     axes: list[GridAxis]
@@ -113,158 +80,6 @@ class SearchResult:
     sims_reused: int
     wall_s: float
     backend: str
-
-
-# ---- the space ----------------------------------------------------------------------------------
-def parse_space(items: Sequence[str]) -> list[GridAxis]:
-    """``--space key.path=v1,v2`` items (``sweep --grid`` syntax); hardware names are checked here."""
-    if not items:
-        raise ScenarioError("search needs at least one --space key.path=v1,v2,..., e.g. --space hardware=h100-sxm,l40s")
-    try:
-        axes = parse_grid(items)
-    except ScenarioError as e:
-        raise ScenarioError(str(e).replace("--grid", "--space")) from None
-    for a in axes:
-        if a.key == "hardware":
-            for v in a.values:
-                if v not in HARDWARE:
-                    raise ScenarioError(f"--space hardware: unknown hardware {v!r}{did_you_mean(str(v), HARDWARE)}; "
-                                        f"choose from: {', '.join(HARDWARE)}")
-    return axes
-
-
-def space_hardware(base: Scenario, axes: Sequence[GridAxis]) -> list[str]:
-    """Every hardware name the space uses (the base scenario's when no axis varies it)."""
-    for a in axes:
-        if a.key == "hardware":
-            return [str(v) for v in a.values]
-    return [base.hardware]
-
-
-def build_points(raw: dict[str, Any], axes: Sequence[GridAxis], base_overrides: Sequence[str],
-                 source: str, base_dir: Path) -> list[Point]:
-    """One ``Point`` per combination; one that does not validate is infeasible with the reason."""
-    points = []
-    for i, combo in enumerate(grid_points(axes)):
-        values = {a.key: a.values[j] for a, j in zip(axes, combo, strict=True)}
-        d = copy.deepcopy(raw)
-        try:
-            for item in [*base_overrides, *(f"{a.key}={a.texts[j]}" for a, j in zip(axes, combo, strict=True))]:
-                apply_override(d, item)
-            sc = scenario_from_dict(d, source=source)
-            sc.workload = sc.workload.resolve_paths(base_dir)
-            points.append(Point(i, values, sc))
-        except UserError as e:
-            points.append(Point(i, values, None, "infeasible", str(e).splitlines()[0]))
-    return points
-
-
-def check_feasible(p: Point, prices: dict[str, float]) -> None:
-    """Mark ``p`` infeasible when one replica cannot hold the model; price it otherwise."""
-    from ..simulate import plan_kv
-
-    sc = p.scenario
-    if sc is None:
-        return
-    hw = get_hardware(sc.hardware)
-    if sc.tensor_parallel > hw.gpus_per_node:
-        p.status, p.reason = "infeasible", (f"tensor_parallel={sc.tensor_parallel} spans more than one "
-                                            f"{hw.name} node ({hw.gpus_per_node} GPUs): not modelled")
-        return
-    try:
-        plan_kv(sc)
-    except UserError as e:
-        p.status, p.reason = "infeasible", str(e).splitlines()[0]
-        return
-    p.replica_cost = sc.tensor_parallel * prices[sc.hardware]
-
-
-# ---- simulations --------------------------------------------------------------------------------
-def saturation_scenario(sc: Scenario, n: int) -> Scenario:
-    """``n`` requests of the scenario's workload arriving at once (within ~n / SATURATION_RATE s)."""
-    wl = sc.workload
-    arrival = wl.arrival.model_copy(update={"rate": SATURATION_RATE})
-    workload = wl.model_copy(update={"arrival": arrival, "num_requests": int(n), "duration_s": None})
-    cluster = sc.cluster.model_copy(update={"num_replicas": 1})
-    return sc.model_copy(update={"workload": workload, "cluster": cluster})
-
-
-def saturation_run(sc: Scenario) -> tuple[float, int, str]:
-    """Worker entry point: (capacity bound in requests/s, rejected requests, the first rejection's
-    reason) of a saturation scenario. The bound is the completion rate between the 10th and 90th
-    percentile finish times, times ``SATURATION_MARGIN``; inf when too few requests finished."""
-    from ..simulate import simulate
-
-    res = simulate(sc, progress=False)
-    df = res.requests_df
-    rejected = df[df["state"] == "rejected"]
-    reason = str(rejected["reject_reason"].iloc[0]) if len(rejected) else ""
-    t = np.sort(df.loc[df["state"] == "finished", "finish_time"].to_numpy(dtype=np.float64))
-    if t.size < 10:
-        return math.inf, len(rejected), reason
-    lo, hi = int(0.1 * t.size), int(0.9 * t.size)
-    span = t[hi] - t[lo]
-    return (SATURATION_MARGIN * (hi - lo) / span if span > 0 else math.inf), len(rejected), reason
-
-
-class Simulations:
-    """The runner plus a cache of judged rates keyed by (scenario, rate): identical points share runs."""
-
-    def __init__(self, runner: TaskRunner, st: PlanSettings) -> None:
-        self.runner, self.st = runner, st
-        self.cache: dict[tuple[str, float], RatePoint] = {}
-        self.run = self.reused = 0
-
-    def key(self, sc: Scenario, rate: float) -> tuple[str, float]:
-        return sc.model_dump_json(), float(rate)
-
-    def judge(self, asks: Sequence[tuple[Point, int, float]]) -> list[RatePoint]:
-        """Judge each (point, replicas, per-replica rate); all uncached runs in one batch."""
-        todo: dict[tuple[str, float], list[Scenario]] = {}
-        for p, _, rate in asks:
-            k = self.key(p.scenario, rate)
-            if k not in self.cache and k not in todo:
-                todo[k] = rate_tasks(p.scenario, self.st, rate)
-        flat = [t for tasks in todo.values() for t in tasks]
-        outcomes = self.runner.map(simulate_digest, flat) if flat else []
-        self.run += len(flat)
-        i = 0
-        for k, tasks in todo.items():
-            self.cache[k] = judge_rate(self.st, k[1], 1, tasks, outcomes[i:i + len(tasks)])
-            i += len(tasks)
-        out = []
-        seen: set[tuple[str, float]] = set()
-        for p, _, rate in asks:
-            k = self.key(p.scenario, rate)
-            if k not in todo or k in seen:
-                self.reused += self.st.seeds
-            else:
-                p.sims += self.st.seeds
-            seen.add(k)
-            out.append(self.cache[k])
-        return out
-
-    def saturate(self, points: Sequence[Point], n: int, target_rate: float) -> None:
-        """One saturation run per point (shared by identical scenarios): sets ``upper_bound_rps``
-        and the replicas known to fail (those that would each get more than the bound)."""
-        keys: dict[tuple[str, float], list[Point]] = {}
-        for p in points:
-            keys.setdefault(self.key(p.scenario, SATURATION_RATE), []).append(p)
-        outcomes = self.runner.map(saturation_run, [saturation_scenario(ps[0].scenario, n) for ps in keys.values()])
-        self.run += len(keys)
-        self.reused += len(points) - len(keys)
-        for ps, o in zip(keys.values(), outcomes, strict=True):
-            ps[0].sims += 1
-            for p in ps:
-                if not o.ok:
-                    p.status, p.reason = "infeasible", f"saturation run failed: {o.error}"
-                    continue
-                bound, rejected, reason = o.value
-                if rejected:  # a request this configuration can never serve fails every SLO term
-                    p.status, p.reason = "infeasible", f"{rejected} of {n} requests rejected: {reason}"
-                    continue
-                p.upper_bound_rps = bound
-                p.failed_replicas = max(0, math.ceil(target_rate / p.upper_bound_rps) - 1)
 
 
 # ---- the search ---------------------------------------------------------------------------------

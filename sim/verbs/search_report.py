@@ -25,7 +25,8 @@ import pandas as pd
 from ..metrics import to_json
 from ..scenario import scenario_to_yaml
 from .plan import at_rate
-from .search import Point, SearchResult
+from .search import SearchResult
+from .search_space import Point
 from .slo import describe
 
 LATENCY_KEYS = ("p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms", "p99_e2el_ms", "slo_attainment")
