@@ -181,3 +181,12 @@ def test_budget_stopping_mid_search_prints_the_best_so_far(tmp_path, capsys, mon
     # the best so far passed at its replica count, which is never below the exact answer
     assert best.iloc[0]["replicas"] >= expected_replicas(best.iloc[0]["scheduler.max_num_seqs"],
                                                          best.iloc[0]["cost_model.step_ms"])
+
+
+def test_a_configuration_that_rejects_requests_is_infeasible_after_one_run(tmp_path):
+    out = tmp_path / "s"
+    assert main(["search", str(closed_form(tmp_path)), *ARGS, "--set", "scheduler.type=continuous",
+                 "--space", "scheduler.max_num_batched_tokens=8,512", "--out", str(out)]) == 0
+    df = pd.read_parquet(out / "search.parquet").set_index("scheduler.max_num_batched_tokens")
+    assert df.loc[8, "status"] == "infeasible" and "rejected" in df.loc[8, "reason"] and df.loc[8, "sims"] == 1
+    assert df.loc[512, "status"] == "best"
