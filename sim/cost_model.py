@@ -232,8 +232,9 @@ class RooflineCostModel:
     - attention: decode rows read their KV (ctx + 1 tokens each); prefill rows are compute-bound
       (4 * heads * head_dim FLOPs per query-key pair per layer, floored by their KV read); every
       new token's K and V is written to the cache.
-    - all_reduce: with tensor parallelism, two ring all-reduces of the hidden states per layer,
-      each a per-call latency plus the ring's bytes over the hardware's link (``sim/allreduce.py``).
+    - all_reduce: with tensor parallelism, two ring all-reduces of the hidden states per layer and
+      one after the embedding, each a per-call latency plus the ring's bytes over the hardware's
+      link (``sim/allreduce.py``).
     - swap (KV bytes over PCIe) and host (scheduler and launch per step, per sequence).
 
     Every kernel also pays the hardware's ``kernel_floor_s`` (launch, ramp-up, tail). Rates are the
@@ -302,9 +303,11 @@ class RooflineCostModel:
         self._attn_fixed = 2 * L * floor
         self._pair_s = m.attention_flops_per_pair / tp / self._attn_rate
         self._pcie = hw.pcie_bandwidth
-        # two all-reduces of the hidden states per layer (after O and after down); 0 at tp 1
-        self._ar_fixed = 2 * L * self.link.call_s(tp)
-        self._ar_per_token = 2 * L * self.link.per_byte_s(tp) * h * dt
+        # all-reduces of the hidden states: two per layer (after O and after down) and one after the
+        # vocabulary-parallel embedding, as the GPU profiles' link spec counts them; 0 at tp 1
+        n_ar = 2 * L + 1
+        self._ar_fixed = n_ar * self.link.call_s(tp)
+        self._ar_per_token = n_ar * self.link.per_byte_s(tp) * h * dt
 
     def iteration_time(self, q_lens: np.ndarray, ctx_lens: np.ndarray, swap_bytes: float = 0.0) -> float:
         """Seconds for one step (see the class docstring); 0 for an empty step without swaps."""
