@@ -164,8 +164,8 @@ def write_search(result: SearchResult, out_dir: str | Path, plots: bool = True) 
 
 def plot_pareto(path: Path, df: pd.DataFrame, target: float, best: int | None) -> Path:
     """Capacity of one replica against its $/hour, one colour per hardware: filled markers at the
-    capacity a point was sized at (target / replicas), hollow ones at the upper bound of a point
-    pruned before it was sized; the frontier (nothing both cheaper and more capable) as a line and
+    capacity a point was sized at exactly (target / replicas), hollow ones at the upper bound of a
+    point pruned before that (its saturation bound, or target / the most replicas that failed); the frontier (nothing both cheaper and more capable) as a line and
     the chosen deployment starred."""
     from matplotlib.figure import Figure
 
@@ -175,14 +175,15 @@ def plot_pareto(path: Path, df: pd.DataFrame, target: float, best: int | None) -
     upper = priced["upper_bound_rps"].where(priced["capacity_hi_rps"].isna(),
                                             priced[["upper_bound_rps", "capacity_hi_rps"]].min(axis=1))
     colours = {hw: f"C{i}" for i, hw in enumerate(sorted(priced["hardware"].unique()))}
+    exact = priced["status"].isin(["best", "best-so-far", "feasible"])
     for hw, g in priced.groupby("hardware", sort=True):
-        sized = g[g["replicas"].notna()]
+        sized = g[exact[g.index]]
         tps = ", ".join(str(t) for t in sorted(g["tensor_parallel"].unique()))
         ax.scatter(sized["replica_cost_per_hour"], sized["capacity_lo_rps"], color=colours[hw], s=40,
                    label=f"{hw} (TP {tps})")
-        rest = g[g["replicas"].isna()]
+        rest = g[~exact[g.index]]
         ax.scatter(rest["replica_cost_per_hour"], upper[rest.index], facecolor="none", edgecolor=colours[hw], s=40)
-    sized = priced[priced["replicas"].notna()].sort_values(["replica_cost_per_hour", "capacity_lo_rps"],
+    sized = priced[exact].sort_values(["replica_cost_per_hour", "capacity_lo_rps"],
                                                            ascending=[True, False])
     xs, ys, top = [], [], -math.inf
     for _, r in sized.iterrows():
