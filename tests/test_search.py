@@ -44,7 +44,9 @@ def expected_replicas(seqs: int, step_ms: float, target: float = 90.0) -> int:
 
 def test_search_finds_the_closed_form_cheapest_deployment(tmp_path, capsys):
     out = tmp_path / "s"
-    assert main(["search", str(closed_form(tmp_path)), *ARGS, *SPACE, "--out", str(out)]) == 0
+    with_plots = [a for a in ARGS if a != "--no-plots"]
+    assert main(["search", str(closed_form(tmp_path)), *with_plots, *SPACE, "--out", str(out)]) == 0
+    assert (out / "pareto.png").stat().st_size > 10_000
     df = pd.read_parquet(out / "search.parquet")
     assert len(df) == 24
     best = df[df["status"] == "best"]
