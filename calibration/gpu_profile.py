@@ -500,11 +500,14 @@ def dense_ops_for(model: ModelConfig, available: Mapping[str, Any]) -> dict[str,
     return ops
 
 
-def allreduce_link(model: ModelConfig, tp: int, bandwidth: float, latency_s: float, source: str) -> dict[str, Any]:
-    """A ring all-reduce over a link: two per decoder layer (after O and down) and one after the
-    vocabulary-parallel embedding, each of the step's hidden states."""
+def allreduce_link(model: ModelConfig, tp: int, bandwidth: float, latency_s: float, source: str,
+                   hop_latency_s: float = 0.0) -> dict[str, Any]:
+    """A ring all-reduce over a link (``sim.allreduce.Link``, priced by ``layer_cost_model.
+    allreduce_seconds``): two per decoder layer (after O and down) and one after the
+    vocabulary-parallel embedding, each of the step's hidden states. ``bandwidth`` is what the
+    collective reaches (bytes/s), i.e. the link's figure times its efficiency."""
     if tp == 1:
         return {"type": "none"}
     return {"type": "link", "tp": tp, "count": 2 * model.num_layers + 1,
             "bytes_per_token": model.hidden_size * model.dtype_bytes, "latency_s": latency_s,
-            "bandwidth": bandwidth, "source": source}
+            "hop_latency_s": hop_latency_s, "bandwidth": bandwidth, "source": source}

@@ -299,19 +299,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ---- plan, sweep, compare (what-if questions over many runs) -------------------------------------
-def cmd_plan(args: argparse.Namespace) -> int:
-    from .verbs.plan import PlanSettings, format_plan, plan, write_plan
+def _plan_settings(args: argparse.Namespace, sc, verb: str, **kw):  # noqa: ANN001, ANN202 - Scenario, PlanSettings
+    """How plan and search judge one rate: the SLO terms (--slo, else the scenario's slo:) and the run settings."""
+    from .verbs.plan import PlanSettings
     from .verbs.slo import parse_slo, terms_from_scenario_slo
 
-    sc = _load(args)
     if args.slo:
         terms = parse_slo(args.slo)
     elif sc.slo:
         terms = terms_from_scenario_slo(sc.slo)
     else:
-        raise UserError("plan needs an SLO: --slo p99_ttft_ms=500,p99_tpot_ms=50 or an slo: section in the scenario")
-    st = PlanSettings(terms, attainment=args.attainment, seeds=args.seeds, tolerance=args.tolerance,
-                      window_s=args.duration, min_requests=args.min_requests, start_rate=args.start_rate)
+        raise UserError(f"{verb} needs an SLO: --slo p99_ttft_ms=500,p99_tpot_ms=50 or an slo: section in the scenario")
+    return PlanSettings(terms, attainment=args.attainment, seeds=args.seeds, tolerance=args.tolerance,
+                        window_s=args.duration, min_requests=args.min_requests, **kw)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .verbs.plan import format_plan, plan, write_plan
+
+    sc = _load(args)
+    st = _plan_settings(args, sc, "plan", start_rate=args.start_rate)
     result = plan(sc, st, target_rate=args.target_rate, workers=args.workers, progress=not args.quiet)
     out = write_plan(result, args.out or Path("results") / f"{sc.name}-plan", plots=not args.no_plots)
     print(f"servesim plan: {sc.name} | {sc.model} on {sc.hardware} | {sc.scheduler_name} scheduler")
@@ -349,6 +356,31 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 1 if len(failed) else 0
 
 
+def cmd_search(args: argparse.Namespace) -> int:
+    from .scenario import read_scenario_file
+    from .verbs.prices import parse_gpu_costs, prices_for
+    from .verbs.search import SearchSettings, search
+    from .verbs.search_report import format_search, write_search
+    from .verbs.search_space import parse_space, space_hardware
+
+    sc = _load(args)
+    axes = parse_space(args.space)
+    prices = prices_for(space_hardware(sc, axes), parse_gpu_costs(args.gpu_cost))
+    st = _plan_settings(args, sc, "search")
+    ss = SearchSettings(args.target_rate, st, prices, wave=args.wave, max_replicas=args.max_replicas,
+                        saturation_requests=args.saturation_requests, budget_s=args.budget_s)
+    result = search(read_scenario_file(args.scenario), sc, axes, ss, args.set, source=args.scenario,
+                    base_dir=Path(args.scenario).parent, backend="ray" if args.ray is not None else "local",
+                    workers=args.workers, ray_address=args.ray or None, progress=not args.quiet)
+    out = write_search(result, args.out or Path("results") / f"{sc.name}-search", plots=not args.no_plots)
+    print(f"servesim search: {sc.name} | {sc.model} | {len(result.points)} points over "
+          f"{', '.join(a.key for a in axes)} | {'on ray' if args.ray is not None else 'on local processes'}")
+    print(format_search(result, top=args.top))
+    print(f"results in {out}/ (search.parquet, search.csv, search.json"
+          f"{'' if args.no_plots else ', pareto.png'}{', winner.yaml' if result.best else ''})")
+    return 0 if result.best is not None else 1
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from .scenario import load_scenario
     from .verbs.compare import compare, format_compare, write_compare
@@ -377,21 +409,24 @@ def _add_planning_commands(sub, scenario_cmd) -> None:  # noqa: ANN001 - argpars
 
     pl = scenario_cmd("plan", "highest arrival rate one replica sustains within an SLO; replicas for a target rate",
                       cmd_plan)
-    pl.add_argument("--slo", action="append", default=[], metavar="TERMS",
-                    help="[pNN_|median_|mean_]METRIC_ms=TARGET,... with METRIC ttft, tpot, itl, e2el, "
-                         "queueing_delay, e.g. p99_ttft_ms=500,p99_tpot_ms=50 (default: the scenario's slo)")
-    pl.add_argument("--attainment", type=float, default=0.9,
-                    help="fraction of requests that must meet all per-request terms (bare METRIC_ms) (0.9)")
-    pl.add_argument("--seeds", type=int, default=3, help="seeds per rate, pooled (3)")
-    pl.add_argument("--tolerance", type=float, default=0.05,
-                    help="stop when the bracket's high/low rate ratio is within 1 + TOLERANCE (0.05)")
+    def rate_test(sp: argparse.ArgumentParser, seeds: int, tolerance: float, tolerance_help: str) -> None:
+        """The flags saying how one rate is judged (plan and search)."""
+        sp.add_argument("--slo", action="append", default=[], metavar="TERMS",
+                        help="[pNN_|median_|mean_]METRIC_ms=TARGET,... with METRIC ttft, tpot, itl, e2el, "
+                             "queueing_delay, e.g. p99_ttft_ms=500,p99_tpot_ms=50 (default: the scenario's slo)")
+        sp.add_argument("--attainment", type=float, default=0.9,
+                        help="fraction of requests that must meet all per-request terms (bare METRIC_ms) (0.9)")
+        sp.add_argument("--seeds", type=int, default=seeds, help=f"seeds per rate, pooled ({seeds})")
+        sp.add_argument("--tolerance", type=float, default=tolerance, help=f"{tolerance_help} ({tolerance})")
+        sp.add_argument("--duration", type=float, default=None, metavar="S",
+                        help="arrival window per seed in seconds (default: derived from the tolerance, see README)")
+        sp.add_argument("--min-requests", type=int, default=200, help="at least this many requests per seed (200)")
+
+    rate_test(pl, 3, 0.05, "stop when the bracket's high/low rate ratio is within 1 + TOLERANCE")
     pl.add_argument("--target-rate", type=float, default=None, metavar="R",
                     help="also find the replicas (with the scenario's router) that sustain R requests/s")
     pl.add_argument("--start-rate", type=float, default=None, metavar="R",
                     help="first rate tried (default: workload.arrival.rate)")
-    pl.add_argument("--duration", type=float, default=None, metavar="S",
-                    help="arrival window per seed in seconds (default: derived from the tolerance, see README)")
-    pl.add_argument("--min-requests", type=int, default=200, help="at least this many requests per seed (200)")
     pl.add_argument("--no-plots", action="store_true", help="skip latency_vs_rate.png")
     workers(pl)
 
@@ -406,6 +441,29 @@ def _add_planning_commands(sub, scenario_cmd) -> None:  # noqa: ANN001 - argpars
                     help="finish an interrupted sweep in the same --out: run only the points its points.jsonl lacks "
                          "(the grid, --set and base scenario must be the ones it recorded)")
     workers(sw)
+
+    se = scenario_cmd("search", "cheapest deployment (GPU, TP, knobs, replicas) that serves a target rate within "
+                      "an SLO", cmd_search)
+    se.add_argument("--target-rate", type=float, required=True, metavar="R", help="requests/s to serve")
+    se.add_argument("--space", action="append", default=[], metavar="KEY.PATH=V1,V2,...",
+                    help="a scenario field and its values, e.g. hardware=h100-sxm,l40s or tensor_parallel=1,2,4,8 "
+                         "(repeatable; the cross product is searched)")
+    se.add_argument("--gpu-cost", action="append", default=[], metavar="HW=PRICE,...|FILE",
+                    help="$ per GPU-hour overrides, e.g. h100-sxm=2.5,l40s=0.9, or a YAML file of hardware: price "
+                         "(default: the presets' approximate on-demand prices, see README)")
+    rate_test(se, 2, 0.1, "overload the arrival window must expose, as plan's (sets the default window)")
+    se.add_argument("--wave", type=int, default=8,
+                    help="points searched together (8); fixes the order of decisions, so any backend gives one table")
+    se.add_argument("--max-replicas", type=int, default=128, help="give a point up beyond this many replicas (128)")
+    se.add_argument("--saturation-requests", type=int, default=200,
+                    help="requests in each point's saturation run, which bounds its capacity (200)")
+    se.add_argument("--budget-s", type=float, default=None, metavar="S",
+                    help="stop after S seconds with the best deployment found so far (marked as such)")
+    se.add_argument("--top", type=int, default=10, help="deployments to print (10)")
+    se.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                    help="run the simulations as Ray tasks (no ADDRESS: start or join Ray like ray.init())")
+    se.add_argument("--no-plots", action="store_true", help="skip pareto.png")
+    workers(se)
 
     cp = sub.add_parser("compare", help="is a candidate config worse than the baseline? paired runs, bootstrap CIs",
                         description="Run BASELINE and CANDIDATE on the same workloads over N seeds and report "

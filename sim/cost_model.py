@@ -85,6 +85,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 import numpy as np
 from pydantic import ValidationInfo, field_validator, model_validator
 
+from .allreduce import Link
 from .batch import StepSums
 from .batch import step_sums as _step_sums
 from .config_model import ConfigModel
@@ -232,7 +233,9 @@ class RooflineCostModel:
     - attention: decode rows read their KV (ctx + 1 tokens each); prefill rows are compute-bound
       (4 * heads * head_dim FLOPs per query-key pair per layer, floored by their KV read); every
       new token's K and V is written to the cache.
-    - all_reduce: with tensor parallelism, two ring all-reduces of the hidden states per layer.
+    - all_reduce: with tensor parallelism, two ring all-reduces of the hidden states per layer and
+      one after the embedding, each a per-call latency plus the ring's bytes over the hardware's
+      link (``sim/allreduce.py``).
     - swap (KV bytes over PCIe) and host (scheduler and launch per step, per sequence).
 
     Every kernel also pays the hardware's ``kernel_floor_s`` (launch, ramp-up, tail). Rates are the
@@ -249,14 +252,9 @@ class RooflineCostModel:
                  # tensors, sampler, output processing) adds a few us per sequence, so a batch of
                  # 256 pays ~1.3 ms. Whole-ms figures belong to pre-v0.6 vLLM.
                  step_overhead_s: float = 0.5e-3, per_seq_overhead_s: float = 5e-6,
-                 # Vidur's NCCL all-reduce (vidur/network/{a100,h100}_dgx/all_reduce.csv, rank 0,
-                 # all GPUs in one node, sizes >= 8 MB fitted as latency + bytes / bandwidth): bus
-                 # bandwidth 172 / 190 / 199 GB/s on 2 / 4 / 8 A100s (0.57-0.66 of NVLink's 300) and
-                 # 290 / 340 / 380 GB/s on H100s (0.64-0.84 of 450): 0.7 sits in that range. Its small
-                 # messages take 7-11 us (H100, 2 GPUs, <= 18 KB) to 30-60 us (eager NCCL kernels,
-                 # kineto-timed back to back); vLLM's custom all-reduce inside CUDA graphs, not timed
-                 # there, serves decode-sized messages, so 10 us stays the per-call latency.
-                 tp_comm_efficiency: float = 0.7, tp_comm_latency_s: float = 10e-6,
+                 # TP all-reduce: the hardware's link (sim/allreduce.py, fitted to Vidur's NCCL
+                 # timings where measured); these two override its efficiency and per-call latency.
+                 tp_comm_efficiency: float | None = None, tp_comm_latency_s: float | None = None,
                  tile_tokens: int | None = None) -> None:
         tp, m, hw = tensor_parallel, model, hardware
         kv_per_rank = kv_heads_per_rank(model, tp)
@@ -265,7 +263,10 @@ class RooflineCostModel:
         self.bandwidth_efficiency = hw.weight_bandwidth_fraction if bandwidth_efficiency is None \
             else bandwidth_efficiency
         self.step_overhead_s, self.per_seq_overhead_s = step_overhead_s, per_seq_overhead_s
-        self.tp_comm_efficiency, self.tp_comm_latency_s = tp_comm_efficiency, tp_comm_latency_s
+        link = Link.of(hw)
+        self.link = Link(link.bandwidth, link.efficiency if tp_comm_efficiency is None else tp_comm_efficiency,
+                         link.latency_s if tp_comm_latency_s is None else tp_comm_latency_s, link.hop_latency_s)
+        self.tp_comm_efficiency, self.tp_comm_latency_s = self.link.efficiency, self.link.latency_s
         self.tile = tile_tokens or hw.gemm_tile_tokens
         floor, dt, L = hw.kernel_floor_s, m.dtype_bytes, m.num_layers
         h, d, inter = m.hidden_size, m.head_dim, m.intermediate_size / tp
@@ -303,13 +304,11 @@ class RooflineCostModel:
         self._attn_fixed = 2 * L * floor
         self._pair_s = m.attention_flops_per_pair / tp / self._attn_rate
         self._pcie = hw.pcie_bandwidth
-        if tp > 1:
-            ring = 2 * (tp - 1) / tp
-            n_ar = 2 * L
-            self._ar_fixed = n_ar * tp_comm_latency_s
-            self._ar_per_token = n_ar * ring * h * dt / (hw.interconnect_bandwidth * tp_comm_efficiency)
-        else:
-            self._ar_fixed = self._ar_per_token = 0.0
+        # all-reduces of the hidden states: two per layer (after O and after down) and one after the
+        # vocabulary-parallel embedding, as the GPU profiles' link spec counts them; 0 at tp 1
+        n_ar = 2 * L + 1
+        self._ar_fixed = n_ar * self.link.call_s(tp)
+        self._ar_per_token = n_ar * self.link.per_byte_s(tp) * h * dt
 
     def iteration_time(self, q_lens: np.ndarray, ctx_lens: np.ndarray, swap_bytes: float = 0.0) -> float:
         """Seconds for one step (see the class docstring); 0 for an empty step without swaps."""
@@ -361,6 +360,7 @@ class RooflineCostModel:
             "kv_bytes_per_token_per_rank": self._kv_bytes_per_token,
             "step_overhead_s": self.step_overhead_s, "per_seq_overhead_s": self.per_seq_overhead_s,
             "tp_comm_efficiency": self.tp_comm_efficiency, "tp_comm_latency_s": self.tp_comm_latency_s,
+            "tp_comm_hop_latency_s": self.link.hop_latency_s, "interconnect": hw.interconnect,
             "pcie_bandwidth": self._pcie,
         }
 

@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from .allreduce import Link
 from .batch import StepSums
 from .batch import step_sums as _step_sums
 from .errors import ProfileError
@@ -368,8 +369,9 @@ def allreduce_seconds(spec: Mapping[str, Any], tokens: np.ndarray) -> np.ndarray
     """Per-step seconds of the tensor-parallel all-reduces at each token count.
 
     ``{"type": "none"}``; ``{"type": "link", "count", "bytes_per_token", "latency_s", "bandwidth"}``
-    (ring all-reduce: each of ``count`` collectives moves 2 (tp-1)/tp of its message over a link of
-    ``bandwidth`` bytes/s after ``latency_s``; ``tp`` in the spec); or ``{"type": "table", "count",
+    (ring all-reduce, ``sim/allreduce.py``: each of ``count`` collectives moves 2 (tp-1)/tp of its
+    message over a link of ``bandwidth`` bytes/s after ``latency_s`` plus the optional
+    ``hop_latency_s`` per further GPU; ``tp`` in the spec); or ``{"type": "table", "count",
     "bytes_per_token", "bytes": [...], "seconds": [...]}`` (measured, interpolated in log-log and
     linear in bytes beyond the largest message).
     """
@@ -380,9 +382,8 @@ def allreduce_seconds(spec: Mapping[str, Any], tokens: np.ndarray) -> np.ndarray
     count, per_token = float(spec["count"]), float(spec["bytes_per_token"])
     size = tokens * per_token
     if kind == "link":
-        tp = int(spec["tp"])
-        ring = 2 * (tp - 1) / tp
-        return count * (float(spec["latency_s"]) + ring * size / float(spec["bandwidth"]))
+        link = Link(float(spec["bandwidth"]), 1.0, float(spec["latency_s"]), float(spec.get("hop_latency_s", 0.0)))
+        return count * link.seconds(size, int(spec["tp"]))
     if kind == "table":
         xs, ys = np.asarray(spec["bytes"], dtype=float), np.asarray(spec["seconds"], dtype=float)
         inside = np.exp(np.interp(np.log(np.clip(size, xs[0], xs[-1])), np.log(xs), np.log(ys)))

@@ -146,6 +146,16 @@ class HardwareConfig:
     memory_bytes: float = 80 * GiB  # what the driver reports as total
     pcie_bandwidth: float = 50e9  # host<->device, effective, one direction (KV swap)
     interconnect_bandwidth: float = 450e9  # GPU<->GPU for TP all-reduce, one direction per GPU
+    # The TP all-reduce over that link (sim/allreduce.py): one call takes latency + hop latency x
+    # (GPUs - 1) + 2 (n - 1) / n x bytes / (bandwidth x efficiency). Fitted per GPU where NCCL was
+    # measured (sources next to HARDWARE); these defaults are for links nobody measured.
+    interconnect: str = "nvlink4"  # what the link is: nvlink3 / nvlink4 / pcie4 / pcie5
+    allreduce_efficiency: float = 0.7
+    allreduce_latency_s: float = 20e-6
+    allreduce_hop_latency_s: float = 0.0
+    gpus_per_node: int = 8  # the largest TP group on one link (TP across nodes is not modelled)
+    # On-demand $ per GPU-hour (approximate list prices, see HARDWARE); None: no price known.
+    price_per_gpu_hour: float | None = None
     # CUDA context, cuBLAS/NCCL workspaces, CUDA graphs: memory vLLM never gives to the KV cache.
     runtime_reserve_bytes: float = 1 * GiB
     # Rows of a GEMM tile: a step's token count is padded up to a multiple of it (1 = no padding).
@@ -203,27 +213,54 @@ class HardwareConfig:
 #   2048 rows: 1.00 of the datasheet's 165.2, boost clocks); attention 0.62 (2048-token chunk, no
 #   cached context); floor 3 us (GEMM fit 4.3 us; small ops at 1 token 1.9-2.8 us).
 # - h200: not profiled; the H100's fractions (same Hopper SM, faster HBM3e).
+#
+# TP all-reduce (sim/allreduce.py), fitted by `python benchmarks/allreduce_vs_nccl.py` to Vidur's
+# NCCL all-reduce timings on one DGX node, 2/4/8 GPUs, 2 KB-64 MB (vidur/network/{a100,h100}_dgx/
+# all_reduce.csv; microsoft/vidur @ 7d47513363ec, MIT, (c) Microsoft Corporation), on three
+# quarters of the message sizes; error on the held-out quarter (median / p90 APE):
+# - h100-sxm (NVLink 4, 450 GB/s): latency 17.2 us + 1.80 us per further GPU, efficiency 0.727;
+#   held-out 1-16 MB 0.047 / 0.138, >= 16 MB 0.075 / 0.102, < 1 MB 0.40 (NCCL's
+#   small messages swing between 7 and 60 us from call to call there).
+# - a100-80g (NVLink 3, 300 GB/s): latency 31.1 us + 0.84 us per further GPU, efficiency 0.514;
+#   held-out 1-16 MB 0.112 / 0.165, >= 16 MB 0.080 / 0.151, < 1 MB 0.34.
+# - h200: NVLink 4 like the H100: the H100's figures. PCIe GPUs (l40s, rtx-*): not measured; the
+#   defaults above (20 us per call, 0.7 of the link), the order of LLMServingSim's PCIe link
+#   (20 us, 16 GB/s, see calibration/gpu_import.py). rtx-4090: no peer-to-peer, so through the host.
+#
+# Prices: approximate on-demand $ per GPU-hour of public GPU clouds' list pages as of mid-2025
+# (Lambda Cloud 8-GPU instances: H100 SXM 2.99, A100 SXM 80GB 1.79; RunPod secure cloud: H200
+# 3.59, L40S 0.86, RTX PRO 6000 1.79, RTX 4090 0.69), quoted from memory without network access
+# here and not re-checked: they move often and differ by provider, region and commitment.
+# Override them (servesim search --gpu-cost h100-sxm=2.5 or --gpu-cost prices.yaml).
+# cpu-2core: 0.10, about two vCPUs of a cloud VM.
+H100_LINK = dict(interconnect="nvlink4", allreduce_efficiency=0.727, allreduce_latency_s=17.2e-6,
+                 allreduce_hop_latency_s=1.80e-6)
 H100_FRACTIONS = dict(weight_bandwidth_fraction=0.89, stream_bandwidth_fraction=0.87, gemm_flops_fraction=0.76,
                       attention_flops_fraction=0.73, kernel_floor_s=4e-6)
 HARDWARE: dict[str, HardwareConfig] = {
     "a100-80g": HardwareConfig("a100-80g", peak_flops=312e12, hbm_bandwidth=2.039e12,
                                memory_bytes=81920 * MiB, pcie_bandwidth=25e9, interconnect_bandwidth=300e9,
+                               interconnect="nvlink3", allreduce_efficiency=0.514, allreduce_latency_s=31.1e-6,
+                               allreduce_hop_latency_s=0.84e-6, price_per_gpu_hour=1.79,
                                weight_bandwidth_fraction=0.82, stream_bandwidth_fraction=0.88,
                                gemm_flops_fraction=0.70, attention_flops_fraction=0.6, kernel_floor_s=4.5e-6),
     "h100-sxm": HardwareConfig("h100-sxm", peak_flops=989e12, hbm_bandwidth=3.35e12,
                                memory_bytes=81559 * MiB, pcie_bandwidth=50e9, interconnect_bandwidth=450e9,
-                               **H100_FRACTIONS),
+                               price_per_gpu_hour=2.99, **H100_LINK, **H100_FRACTIONS),
     "h200": HardwareConfig("h200", peak_flops=989e12, hbm_bandwidth=4.8e12,
                            memory_bytes=143771 * MiB, pcie_bandwidth=50e9, interconnect_bandwidth=450e9,
-                           **H100_FRACTIONS),
+                           price_per_gpu_hour=3.59, **H100_LINK, **H100_FRACTIONS),
     "l40s": HardwareConfig("l40s", peak_flops=362e12, hbm_bandwidth=864e9,
-                           memory_bytes=46068 * MiB, pcie_bandwidth=25e9, interconnect_bandwidth=25e9),
+                           memory_bytes=46068 * MiB, pcie_bandwidth=25e9, interconnect_bandwidth=25e9,
+                           interconnect="pcie4", price_per_gpu_hour=0.86),
     "rtx-pro-6000": HardwareConfig("rtx-pro-6000", peak_flops=503.8e12, hbm_bandwidth=1.792e12,
                                    memory_bytes=97887 * MiB, pcie_bandwidth=50e9, interconnect_bandwidth=50e9,
+                                   interconnect="pcie5", price_per_gpu_hour=1.79,
                                    weight_bandwidth_fraction=0.84, stream_bandwidth_fraction=0.84,
                                    gemm_flops_fraction=0.78, attention_flops_fraction=0.43, kernel_floor_s=3e-6),
     "rtx-4090": HardwareConfig("rtx-4090", peak_flops=165.2e12, hbm_bandwidth=1.008e12,
                                memory_bytes=24564 * MiB, pcie_bandwidth=25e9, interconnect_bandwidth=25e9,
+                               interconnect="pcie4", price_per_gpu_hour=0.69,
                                weight_bandwidth_fraction=0.95, stream_bandwidth_fraction=0.93,
                                gemm_flops_fraction=1.0, attention_flops_fraction=0.62, kernel_floor_s=3e-6),
     # This machine (2 AMD EPYC cores, AVX2 FMA): fp32 PyTorch matmuls reach a few tens of GFLOP/s
@@ -231,7 +268,8 @@ HARDWARE: dict[str, HardwareConfig] = {
     # memory_bytes is the slice of host RAM live mode may use for weights + KV, not the whole RAM.
     # The fractions are the old GPU-wide guesses (0.8 of bandwidth, 0.6 of FLOP/s); no launch floor.
     "cpu-2core": HardwareConfig("cpu-2core", peak_flops=50e9, hbm_bandwidth=10e9, memory_bytes=4 * GiB,
-                                pcie_bandwidth=5e9, interconnect_bandwidth=5e9,
+                                pcie_bandwidth=5e9, interconnect_bandwidth=5e9, interconnect="shared-memory",
+                                price_per_gpu_hour=0.10,
                                 runtime_reserve_bytes=256 * MiB, gemm_tile_tokens=1,
                                 weight_bandwidth_fraction=0.8, stream_bandwidth_fraction=0.8,
                                 gemm_flops_fraction=0.6, attention_flops_fraction=0.6, kernel_floor_s=0.0),

@@ -44,7 +44,7 @@ import pandas as pd
 from ..metrics import ITERATION_COLUMNS, LogHistogram, summarize, to_json
 from ..outputs import begin_folder, write_csv, write_text
 from ..scenario import Scenario, ScenarioError
-from .parallel import TaskRunner, default_workers
+from .parallel import Outcome, TaskRunner, default_workers
 from .slo import SloTerm, TermResult, describe, evaluate, parse_term, request_thresholds, tightest_targets
 
 STABILITY_TERM = parse_term("median_queueing_delay_ms", 2000.0)
@@ -231,9 +231,21 @@ def pool(digests: Sequence[RunDigest], slo_ms: dict[str, float]) -> tuple[pd.Dat
 
 def evaluate_rate(runner: TaskRunner, sc: Scenario, st: PlanSettings, rate: float, replicas: int = 1) -> RatePoint:
     """Simulate ``rate`` on ``replicas`` with every seed and judge the pooled result."""
-    window = st.window_at(rate / replicas)
-    tasks = [at_rate(sc, rate, window, sc.seed + i, replicas) for i in range(st.seeds)]
+    tasks = rate_tasks(sc, st, rate, replicas)
     outcomes = runner.map(simulate_digest, tasks, desc=f"plan {rate:.4g} req/s x{replicas}")
+    return judge_rate(st, rate, replicas, tasks, outcomes)
+
+
+def rate_tasks(sc: Scenario, st: PlanSettings, rate: float, replicas: int = 1) -> list[Scenario]:
+    """The runs that judge ``rate`` on ``replicas``: one per seed, over the window ``st`` sets."""
+    window = st.window_at(rate / replicas)
+    return [at_rate(sc, rate, window, sc.seed + i, replicas) for i in range(st.seeds)]
+
+
+def judge_rate(st: PlanSettings, rate: float, replicas: int, tasks: Sequence[Scenario],
+               outcomes: Sequence[Outcome]) -> RatePoint:
+    """Pool the seeds' runs of ``rate_tasks`` and check the SLO terms on them."""
+    window = tasks[0].workload.duration_s if tasks else st.window_at(rate / replicas)
     errors = [f"seed {t.seed}: {o.error}" for t, o in zip(tasks, outcomes, strict=True) if not o.ok]
     digests = [o.value for o in outcomes if o.ok]
     if not digests:
