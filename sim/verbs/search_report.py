@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 
 from ..metrics import to_json
+from ..outputs import begin_folder, write_csv, write_parquet, write_text
 from ..scenario import scenario_to_yaml
 from .plan import at_rate
 from .search import SearchResult
@@ -139,12 +140,12 @@ def winner_scenario(result: SearchResult):  # noqa: ANN201 - Scenario
 
 
 def write_search(result: SearchResult, out_dir: str | Path, plots: bool = True) -> Path:
-    """search.parquet, search.csv, search.json, pareto.png and winner.yaml (when there is a best)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    """search.parquet, search.csv, winner.yaml (when there is a best), pareto.png, then search.json:
+    each file written atomically and search.json last, so a folder holding it is complete."""
+    out = begin_folder(out_dir, "search.json")
     df = search_frame(result)
-    df.to_parquet(out / "search.parquet", index=False)
-    df.to_csv(out / "search.csv", index=False)
+    write_parquet(df, out / "search.parquet")
+    write_csv(df, out / "search.csv")
     ss, st = result.settings, result.settings.plan
     b = result.best
     summary = {"scenario": result.base.name, "target_rate": ss.target_rate, "slo": [str(t) for t in st.terms],
@@ -154,11 +155,12 @@ def write_search(result: SearchResult, out_dir: str | Path, plots: bool = True) 
                "simulations_reused": result.sims_reused, "wall_s": result.wall_s, "backend": result.backend,
                "best": None if b is None else {"point": b.index, **b.values, "replicas": b.replicas,
                                                "cost_per_hour": b.cost, "best_so_far": not result.complete}}
-    (out / "search.json").write_text(to_json(summary))
+    (out / "winner.yaml").unlink(missing_ok=True)
     if b is not None:
-        (out / "winner.yaml").write_text(scenario_to_yaml(winner_scenario(result)))
+        write_text(out / "winner.yaml", scenario_to_yaml(winner_scenario(result)))
     if plots:
         plot_pareto(out / "pareto.png", df, ss.target_rate, b.index if b else None)
+    write_text(out / "search.json", to_json(summary))
     return out
 
 
