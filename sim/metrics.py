@@ -290,6 +290,47 @@ class MetricsRecorder:
         )  # fmt: skip
         self._n_iters = i + 1
 
+    def on_decode_steps(self, replica: int, starts: list[float], durations: list[float], n: int,
+                        kv_blocks_used: np.ndarray, kv_blocks_total: int, num_waiting: int, num_swapped: int,
+                        first_itl: np.ndarray) -> None:
+        """Record a fast-forward: consecutive plain decode steps of ``n`` rows each, step j from
+        ``starts[j]`` for ``durations[j]`` seconds with ``kv_blocks_used[j]`` blocks held after it.
+
+        The same iteration rows and inter-token latencies, in the same order and staging, as
+        ``on_iteration`` / ``on_itl`` called step by step: ``first_itl`` per row for step 0, then
+        each later step's n rows wait exactly the gap between the two steps' ends.
+        """
+        k = len(starts)
+        i = self._n_iters
+        while i + k > len(self._iters):
+            grown = np.empty((2 * len(self._iters), self._iters.shape[1]), dtype=np.float64)
+            grown[:i] = self._iters[:i]
+            self._iters = grown
+        rows = self._iters[i : i + k]
+        rows[:] = (replica, 0.0, 0.0, n, 0, n, n, 0, kv_blocks_total, num_waiting, n, num_swapped, 0, 0, math.nan)
+        rows[:, 1] = starts
+        rows[:, 2] = durations
+        rows[:, 7] = kv_blocks_used
+        self._n_iters = i + k
+        self.on_itl(first_itl)
+        end = starts[0] + durations[0]
+        for j in range(1, k):
+            nxt = starts[j] + durations[j]
+            self._stage_same(nxt - end, n)
+            end = nxt
+
+    def _stage_same(self, value: float, n: int) -> None:
+        """``on_itl`` of n copies of ``value``."""
+        j = self._itl_n
+        if j + n > self._ITL_BUFFER:
+            self._flush_itl()
+            j = 0
+            if n > self._ITL_BUFFER:
+                self._itl_hist.add(np.full(n, value))
+                return
+        self._itl_buf[j : j + n] = value
+        self._itl_n = j + n
+
     def on_itl(self, itl_seconds: np.ndarray) -> None:
         """Record the inter-token latencies (seconds) of the tokens emitted in one step."""
         n = len(itl_seconds)
@@ -341,6 +382,10 @@ class MetricsRecorder:
     def iterations_frame(self) -> pd.DataFrame:
         """One row per engine iteration (times in seconds, sizes in tokens / blocks / requests)."""
         buf = self._iters[: self._n_iters]
+        if self.num_replicas > 1:
+            # in the order the steps ended: a replica's fast-forward records its steps when it
+            # starts them, ahead of other replicas' steps that end in between
+            buf = buf[np.argsort(buf[:, 1] + buf[:, 2], kind="stable")]
         return pd.DataFrame(
             {
                 name: buf[:, j].copy() if name in _FLOAT_ITER_COLUMNS else buf[:, j].astype(np.int64)

@@ -120,14 +120,18 @@ def run_replicas(
     requests: list[Request],
     make_replica_parts,  # callable(replica_index) -> (Scheduler, Executor)
     progress: bool | None,
+    fast_forward: bool = True,
 ) -> tuple[MetricsRecorder, list[Replica]]:
-    """Drive ``requests`` through ``sc.cluster`` replicas on ``env`` and return the metrics."""
+    """Drive ``requests`` through ``sc.cluster`` replicas on ``env`` and return the metrics.
+
+    ``fast_forward`` False makes every step go through schedule/update (the plain loop the
+    fast-forward is tested against); a realtime (live) environment never fast-forwards."""
     recorder = MetricsRecorder(num_replicas=sc.cluster.num_replicas)
     replicas = []
     for r in range(sc.cluster.num_replicas):
         scheduler, executor = make_replica_parts(r)
         replicas.append(Replica(env, r, scheduler, executor, recorder,
-                                async_scheduling=sc.policy.async_scheduling))
+                                async_scheduling=sc.policy.async_scheduling, fast_forward=fast_forward))
     cluster = Cluster(env, replicas, sc.cluster.router)
     # The bar shows only on runs longer than ~2 s (tqdm's delay), and never when disabled.
     bar = tqdm(total=len(requests), unit="req", delay=2.0, mininterval=0.5, disable=progress is False,
@@ -143,8 +147,11 @@ def run_replicas(
     return recorder, replicas
 
 
-def simulate(sc: Scenario, requests: list[Request] | None = None, progress: bool | None = None) -> RunResult:
-    """Simulate the scenario (its workload, or the given requests) and summarise the run."""
+def simulate(sc: Scenario, requests: list[Request] | None = None, progress: bool | None = None,
+             fast_forward: bool = True) -> RunResult:
+    """Simulate the scenario (its workload, or the given requests) and summarise the run.
+
+    ``fast_forward`` False: no stretch of decode steps is taken at once (same results, slower)."""
     t0 = time.perf_counter()
     model = get_model(sc.model)
     hardware = get_hardware(sc.hardware)
@@ -161,7 +168,7 @@ def simulate(sc: Scenario, requests: list[Request] | None = None, progress: bool
         return build_scheduler(sc, kv), SimExecutor(cost, kv.block_bytes,
                                                     overlap_host=sc.policy.async_scheduling)
 
-    recorder, _ = run_replicas(env, sc, requests, parts, progress)
+    recorder, _ = run_replicas(env, sc, requests, parts, progress, fast_forward)
     return finish_run(sc, "sim", requests, recorder, kv, time.perf_counter() - t0)
 
 

@@ -235,3 +235,73 @@ class RunningTable:
             last[s] = now
             done = (s & (out >= self.out_len[:k])).nonzero()[0]
         return itl, first, done
+
+    # ---- a stretch of plain decode steps ---------------------------------------------------
+    def decode_horizon(self, block_size: int, free_blocks: int, max_steps: int) -> int:
+        """Plain decode steps (every row computes its one pending token and samples) the rows can
+        take in a row before any of them finishes or they need more than ``free_blocks`` new KV
+        blocks; at most ``max_steps``, 0 when a row is not a plain decode."""
+        n = self.n
+        if n == 0 or max_steps <= 0:
+            return 0
+        computed = self.computed[:n]
+        out = self.out[:n]
+        if np.count_nonzero(self.tokens[:n] - computed != 1) or np.count_nonzero(out) != n:
+            return 0
+        # the step that emits a row's last token retires it: the stretch stops before that step
+        k = min(int((self.out_len[:n] - out).min()) - 1, max_steps)
+        if k <= 0:
+            return 0
+        first = self.nblocks[:n] * block_size - computed  # step at which each row takes a new block
+        if _blocks_by_step(first, block_size, k) > free_blocks:
+            lo, hi = 0, k  # the longest stretch whose blocks fit
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if _blocks_by_step(first, block_size, mid) <= free_blocks:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            k = lo
+        return k
+
+    def advance_decodes(self, kv: BlockManager, ends: list[float]) -> tuple[np.ndarray, np.ndarray]:
+        """Apply ``len(ends)`` plain decode steps of every row, step j ending at ``ends[j]`` (seconds).
+
+        The KV blocks are taken in the order the steps one by one would take them (step, then
+        row), so block ids and prefix-cache evictions match. Returns the first step's inter-token
+        latencies (one per row; later steps' are ``ends[j] - ends[j-1]`` for every row) and the
+        number of blocks each step took.
+        """
+        n = self.n
+        k = len(ends)
+        bs = kv.block_size
+        computed = self.computed[:n]
+        first = self.nblocks[:n] * bs - computed
+        count = np.maximum((k - 1 - first) // bs + 1, 0)  # new blocks per row over the stretch
+        taken = np.zeros(k, dtype=np.int64)
+        total = int(count.sum())
+        if total:
+            rows = np.repeat(np.arange(n), count)
+            nth = np.arange(total) - np.repeat(np.cumsum(count) - count, count)
+            steps = np.repeat(first, count) + nth * bs
+            order = np.lexsort((rows, steps))
+            rows, steps = rows[order], steps[order]
+            want = computed[rows] + 1 + steps
+            alloc = kv.allocate
+            reqs = self.reqs
+            for i, t in zip(rows.tolist(), want.tolist(), strict=True):
+                if not alloc(reqs[i], t):
+                    raise AssertionError(f"request {reqs[i].request_id}: a decode stretch ran out of KV blocks")
+            self.nblocks[:n] += count
+            taken = np.bincount(steps, minlength=k)
+        itl0 = ends[0] - self.last_tok[:n]
+        self.ints[:3, :n] += k  # computed, tokens and out
+        self.last_tok[:n] = ends[-1]
+        return itl0, taken
+
+
+def _blocks_by_step(first: np.ndarray, block_size: int, k: int) -> int:
+    """New KV blocks rows take over steps 0..k-1 when row i takes one at ``first[i]`` and every
+    ``block_size`` steps after."""
+    c = (k - 1 - first) // block_size + 1
+    return int(c[c > 0].sum())
