@@ -76,12 +76,11 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="cProfile the run and print the top functions")
     args = ap.parse_args()
     sc = scenario(args.workload, args.requests, args.rate)
-    kw = {}
+    sim_kw: dict = {"fast_forward": False} if args.plain else {}
     if args.iterations is not None:
-        if "iterations" not in inspect.signature(write_results).parameters:
+        if "iterations" not in inspect.signature(simulate).parameters:
             raise SystemExit("this servesim has no --iterations")
-        kw["iterations"] = args.iterations
-    sim_kw = {"fast_forward": False} if args.plain else {}
+        sim_kw["iterations"] = args.iterations
     prof = cProfile.Profile() if args.profile else None
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
@@ -89,7 +88,7 @@ def main() -> None:
             prof.enable()
         res = simulate(sc, progress=False, **sim_kw)
         t_sim = time.perf_counter() - t0
-        write_results(res, tmp, plots=False, **kw)
+        write_results(res, tmp, plots=False)
         if prof:
             prof.disable()
         wall = time.perf_counter() - t0

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -306,21 +306,28 @@ def _delay_to(now: float, end: float) -> float:
     return d
 
 
-def check_conservation(requests: list[Request], replicas: list[Replica], num_done: int) -> None:
+def check_conservation(requests: Sequence[Request], replicas: list[Replica], num_done: int) -> None:
     """End-of-run check: every request finished with all its tokens or was rejected with a reason,
-    each exactly once, and every replica gave back all its KV blocks."""
+    each exactly once, and every replica gave back all its KV blocks.
+
+    Read off the recorder's records when it keeps them (the requests may be created lazily and
+    gone), else off the Request objects."""
     if num_done != len(requests):
         raise AssertionError(f"{len(requests)} requests submitted but {num_done} reported done")
-    for req in requests:
-        if req.state == RequestState.FINISHED:
-            if req.num_output_tokens != req.output_len:
-                raise AssertionError(
-                    f"request {req.request_id} finished with {req.num_output_tokens} of {req.output_len} tokens"
-                )
-        elif req.state == RequestState.REJECTED:
-            if not req.reject_reason:
-                raise AssertionError(f"request {req.request_id} rejected without a reason")
-        else:
-            raise AssertionError(f"request {req.request_id} left in state {req.state.name}")
+    check_done = getattr(replicas[0].recorder, "check_done", None) if replicas else None
+    if check_done is not None:
+        check_done(len(requests))
+    else:
+        for req in requests:
+            if req.state == RequestState.FINISHED:
+                if req.num_output_tokens != req.output_len:
+                    raise AssertionError(
+                        f"request {req.request_id} finished with {req.num_output_tokens} of {req.output_len} tokens"
+                    )
+            elif req.state == RequestState.REJECTED:
+                if not req.reject_reason:
+                    raise AssertionError(f"request {req.request_id} rejected without a reason")
+            else:
+                raise AssertionError(f"request {req.request_id} left in state {req.state.name}")
     for rep in replicas:
         rep.scheduler.check_drained()
