@@ -95,7 +95,7 @@ class Recorder(Protocol):  # what the engine needs from sim/metrics.py
     def on_request_done(self, req: Request) -> None: ...
     def on_decode_steps(self, replica: int, starts: list[float], durations: list[float], n: int,
                         kv_blocks_used: np.ndarray, kv_blocks_total: int, num_waiting: int, num_swapped: int,
-                        first_itl: np.ndarray) -> None: ...
+                        first_itl: np.ndarray, last_running: int) -> None: ...
 
 
 class Replica:
@@ -264,7 +264,8 @@ class Replica:
 
     def _fast_forward(self, k: int) -> float | None:
         """Take up to ``k`` plain decode steps that end before the next arrival: price them, apply
-        them, record them as the plain loop would; return when the last one ends (None: none fit)."""
+        them (the last may finish requests), record them as the plain loop would; return when the
+        last one ends (None: none fit)."""
         sched = self.scheduler
         limit = self.next_arrival()  # type: ignore[misc]
         n = sched.num_running
@@ -289,10 +290,14 @@ class Replica:
             return None
         kv = sched.kv
         used = kv.num_used_blocks
-        itl0, taken = sched.advance_decodes(ends)
+        itl0, taken, finished = sched.advance_decodes(ends)
+        used_after = used + np.cumsum(taken)
+        used_after[-1] = kv.num_used_blocks  # the last step's finished requests gave theirs back
         rec = self.recorder
-        rec.on_decode_steps(self.replica_id, starts, durations, n, used + np.cumsum(taken), kv.num_blocks,
-                            sched.num_waiting, sched.num_swapped, itl0)
+        rec.on_decode_steps(self.replica_id, starts, durations, n, used_after, kv.num_blocks,
+                            sched.num_waiting, sched.num_swapped, itl0, sched.num_running)
+        for req in finished:
+            self._done(req)
         self.num_iterations += len(ends)
         self.num_fast_forward_steps += len(ends)
         return ends[-1]

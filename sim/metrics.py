@@ -311,9 +311,10 @@ class MetricsRecorder:
 
     def on_decode_steps(self, replica: int, starts: list[float], durations: list[float], n: int,
                         kv_blocks_used: np.ndarray, kv_blocks_total: int, num_waiting: int, num_swapped: int,
-                        first_itl: np.ndarray) -> None:
+                        first_itl: np.ndarray, last_running: int) -> None:
         """Record a fast-forward: consecutive plain decode steps of ``n`` rows each, step j from
-        ``starts[j]`` for ``durations[j]`` seconds with ``kv_blocks_used[j]`` blocks held after it.
+        ``starts[j]`` for ``durations[j]`` seconds with ``kv_blocks_used[j]`` blocks held after it;
+        ``last_running`` requests still run after the last step (it may finish some).
 
         The same iteration rows and inter-token latencies, in the same order and staging, as
         ``on_iteration`` / ``on_itl`` called step by step: ``first_itl`` per row for step 0, then
@@ -330,6 +331,7 @@ class MetricsRecorder:
         rows[:, 1] = starts
         rows[:, 2] = durations
         rows[:, 7] = kv_blocks_used
+        rows[-1, 10] = last_running  # the last step's finished requests have left
         self._n_iters = i + k
         self._decode_itls(starts, durations, n, first_itl)
 
@@ -359,12 +361,13 @@ class MetricsRecorder:
 
     def _bin_decode_steps(self, replica: int, starts: list[float], durations: list[float], n: int,
                           kv_blocks_used: np.ndarray, kv_blocks_total: int, num_waiting: int, num_swapped: int,
-                          first_itl: np.ndarray) -> None:
+                          first_itl: np.ndarray, last_running: int) -> None:
         """``on_decode_steps`` into time bins."""
         rows = np.empty((len(starts), len(SUM_COLUMNS)), dtype=np.float64)
         rows[:] = (1, 0.0, n, 0, n, n, 0, kv_blocks_total, num_waiting, n, num_swapped, 0, 0, math.nan)
         rows[:, 1] = durations
         rows[:, 6] = kv_blocks_used
+        rows[-1, 9] = last_running
         self._bins.add_many(replica, np.asarray(starts), rows)  # type: ignore[union-attr]
         self._decode_itls(starts, durations, n, first_itl)
 

@@ -132,7 +132,7 @@ def test_replica_without_next_arrival_never_fast_forwards():
         env.run()
         assert rep.num_iterations == 50
         ff[told] = rep.num_fast_forward_steps
-    assert ff == {False: 0, True: 48}  # all but the prefill step and the finishing one
+    assert ff == {False: 0, True: 49}  # every step but the prefill
 
 
 def test_a_submit_inside_a_fast_forward_is_refused():

@@ -344,7 +344,8 @@ class Scheduler:
 
     def decode_stretch(self, max_steps: int) -> int:
         """How many next steps (at most ``max_steps``) are plain decodes of every running row that
-        only an arrival could change: none finishes a request or runs short of KV blocks."""
+        only an arrival could change: none runs short of KV blocks, and only the last may finish
+        requests."""
         if not self.decodes_ahead():
             return 0
         return self.run.decode_horizon(self.block_size, self.kv.num_free_blocks, max_steps)
@@ -360,10 +361,15 @@ class Scheduler:
         return Batch(num_new_tokens=ones, num_context_tokens=self.run.computed[:n] + step, samples=trues,
                      decode_rows=n)
 
-    def advance_decodes(self, ends: list[float]) -> tuple[np.ndarray, np.ndarray]:
-        """Apply the stretch's steps, step j ending at ``ends[j]`` (seconds); see
-        ``RunningTable.advance_decodes`` (first step's ITLs per row, KV blocks taken per step)."""
-        return self.run.advance_decodes(self.kv, ends)
+    def advance_decodes(self, ends: list[float]) -> tuple[np.ndarray, np.ndarray, list[Request]]:
+        """Apply the stretch's steps, step j ending at ``ends[j]`` (seconds), and retire the
+        requests its last step finished; returns the first step's ITLs per row and the KV blocks
+        each step took (``RunningTable.advance_decodes``), and the finished requests."""
+        itl0, taken = self.run.advance_decodes(self.kv, ends)
+        run = self.run
+        n = run.n
+        done = (run.out[:n] >= run.out_len[:n]).nonzero()[0]
+        return itl0, taken, self._finish_rows(done, ends[-1])
 
     # ---- end-of-run check ------------------------------------------------------------------
     def check_drained(self) -> None:

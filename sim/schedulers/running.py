@@ -239,8 +239,8 @@ class RunningTable:
     # ---- a stretch of plain decode steps ---------------------------------------------------
     def decode_horizon(self, block_size: int, free_blocks: int, max_steps: int) -> int:
         """Plain decode steps (every row computes its one pending token and samples) the rows can
-        take in a row before any of them finishes or they need more than ``free_blocks`` new KV
-        blocks; at most ``max_steps``, 0 when a row is not a plain decode."""
+        take in a row up to the first step that finishes one of them, without needing more than
+        ``free_blocks`` new KV blocks; at most ``max_steps``, 0 when a row is not a plain decode."""
         n = self.n
         if n == 0 or max_steps <= 0:
             return 0
@@ -248,8 +248,8 @@ class RunningTable:
         out = self.out[:n]
         if np.count_nonzero(self.tokens[:n] - computed != 1) or np.count_nonzero(out) != n:
             return 0
-        # the step that emits a row's last token retires it: the stretch stops before that step
-        k = min(int((self.out_len[:n] - out).min()) - 1, max_steps)
+        # the step that emits a row's last token retires it: the stretch ends with that step
+        k = min(int((self.out_len[:n] - out).min()), max_steps)
         if k <= 0:
             return 0
         first = self.nblocks[:n] * block_size - computed  # step at which each row takes a new block
