@@ -10,8 +10,9 @@ Two workloads on one llama-3.1-8b replica with the chunked scheduler:
   low load, small batches, many steps per request.
 
 The run is ``simulate`` (the workload generated inside, as ``servesim run`` does) then
-``write_results`` without plots into a temporary folder. Prints wall seconds (simulate + write),
-peak RSS (ru_maxrss), engine steps, µs per step and µs per request.
+``write_results`` without plots into a temporary folder. Prints wall and CPU seconds (simulate +
+write; on a shared machine the CPU seconds move less), peak RSS (ru_maxrss), engine steps, and
+wall µs per step and per request.
 
     python benchmarks/sim_speed.py --workload sharegpt|conv [--requests 100000] [--rate R] [--profile]
         [--iterations full|binned|off] [--plain]
@@ -84,6 +85,7 @@ def main() -> None:
     prof = cProfile.Profile() if args.profile else None
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
+        c0 = time.process_time()
         if prof:
             prof.enable()
         res = simulate(sc, progress=False, **sim_kw)
@@ -92,12 +94,13 @@ def main() -> None:
         if prof:
             prof.disable()
         wall = time.perf_counter() - t0
+        cpu = time.process_time() - c0
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     s = res.summary
     steps = s["num_iterations"]
-    print(f"{'workload':>9} {'requests':>9} {'steps':>9} {'sim s':>7} {'wall s':>7} {'peak MB':>8} "
+    print(f"{'workload':>9} {'requests':>9} {'steps':>9} {'sim s':>7} {'wall s':>7} {'cpu s':>7} {'peak MB':>8} "
           f"{'us/step':>8} {'us/req':>8}")
-    print(f"{args.workload:>9} {args.requests:>9} {steps:>9} {t_sim:>7.2f} {wall:>7.2f} {rss_mb:>8.0f} "
+    print(f"{args.workload:>9} {args.requests:>9} {steps:>9} {t_sim:>7.2f} {wall:>7.2f} {cpu:>7.2f} {rss_mb:>8.0f} "
           f"{1e6 * wall / max(steps, 1):>8.2f} {1e6 * wall / args.requests:>8.1f}")
     print(f"simulated {s['duration_s']:.0f} s of traffic: {s['request_throughput']:.2f} req/s served, "
           f"mean batch {s['mean_batch_size']:.1f}, p99 TTFT {s['p99_ttft_ms']:.0f} ms, "

@@ -131,7 +131,9 @@ class Replica:
         # When the next request can arrive (seconds); None: unknown, so no fast-forward. Whoever
         # submits requests to this replica must answer it (the cluster does).
         self.next_arrival: Callable[[], float] | None = None
-        self.fast_forward = fast_forward and not self.realtime
+        # only an executor that prices a step without side effects (SimExecutor.decode_time) can be
+        # asked about steps the stretch may then not take; a replay or live executor never is
+        self.fast_forward = fast_forward and not self.realtime and hasattr(executor, "decode_time")
         self._stretch_end = -math.inf  # end of the fast-forward in flight
         self.process = env.process(self._loop())
 
@@ -270,14 +272,14 @@ class Replica:
         limit = self.next_arrival()  # type: ignore[misc]
         n = sched.num_running
         context = sched.decode_context()
-        price = getattr(self.executor, "decode_time", None)
+        price = self.executor.decode_time  # type: ignore[attr-defined]
         t = self.env.now
         starts: list[float] = []
         durations: list[float] = []
         ends: list[float] = []
         for j in range(k):
-            dt = price(n, context + j * n) if price is not None else None
-            if dt is None:
+            dt = price(n, context + j * n)
+            if dt is None:  # a cost model that prices the rows themselves
                 dt = self.executor.run(sched.decode_batch(j))
             end = t + dt  # what env.now becomes after env.timeout(dt)
             if not end < limit:

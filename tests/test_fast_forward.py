@@ -135,6 +135,28 @@ def test_replica_without_next_arrival_never_fast_forwards():
     assert ff == {False: 0, True: 49}  # every step but the prefill
 
 
+def test_an_executor_that_cannot_price_a_step_aside_is_never_asked_to():
+    # a replay or live executor counts the steps it runs: a stretch must not ask it about steps
+    # it may then not take
+    class Counting:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def run(self, batch) -> float:  # noqa: ANN001
+            self.calls += 1
+            return 0.01
+
+    sc = load_scenario(SCENARIOS_DIR / "chunked.yaml", ["workload.num_requests=20"])
+    env = simpy.Environment()
+    ex = Counting()
+    rep = Replica(env, 0, build_scheduler(sc, plan_kv(sc)), ex, _NullRecorder())
+    rep.next_arrival = lambda: math.inf
+    rep.submit(Request(0, 0.0, 32, 40))
+    rep.close()
+    env.run()
+    assert rep.num_fast_forward_steps == 0 and ex.calls == rep.num_iterations == 40
+
+
 def test_a_submit_inside_a_fast_forward_is_refused():
     sc = load_scenario(SCENARIOS_DIR / "chunked.yaml", ["workload.num_requests=20"])
     env = simpy.Environment()
@@ -153,6 +175,9 @@ def test_a_submit_inside_a_fast_forward_is_refused():
 
 class _ConstExecutor:
     def run(self, batch) -> float:  # noqa: ANN001
+        return 0.01
+
+    def decode_time(self, n: int, context_tokens: int) -> float:
         return 0.01
 
 
