@@ -190,6 +190,7 @@ class Replica:
         realtime = self.realtime
         clock = time.perf_counter
         overhead = 0.0  # live mode: seconds spent in update + schedule around this step
+        last_dt = 0.0  # the last plain step's duration (seconds)
         while True:
             if self._arrived and not sched.has_unfinished:  # nothing else to schedule: seen at once
                 self._flush_arrived()
@@ -199,7 +200,10 @@ class Replica:
                 yield self._wakeup
                 self._wakeup = env.event()
                 continue
-            if self.fast_forward and not self._arrived and self.next_arrival is not None:
+            # (the last step's duration as a guess: with an arrival closer than that, no stretch of
+            # two steps fits, and trying would only cost time)
+            if (self.fast_forward and not self._arrived and self.next_arrival is not None
+                    and self.next_arrival() - env.now > last_dt):
                 k = sched.decode_stretch(MAX_STRETCH)
                 if k > 1:
                     end = self._fast_forward(k)
@@ -233,7 +237,7 @@ class Replica:
             if realtime:
                 overhead += clock() - t_sched
             start = env.now
-            dt = self.executor.run(batch)
+            dt = last_dt = self.executor.run(batch)
             if realtime:
                 # the clock advances by what the step really took, scheduling included
                 dt = max(dt, self._wall_now() - start)

@@ -277,23 +277,23 @@ class RunningTable:
         bs = kv.block_size
         computed = self.computed[:n]
         first = self.nblocks[:n] * bs - computed
-        count = np.maximum((k - 1 - first) // bs + 1, 0)  # new blocks per row over the stretch
+        count = (k - 1 - first) // bs + 1  # new blocks per row over the stretch (<= 0: none)
+        grow = (count > 0).nonzero()[0]
         taken = np.zeros(k, dtype=np.int64)
-        total = int(count.sum())
-        if total:
-            rows = np.repeat(np.arange(n), count)
-            nth = np.arange(total) - np.repeat(np.cumsum(count) - count, count)
-            steps = np.repeat(first, count) + nth * bs
-            order = np.lexsort((rows, steps))
-            rows, steps = rows[order], steps[order]
-            want = computed[rows] + 1 + steps
+        if len(grow):
+            # a few rows cross a block boundary in a short stretch: (step, row) pairs as plain ints
+            rows = grow.tolist()
+            events = sorted((f + m * bs, i) for i, f, c in zip(rows, first[grow].tolist(), count[grow].tolist(),
+                                                                strict=True) for m in range(c))
+            held = computed[grow].tolist()
+            want_base = dict(zip(rows, held, strict=True))
             alloc = kv.allocate
             reqs = self.reqs
-            for i, t in zip(rows.tolist(), want.tolist(), strict=True):
-                if not alloc(reqs[i], t):
+            for step, i in events:
+                if not alloc(reqs[i], want_base[i] + 1 + step):
                     raise AssertionError(f"request {reqs[i].request_id}: a decode stretch ran out of KV blocks")
-            self.nblocks[:n] += count
-            taken = np.bincount(steps, minlength=k)
+                taken[step] += 1
+            self.nblocks[grow] += count[grow]
         itl0 = ends[0] - self.last_tok[:n]
         self.ints[:3, :n] += k  # computed, tokens and out
         self.last_tok[:n] = ends[-1]
