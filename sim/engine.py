@@ -41,6 +41,7 @@ class Executor(Protocol):
 
 
 MAX_STRETCH = 4096  # most steps one fast-forward covers
+MIN_STRETCH = 4  # a shorter stretch costs about what its plain steps would
 
 
 class SimExecutor:
@@ -205,7 +206,7 @@ class Replica:
             if (self.fast_forward and not self._arrived and self.next_arrival is not None
                     and self.next_arrival() - env.now > last_dt):
                 k = sched.decode_stretch(MAX_STRETCH)
-                if k > 1:
+                if k >= MIN_STRETCH:
                     end = self._fast_forward(k)
                     if end is not None:
                         self._stretch_end = end
