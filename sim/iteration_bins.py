@@ -29,6 +29,7 @@ SUM_COLUMNS = (
 SUMMED = frozenset({"num_steps", "busy_s", "num_preempted", "num_swap_blocks"})
 _START_WIDTH = 0.01  # seconds
 _BINS = 2048  # per replica; the width doubles when a step starts past the last one
+_PENDING = 4096  # steps staged before they are added to the bins
 
 
 class IterationBins:
@@ -42,22 +43,22 @@ class IterationBins:
         self.num_steps = 0
         self.batch_size_total = 0
         self.max_kv_usage = 0.0  # summarize's nanmax starts at 0 too
+        self._pending: list[list[tuple[float, ...]]] = [[] for _ in range(num_replicas)]
 
     def add(self, replica: int, start: float, row: Sequence[float]) -> None:
-        """One step: ``row`` holds SUM_COLUMNS' values for it (num_steps 1, busy_s its duration)."""
-        self.num_steps += 1
-        self.batch_size_total += int(row[2])
-        total = row[7]
-        if total > 0:
-            usage = row[6] / total
-            if usage > self.max_kv_usage:
-                self.max_kv_usage = usage
-        if self.keep_bins:
-            b = int(start * self._inv)
-            while b >= _BINS:
-                self._coarsen()
-                b = int(start * self._inv)
-            self.sums[replica, b] += row
+        """One step: ``row`` holds SUM_COLUMNS' values for it (num_steps 1, busy_s its duration).
+        Staged as tuples and added a few thousand at a time."""
+        pending = self._pending[replica]
+        pending.append((start, *row))
+        if len(pending) == _PENDING:
+            self._flush(replica)
+
+    def _flush(self, replica: int) -> None:
+        pending = self._pending[replica]
+        if pending:
+            block = np.array(pending, dtype=np.float64)
+            self._pending[replica] = []
+            self.add_many(replica, block[:, 0], block[:, 1:])
 
     def add_many(self, replica: int, starts: np.ndarray, rows: np.ndarray) -> None:
         """Several steps of one replica at once; ``rows`` is (steps, SUM_COLUMNS)."""
@@ -69,7 +70,10 @@ class IterationBins:
         if self.keep_bins:
             while int(starts[-1] * self._inv) >= _BINS:
                 self._coarsen()
-            np.add.at(self.sums[replica], (starts * self._inv).astype(np.int64), rows)
+            b = (starts * self._inv).astype(np.int64)  # in time order: equal bins are neighbours
+            cut = np.flatnonzero(np.diff(b)) + 1
+            heads = np.concatenate(([0], cut))
+            self.sums[replica, b[heads]] += np.add.reduceat(rows, heads, axis=0)
 
     def _coarsen(self) -> None:
         s = self.sums
@@ -79,8 +83,14 @@ class IterationBins:
         self.width *= 2
         self._inv = 1.0 / self.width
 
+    def flush(self) -> None:
+        """Add every staged step (before reading the bins or the summary)."""
+        for replica in range(len(self._pending)):
+            self._flush(replica)
+
     def summary(self) -> dict[str, float | int]:
         """The iteration keys of ``metrics.summarize``, exactly as it computes them from full rows."""
+        self.flush()
         n = self.num_steps
         return {
             "max_kv_usage": float(self.max_kv_usage) if n else math.nan,
@@ -90,6 +100,7 @@ class IterationBins:
 
     def frame(self) -> pd.DataFrame:
         """One row per nonempty (replica, bin), in time order; see the module docstring."""
+        self.flush()
         if not self.keep_bins:
             return pd.DataFrame({c: np.zeros(0) for c in ("replica", "start", "duration", *SUM_COLUMNS)})
         rep, b = (self.sums[:, :, 0] > 0).nonzero()
