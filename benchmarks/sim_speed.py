@@ -1,69 +1,112 @@
-"""Simulator speed: 100k ShareGPT-like requests through one llama-3.1-8b / h100-sxm replica.
+"""Simulator speed and memory at scale, through the code path of ``servesim run --no-plots``.
 
-Chunked scheduler, rate near saturation. Prints requests/s and iterations/s of simulation and
-peak memory (ru_maxrss). Target (issue 2): 100k requests in under 15 s on one core, < 1 GB.
+Two workloads on one llama-3.1-8b replica with the chunked scheduler:
 
-    python benchmarks/sim_speed.py [--requests 100000] [--rate 9] [--profile]
+- ``sharegpt``: ShareGPT-like lengths (lognormal prompts mean 1000, outputs mean 250) on an
+  h100-sxm near saturation (22 req/s, 256 seqs, 8192-token steps): big batches, a prefill chunk in
+  most steps.
+- ``conv``: conversation lengths shaped like the Splitwise / Azure 2023 conversation trace
+  (lognormal prompts mean 1155, outputs mean 211) at 6 req/s on an a100-80g with 512-token chunks:
+  low load, small batches, many steps per request.
+
+The run is ``simulate`` (the workload generated inside, as ``servesim run`` does) then
+``write_results`` without plots into a temporary folder. Prints wall and CPU seconds (simulate +
+write; on a shared machine the CPU seconds move less), peak RSS (ru_maxrss), engine steps, and
+wall µs per step and per request.
+
+    python benchmarks/sim_speed.py --workload sharegpt|conv [--requests 100000] [--rate R] [--profile]
+        [--iterations full|binned|off] [--plain]
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import inspect
 import pstats
 import resource
+import tempfile
 import time
 
 from servesim.sim.scenario import scenario_from_dict
-from servesim.sim.simulate import simulate
-from servesim.sim.workload import generate_requests
+from servesim.sim.simulate import simulate, write_results
 
-
-def scenario(n: int, rate: float):
-    return scenario_from_dict({
-        "name": "sim-speed",
-        "seed": 0,
-        "model": "llama-3.1-8b",
+WORKLOADS = {
+    "sharegpt": {
         "hardware": "h100-sxm",
         "scheduler": {"type": "chunked", "max_num_seqs": 256, "max_num_batched_tokens": 8192},
+        "rate": 22.0,
+        "prompt_len": {"dist": "lognormal", "mean": 1000, "std": 1000, "min": 4, "max": 16000},
+        "output_len": {"dist": "lognormal", "mean": 250, "std": 250, "min": 1, "max": 4000},
+    },
+    "conv": {
+        "hardware": "a100-80g",
+        "scheduler": {"type": "chunked", "max_num_seqs": 256, "max_num_batched_tokens": 512},
+        "rate": 6.0,
+        "prompt_len": {"dist": "lognormal", "mean": 1155, "std": 1109, "min": 4, "max": 16000},
+        "output_len": {"dist": "lognormal", "mean": 211, "std": 240, "min": 1, "max": 4000},
+    },
+}
+
+
+def scenario(workload: str, n: int, rate: float | None):
+    w = WORKLOADS[workload]
+    return scenario_from_dict({
+        "name": f"sim-speed-{workload}",
+        "seed": 0,
+        "model": "llama-3.1-8b",
+        "hardware": w["hardware"],
+        "scheduler": w["scheduler"],
         "workload": {
             "num_requests": n,
-            "arrival": {"process": "poisson", "rate": rate},
-            "prompt_len": {"dist": "lognormal", "mean": 1000, "std": 1000, "min": 4, "max": 16000},
-            "output_len": {"dist": "lognormal", "mean": 250, "std": 250, "min": 1, "max": 4000},
+            "arrival": {"process": "poisson", "rate": rate or w["rate"]},
+            "prompt_len": w["prompt_len"],
+            "output_len": w["output_len"],
         },
     })
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="sharegpt")
     ap.add_argument("--requests", type=int, default=100_000)
-    ap.add_argument("--rate", type=float, default=22.0, help="requests/s (near saturation by default)")
+    ap.add_argument("--rate", type=float, default=None, help="requests/s (default: the workload's)")
+    ap.add_argument("--iterations", choices=["full", "binned", "off"], default=None,
+                    help="iterations.parquet mode (default: servesim run's default)")
+    ap.add_argument("--plain", action="store_true", help="no fast-forward: every step through schedule/update")
     ap.add_argument("--profile", action="store_true", help="cProfile the run and print the top functions")
     args = ap.parse_args()
-    sc = scenario(args.requests, args.rate)
-    t0 = time.perf_counter()
-    reqs = generate_requests(sc.workload, sc.seed)
-    t_gen = time.perf_counter() - t0
+    sc = scenario(args.workload, args.requests, args.rate)
+    sim_kw: dict = {"fast_forward": False} if args.plain else {}
+    if args.iterations is not None:
+        if "iterations" not in inspect.signature(simulate).parameters:
+            raise SystemExit("this servesim has no --iterations")
+        sim_kw["iterations"] = args.iterations
     prof = cProfile.Profile() if args.profile else None
-    t1 = time.perf_counter()
-    if prof:
-        prof.enable()
-    res = simulate(sc, requests=reqs, progress=False)
-    if prof:
-        prof.disable()
-    t_sim = time.perf_counter() - t1
-    iters = len(res.iterations_df)
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        c0 = time.process_time()
+        if prof:
+            prof.enable()
+        res = simulate(sc, progress=False, **sim_kw)
+        t_sim = time.perf_counter() - t0
+        write_results(res, tmp, plots=False)
+        if prof:
+            prof.disable()
+        wall = time.perf_counter() - t0
+        cpu = time.process_time() - c0
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     s = res.summary
-    print(f"{'requests':>10} {'iterations':>10} {'gen s':>7} {'sim s':>7} {'req/s':>9} {'iter/s':>9} {'peak MB':>8}")
-    print(f"{args.requests:>10} {iters:>10} {t_gen:>7.2f} {t_sim:>7.2f} {args.requests / t_sim:>9.0f} "
-          f"{iters / t_sim:>9.0f} {rss_mb:>8.0f}")
-    print(f"simulated {s['duration_s']:.0f} s of traffic: {s['request_throughput']:.2f} req/s served "
-          f"(offered {args.rate}), mean batch {s['mean_batch_size']:.1f}, p99 TTFT {s['p99_ttft_ms']:.0f} ms, "
+    steps = s["num_iterations"]
+    print(f"{'workload':>9} {'requests':>9} {'steps':>9} {'sim s':>7} {'wall s':>7} {'cpu s':>7} {'peak MB':>8} "
+          f"{'us/step':>8} {'us/req':>8}")
+    print(f"{args.workload:>9} {args.requests:>9} {steps:>9} {t_sim:>7.2f} {wall:>7.2f} {cpu:>7.2f} {rss_mb:>8.0f} "
+          f"{1e6 * wall / max(steps, 1):>8.2f} {1e6 * wall / args.requests:>8.1f}")
+    print(f"simulated {s['duration_s']:.0f} s of traffic: {s['request_throughput']:.2f} req/s served, "
+          f"mean batch {s['mean_batch_size']:.1f}, p99 TTFT {s['p99_ttft_ms']:.0f} ms, "
           f"p99 TPOT {s['p99_tpot_ms']:.1f} ms, preemptions {s['num_preemptions']}")
     if prof:
-        pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     sc = _load(args)
     out_dir = Path(args.out or default_out_dir(sc))
     try:
-        result = simulate(sc, progress=None if not args.quiet else False)
+        result = simulate(sc, progress=None if not args.quiet else False, iterations=args.iterations)
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted during the simulation; nothing written to {out_dir}/") from None
     try:
@@ -49,15 +49,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     print(format_summary_table(result.summary))
     print(f"simulated in {result.wall_s:.2f} s wall; results in {out}/")
-    _warn_rejected(result.requests)
+    _warn_rejected(result.requests_df)
     return 0
 
 
-def _warn_rejected(requests) -> None:  # noqa: ANN001 - list[Request]
+def _warn_rejected(requests_df) -> None:  # noqa: ANN001 - the run's requests frame
     """Rejected requests are part of the result, not an error; say so on one line."""
-    rejected = [r for r in requests if r.reject_reason]
-    if rejected:
-        print(f"warning: {len(rejected)} requests rejected: {rejected[0].reject_reason}", file=sys.stderr)
+    reasons = requests_df["reject_reason"].dropna()
+    reasons = reasons[reasons != ""]
+    if len(reasons):
+        print(f"warning: {len(reasons)} requests rejected: {reasons.iloc[0]}", file=sys.stderr)
 
 
 def cmd_live(args: argparse.Namespace) -> int:
@@ -80,7 +81,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     overhead = result.iterations_df["sched_overhead_s"]
     print(f"ran in {result.wall_s:.2f} s wall; scheduler + bookkeeping {overhead.mean() * 1e3:.3f} ms per step "
           f"(mean); results in {out}/")
-    _warn_rejected(result.requests)
+    _warn_rejected(result.requests_df)
     return 0
 
 
@@ -263,6 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = scenario_cmd("run", "simulate a scenario and write its run folder", cmd_run)
     run.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    run.add_argument("--iterations", choices=["full", "binned", "off"], default="full",
+                     help="iterations.parquet: one row per engine step (full), time bins of them (binned: "
+                          "millions of steps in a few MB), or none (off); summary.json is the same")
     live = scenario_cmd("live", "run a scenario on the real model (random weights) in real time", cmd_live)
     live.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     engines = scenario_cmd("engines", "run the scenario's traffic through several engine presets and compare them",

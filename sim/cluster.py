@@ -7,6 +7,7 @@ outstanding). Routing happens at the request's arrival time, from what the repli
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import simpy
@@ -26,8 +27,15 @@ class Cluster:
         self.num_done = 0
         self._done_ids: set[int] = set()
         self.on_progress: Callable[[int], None] | None = None
+        # when the arrival process next delivers a request (seconds): the replicas fast-forward
+        # only over steps that end before it
+        self._next_arrival = -math.inf
         for rep in replicas:
             rep.on_done = self._count_done
+            rep.next_arrival = self._peek_arrival
+
+    def _peek_arrival(self) -> float:
+        return self._next_arrival
 
     def _count_done(self, req: Request) -> None:
         if req.request_id in self._done_ids:
@@ -43,8 +51,10 @@ class Cluster:
         for req in requests:
             delay = req.arrival_time - env.now
             if delay > 0:
+                self._next_arrival = env.now + delay  # the time SimPy schedules the timeout at
                 yield env.timeout(delay)
             pick(req).submit(req)
+        self._next_arrival = math.inf
         for rep in self.replicas:
             rep.close()
 

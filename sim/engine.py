@@ -6,19 +6,27 @@ model, and the clock advances by what the step really took, scheduling and bookk
 included). An idle replica waits on an arrival event instead of polling; a policy that holds
 queued work back (a batching delay, ``Scheduler.next_wakeup``) has the replica wait for the next
 arrival or its deadline, whichever comes first.
+
+Fast-forward (simulation only): when the policy says its next steps are plain decodes of every
+running row (``Scheduler.decodes_ahead``) and none of them finishes a request or runs short of KV
+blocks, the replica prices those steps one by one with the executor, stops before the step in
+which the next request arrives (``next_arrival``, set by the cluster), applies them to the
+running table at once and waits one SimPy event for all of them. Every step keeps its exact start,
+duration, inter-token latencies and iteration record, so the run is the plain loop's, step for step.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import simpy
 import simpy.rt
 
-from .batch import Batch
+from .batch import Batch, StepSums
 from .request import Request, RequestState
 from .schedulers import Scheduler
 
@@ -30,6 +38,10 @@ class Executor(Protocol):
     def run(self, batch: Batch) -> float:
         """Execute one step; return its duration in seconds."""
         ...
+
+
+MAX_STRETCH = 4096  # most steps one fast-forward covers
+MIN_STRETCH = 4  # a shorter stretch costs about what its plain steps would
 
 
 class SimExecutor:
@@ -49,6 +61,18 @@ class SimExecutor:
         # with needs_rows and takes the same aggregates beside the rows, so they are not summed twice
         self._needs_rows = getattr(cost_model, "needs_rows", False)
         self._step_time = None if self._needs_rows else getattr(cost_model, "step_time", None)
+
+    def decode_time(self, n: int, context_tokens: int) -> float | None:
+        """``run`` of a plain decode step (n rows computing one token each, ``context_tokens``
+        in their KV caches together) without building its Batch; None when the cost model prices
+        the rows themselves."""
+        if self._step_time is None:
+            return None
+        t = self._step_time(StepSums(n, n, n, 0, context_tokens + n, 0), 0.0)
+        if self._host is not None and t > 0:
+            host = self._host(n)
+            t = max(t - host, host)
+        return t
 
     def run(self, batch: Batch) -> float:
         swap_blocks = len(batch.swap_out) + len(batch.swap_in)
@@ -70,6 +94,9 @@ class Recorder(Protocol):  # what the engine needs from sim/metrics.py
     def on_iteration(self, **kwargs: object) -> None: ...
     def on_itl(self, itl: np.ndarray) -> None: ...
     def on_request_done(self, req: Request) -> None: ...
+    def on_decode_steps(self, replica: int, starts: list[float], durations: list[float], n: int,
+                        kv_blocks_used: np.ndarray, kv_blocks_total: int, num_waiting: int, num_swapped: int,
+                        first_itl: np.ndarray, last_running: int) -> None: ...
 
 
 class Replica:
@@ -84,6 +111,7 @@ class Replica:
         recorder: Recorder,
         on_done=None,  # callable(Request) -> None, called once per finished or rejected request
         async_scheduling: bool = False,
+        fast_forward: bool = True,
     ) -> None:
         self.env = env
         self.replica_id = replica_id
@@ -93,6 +121,7 @@ class Replica:
         self.on_done = on_done
         self.realtime = isinstance(env, simpy.rt.RealtimeEnvironment)
         self.num_iterations = 0
+        self.num_fast_forward_steps = 0  # of num_iterations, steps taken by fast-forward
         self.arrivals_open = True  # the cluster clears this when no request is left to arrive
         # vLLM's async scheduling: the step after the running one is already scheduled, so a request
         # arriving during a step reaches the scheduler only after the next step has been chosen
@@ -100,6 +129,13 @@ class Replica:
         self._in_step = False
         self._arrived: list[Request] = []
         self._wakeup = env.event()
+        # When the next request can arrive (seconds); None: unknown, so no fast-forward. Whoever
+        # submits requests to this replica must answer it (the cluster does).
+        self.next_arrival: Callable[[], float] | None = None
+        # only an executor that prices a step without side effects (SimExecutor.decode_time) can be
+        # asked about steps the stretch may then not take; a replay or live executor never is
+        self.fast_forward = fast_forward and not self.realtime and hasattr(executor, "decode_time")
+        self._stretch_end = -math.inf  # end of the fast-forward in flight
         self.process = env.process(self._loop())
 
     @property
@@ -110,6 +146,11 @@ class Replica:
     def submit(self, req: Request) -> None:
         """A request arrives at this replica now."""
         req.replica = self.replica_id
+        if self.env.now < self._stretch_end:
+            raise RuntimeError(
+                f"replica {self.replica_id}: request {req.request_id} submitted at {self.env.now} s inside a "
+                f"fast-forward that ends at {self._stretch_end} s; next_arrival must announce every submit"
+            )
         if self._in_step and self.async_scheduling:
             self._arrived.append(req)  # the engine drains its input after scheduling the next step
             return
@@ -150,6 +191,7 @@ class Replica:
         realtime = self.realtime
         clock = time.perf_counter
         overhead = 0.0  # live mode: seconds spent in update + schedule around this step
+        last_dt = 0.0  # the last plain step's duration (seconds)
         while True:
             if self._arrived and not sched.has_unfinished:  # nothing else to schedule: seen at once
                 self._flush_arrived()
@@ -159,6 +201,18 @@ class Replica:
                 yield self._wakeup
                 self._wakeup = env.event()
                 continue
+            # (the last step's duration as a guess: with an arrival closer than that, no stretch of
+            # two steps fits, and trying would only cost time)
+            if (self.fast_forward and not self._arrived and self.next_arrival is not None
+                    and self.next_arrival() - env.now > last_dt):
+                k = sched.decode_stretch(MAX_STRETCH)
+                if k >= MIN_STRETCH:
+                    end = self._fast_forward(k)
+                    if end is not None:
+                        self._stretch_end = end
+                        yield env.timeout(_delay_to(env.now, end))
+                        self._stretch_end = -math.inf
+                        continue
             t_sched = clock() if realtime else 0.0
             batch = sched.schedule(env.now)
             if self._arrived:  # arrivals of the step that just ended, seen from the next schedule on
@@ -184,7 +238,7 @@ class Replica:
             if realtime:
                 overhead += clock() - t_sched
             start = env.now
-            dt = self.executor.run(batch)
+            dt = last_dt = self.executor.run(batch)
             if realtime:
                 # the clock advances by what the step really took, scheduling included
                 dt = max(dt, self._wall_now() - start)
@@ -215,21 +269,77 @@ class Replica:
                 overhead = clock() - t_upd
 
 
-def check_conservation(requests: list[Request], replicas: list[Replica], num_done: int) -> None:
+    def _fast_forward(self, k: int) -> float | None:
+        """Take up to ``k`` plain decode steps that end before the next arrival: price them, apply
+        them (the last may finish requests), record them as the plain loop would; return when the
+        last one ends (None: none fit)."""
+        sched = self.scheduler
+        limit = self.next_arrival()  # type: ignore[misc]
+        n = sched.num_running
+        context = sched.decode_context()
+        price = self.executor.decode_time  # type: ignore[attr-defined]
+        t = self.env.now
+        starts: list[float] = []
+        durations: list[float] = []
+        ends: list[float] = []
+        for j in range(k):
+            dt = price(n, context + j * n)
+            if dt is None:  # a cost model that prices the rows themselves
+                dt = self.executor.run(sched.decode_batch(j))
+            end = t + dt  # what env.now becomes after env.timeout(dt)
+            if not end < limit:
+                break
+            starts.append(t)
+            durations.append(dt)
+            ends.append(end)
+            t = end
+        if not ends:
+            return None
+        kv = sched.kv
+        used = kv.num_used_blocks
+        itl0, taken, finished = sched.advance_decodes(ends)
+        used_after = used + np.cumsum(taken)
+        used_after[-1] = kv.num_used_blocks  # the last step's finished requests gave theirs back
+        rec = self.recorder
+        rec.on_decode_steps(self.replica_id, starts, durations, n, used_after, kv.num_blocks,
+                            sched.num_waiting, sched.num_swapped, itl0, sched.num_running)
+        for req in finished:
+            self._done(req)
+        self.num_iterations += len(ends)
+        self.num_fast_forward_steps += len(ends)
+        return ends[-1]
+
+
+def _delay_to(now: float, end: float) -> float:
+    """The delay d with ``now + d == end`` exactly (SimPy schedules at now + delay)."""
+    d = end - now
+    while now + d != end:
+        d = math.nextafter(d, math.inf if now + d < end else -math.inf)
+    return d
+
+
+def check_conservation(requests: Sequence[Request], replicas: list[Replica], num_done: int) -> None:
     """End-of-run check: every request finished with all its tokens or was rejected with a reason,
-    each exactly once, and every replica gave back all its KV blocks."""
+    each exactly once, and every replica gave back all its KV blocks.
+
+    Read off the recorder's records when it keeps them (the requests may be created lazily and
+    gone), else off the Request objects."""
     if num_done != len(requests):
         raise AssertionError(f"{len(requests)} requests submitted but {num_done} reported done")
-    for req in requests:
-        if req.state == RequestState.FINISHED:
-            if req.num_output_tokens != req.output_len:
-                raise AssertionError(
-                    f"request {req.request_id} finished with {req.num_output_tokens} of {req.output_len} tokens"
-                )
-        elif req.state == RequestState.REJECTED:
-            if not req.reject_reason:
-                raise AssertionError(f"request {req.request_id} rejected without a reason")
-        else:
-            raise AssertionError(f"request {req.request_id} left in state {req.state.name}")
+    check_done = getattr(replicas[0].recorder, "check_done", None) if replicas else None
+    if check_done is not None:
+        check_done(len(requests))
+    else:
+        for req in requests:
+            if req.state == RequestState.FINISHED:
+                if req.num_output_tokens != req.output_len:
+                    raise AssertionError(
+                        f"request {req.request_id} finished with {req.num_output_tokens} of {req.output_len} tokens"
+                    )
+            elif req.state == RequestState.REJECTED:
+                if not req.reject_reason:
+                    raise AssertionError(f"request {req.request_id} rejected without a reason")
+            else:
+                raise AssertionError(f"request {req.request_id} left in state {req.state.name}")
     for rep in replicas:
         rep.scheduler.check_drained()

@@ -17,15 +17,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 
 from .batch import Batch
+from .iteration_bins import SUM_COLUMNS, IterationBins
 from .outputs import begin_folder, write_parquet, write_text
-from .request import Request
+from .request import Request, RequestState
 
+ITERATIONS_MODES = ("full", "binned", "off")
+IterationsMode = Literal["full", "binned", "off"]
 _PERCENTILES = (90, 95, 99)  # reported for every latency, next to mean, median and std
 _SLO_KEYS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "e2el_ms": "e2e"}
 
@@ -222,6 +225,8 @@ REQUEST_SPEC: tuple[RequestColumn, ...] = (
 REQUEST_COLUMNS = tuple(c.name for c in REQUEST_SPEC)
 _RECORDED = tuple(c.name for c in REQUEST_SPEC if c.derive is None)
 _record = attrgetter(*_RECORDED)  # one C call per finished request
+_RECORDED_DTYPES = tuple((c.name, "int8" if c.name == "state" else c.dtype) for c in REQUEST_SPEC if c.derive is None)
+_REQUEST_CHUNK = 4096
 # vLLM metric name -> requests column, for the per-request latencies
 LATENCY_COLUMNS = {c.metric: c.name for c in REQUEST_SPEC if c.metric is not None}
 
@@ -238,13 +243,27 @@ class MetricsRecorder:
 
     _ITL_BUFFER = 1 << 16
 
-    def __init__(self, num_replicas: int = 1, itl_histogram: LogHistogram | None = None) -> None:
+    def __init__(self, num_replicas: int = 1, itl_histogram: LogHistogram | None = None,
+                 iterations: IterationsMode = "full") -> None:
+        """``iterations``: keep one row per engine step (``full``), time bins of them (``binned``,
+        see ``iteration_bins.py``) or only the summary's figures (``off``)."""
+        if iterations not in ITERATIONS_MODES:
+            raise ValueError(f"iterations must be one of {ITERATIONS_MODES}, got {iterations!r}")
         self.num_replicas = num_replicas
+        self.iterations_mode = iterations
+        self._bins = None if iterations == "full" else IterationBins(num_replicas, keep_bins=iterations == "binned")
+        if self._bins is not None:
+            self.on_iteration = self._bin_iteration  # type: ignore[method-assign]
+            self.on_decode_steps = self._bin_decode_steps  # type: ignore[method-assign]
         # One float64 row per iteration: a single tuple store is cheaper than 15 column stores,
         # and every count fits exactly in a float64 mantissa.
         self._iters = np.empty((4096, len(ITERATION_COLUMNS)), dtype=np.float64)
         self._n_iters = 0
+        # finished requests' records: a short list of tuples, moved into numpy columns in chunks
+        # (a million Python tuples would be the run's biggest memory bill)
         self._requests: list[tuple] = []
+        self._req_cols: dict[str, list[np.ndarray]] = {name: [] for name in _RECORDED}
+        self._num_requests = 0
         self._itl_hist = itl_histogram if itl_histogram is not None else LogHistogram()
         # ITLs are staged in a buffer so the histogram's log/bincount runs on big chunks.
         self._itl_buf = np.empty(self._ITL_BUFFER, dtype=np.float64)
@@ -291,6 +310,80 @@ class MetricsRecorder:
         )  # fmt: skip
         self._n_iters = i + 1
 
+    def on_decode_steps(self, replica: int, starts: list[float], durations: list[float], n: int,
+                        kv_blocks_used: np.ndarray, kv_blocks_total: int, num_waiting: int, num_swapped: int,
+                        first_itl: np.ndarray, last_running: int) -> None:
+        """Record a fast-forward: consecutive plain decode steps of ``n`` rows each, step j from
+        ``starts[j]`` for ``durations[j]`` seconds with ``kv_blocks_used[j]`` blocks held after it;
+        ``last_running`` requests still run after the last step (it may finish some).
+
+        The same iteration rows and inter-token latencies, in the same order and staging, as
+        ``on_iteration`` / ``on_itl`` called step by step: ``first_itl`` per row for step 0, then
+        each later step's n rows wait exactly the gap between the two steps' ends.
+        """
+        k = len(starts)
+        i = self._n_iters
+        while i + k > len(self._iters):
+            grown = np.empty((2 * len(self._iters), self._iters.shape[1]), dtype=np.float64)
+            grown[:i] = self._iters[:i]
+            self._iters = grown
+        rows = self._iters[i : i + k]
+        rows[:] = (replica, 0.0, 0.0, n, 0, n, n, 0, kv_blocks_total, num_waiting, n, num_swapped, 0, 0, math.nan)
+        rows[:, 1] = starts
+        rows[:, 2] = durations
+        rows[:, 7] = kv_blocks_used
+        rows[-1, 10] = last_running  # the last step's finished requests have left
+        self._n_iters = i + k
+        self._decode_itls(starts, durations, n, first_itl)
+
+    def _stage_same(self, value: float, n: int) -> None:
+        """``on_itl`` of n copies of ``value``."""
+        j = self._itl_n
+        if j + n > self._ITL_BUFFER:
+            self._flush_itl()
+            j = 0
+            if n > self._ITL_BUFFER:
+                self._itl_hist.add(np.full(n, value))
+                return
+        self._itl_buf[j : j + n] = value
+        self._itl_n = j + n
+
+    def _bin_iteration(self, replica: int, start: float, duration: float, batch: Batch, kv_blocks_used: int,
+                       kv_blocks_total: int, num_waiting: int, num_running: int, num_swapped: int,
+                       num_preempted: int, sched_overhead_s: float = math.nan) -> None:
+        """``on_iteration`` into time bins (``iterations`` binned or off)."""
+        num_tokens = batch.num_tokens
+        num_decode = batch.num_decode_tokens
+        self._bins.add(replica, start, (  # type: ignore[union-attr]
+            1, duration, len(batch.num_new_tokens), num_tokens - num_decode, num_decode, num_tokens, kv_blocks_used,
+            kv_blocks_total, num_waiting, num_running, num_swapped, num_preempted,
+            len(batch.swap_out) + len(batch.swap_in), sched_overhead_s,
+        ))  # fmt: skip
+
+    def _bin_decode_steps(self, replica: int, starts: list[float], durations: list[float], n: int,
+                          kv_blocks_used: np.ndarray, kv_blocks_total: int, num_waiting: int, num_swapped: int,
+                          first_itl: np.ndarray, last_running: int) -> None:
+        """``on_decode_steps`` into time bins."""
+        rows = np.empty((len(starts), len(SUM_COLUMNS)), dtype=np.float64)
+        rows[:] = (1, 0.0, n, 0, n, n, 0, kv_blocks_total, num_waiting, n, num_swapped, 0, 0, math.nan)
+        rows[:, 1] = durations
+        rows[:, 6] = kv_blocks_used
+        rows[-1, 9] = last_running
+        self._bins.add_many(replica, np.asarray(starts), rows)  # type: ignore[union-attr]
+        self._decode_itls(starts, durations, n, first_itl)
+
+    def _decode_itls(self, starts: list[float], durations: list[float], n: int, first_itl: np.ndarray) -> None:
+        self.on_itl(first_itl)
+        end = starts[0] + durations[0]
+        for j in range(1, len(starts)):
+            nxt = starts[j] + durations[j]
+            self._stage_same(nxt - end, n)
+            end = nxt
+
+    def iteration_summary(self) -> dict[str, float | int] | None:
+        """The summary's iteration figures when iterations are binned or off (None: full rows)."""
+        return None if self._bins is None else self._bins.summary()
+
     def on_itl(self, itl_seconds: np.ndarray) -> None:
         """Record the inter-token latencies (seconds) of the tokens emitted in one step."""
         n = len(itl_seconds)
@@ -313,7 +406,53 @@ class MetricsRecorder:
 
     def on_request_done(self, req: Request) -> None:
         """Record a request once, when it finishes or is rejected (the recorded ``REQUEST_SPEC`` columns)."""
-        self._requests.append(_record(req))
+        recs = self._requests
+        recs.append(_record(req))
+        if len(recs) == _REQUEST_CHUNK:
+            self._flush_requests()
+
+    def _flush_requests(self) -> None:
+        recs = self._requests
+        if not recs:
+            return
+        for (name, dtype), col in zip(_RECORDED_DTYPES, zip(*recs, strict=True), strict=True):
+            self._req_cols[name].append(np.array(col, dtype=dtype))
+        self._num_requests += len(recs)
+        self._requests = []
+
+    def request_columns(self) -> dict[str, np.ndarray]:
+        """Every recorded request's ``REQUEST_SPEC`` recorded columns, in the order they were done
+        (``state`` as ``RequestState`` values, ``reject_reason`` None where there is none)."""
+        self._flush_requests()
+        out = {}
+        for name, dtype in _RECORDED_DTYPES:
+            chunks = self._req_cols[name]
+            if len(chunks) != 1:  # joined once, kept joined
+                chunks[:] = [np.concatenate(chunks) if chunks else np.zeros(0, dtype=dtype)]
+            out[name] = chunks[0]
+        return out
+
+    def check_done(self, num_requests: int) -> None:
+        """End-of-run check on the records: ``num_requests`` recorded, every finished one with all
+        its output tokens, every rejected one with a reason, none left in another state."""
+        cols = self.request_columns()
+        if len(cols["request_id"]) != num_requests:
+            raise AssertionError(f"{num_requests} requests submitted but {len(cols['request_id'])} recorded")
+        state = cols["state"]
+        fin = state == RequestState.FINISHED
+        short = fin & (cols["num_output_tokens"] != cols["output_len"])
+        if short.any():
+            i = int(short.nonzero()[0][0])
+            raise AssertionError(f"request {cols['request_id'][i]} finished with {cols['num_output_tokens'][i]} "
+                                 f"of {cols['output_len'][i]} tokens")
+        rejected = state == RequestState.REJECTED
+        for i in rejected.nonzero()[0].tolist():
+            if not cols["reject_reason"][i]:
+                raise AssertionError(f"request {cols['request_id'][i]} rejected without a reason")
+        other = ~(fin | rejected)
+        if other.any():
+            i = int(other.nonzero()[0][0])
+            raise AssertionError(f"request {cols['request_id'][i]} left in state {RequestState(state[i]).name}")
 
     @property
     def itl_histogram(self) -> LogHistogram:
@@ -325,11 +464,14 @@ class MetricsRecorder:
     def num_iterations(self) -> int:
         return self._n_iters
 
-    def requests_frame(self) -> pd.DataFrame:
-        """One row per recorded request (times in seconds, lengths in tokens), columns REQUEST_COLUMNS."""
-        cols = list(zip(*self._requests, strict=True)) if self._requests else [()] * len(_RECORDED)
-        data: dict[str, Any] = dict(zip(_RECORDED, cols, strict=True))
-        data["state"] = [state.name.lower() for state in data["state"]]
+    def requests_frame(self, order: np.ndarray | None = None) -> pd.DataFrame:
+        """One row per recorded request (times in seconds, lengths in tokens), columns REQUEST_COLUMNS,
+        in the order they were done, or rows ``order`` of that."""
+        data: dict[str, Any] = self.request_columns()
+        if order is not None:
+            data = {k: v[order] for k, v in data.items()}
+        names = np.array([s.name.lower() for s in RequestState], dtype=object)
+        data["state"] = names[data["state"]]
         for c in REQUEST_SPEC:
             if c.derive is not None:
                 data[c.name] = c.derive(data)
@@ -340,8 +482,15 @@ class MetricsRecorder:
         return pd.DataFrame({k: data[k] for k in REQUEST_COLUMNS})
 
     def iterations_frame(self) -> pd.DataFrame:
-        """One row per engine iteration (times in seconds, sizes in tokens / blocks / requests)."""
+        """One row per engine iteration (times in seconds, sizes in tokens / blocks / requests), or
+        per time bin of them (``iterations`` binned; none when off)."""
+        if self._bins is not None:
+            return self._bins.frame()
         buf = self._iters[: self._n_iters]
+        if self.num_replicas > 1:
+            # in the order the steps ended: a replica's fast-forward records its steps when it
+            # starts them, ahead of other replicas' steps that end in between
+            buf = buf[np.argsort(buf[:, 1] + buf[:, 2], kind="stable")]
         return pd.DataFrame(
             {
                 name: buf[:, j].copy() if name in _FLOAT_ITER_COLUMNS else buf[:, j].astype(np.int64)
@@ -407,13 +556,16 @@ def summarize(
     slo: Mapping[str, float] | None = None,
     duration_s: float | None = None,
     prefix_cache: tuple[int, int] | None = None,
+    iteration_stats: Mapping[str, float | int] | None = None,
 ) -> dict[str, float | int]:
     """Summary of a run with vLLM ``benchmark_serving.py`` key names (latencies in ms, rates per s).
 
     Latency statistics use finished requests only; rejected requests count in ``rejected`` and fail
     every SLO in ``slo_attainment``. ``duration_s`` defaults to first arrival to last finish
     (seconds). ``prefix_cache`` is (prompt tokens looked up, tokens served from the cache), summed
-    over replicas; without it the prefix-cache keys are nan. Values are plain Python ints/floats,
+    over replicas; without it the prefix-cache keys are nan. ``iteration_stats`` (the recorder's
+    ``iteration_summary``, when iterations were binned or off) gives ``max_kv_usage``,
+    ``mean_batch_size`` and ``num_iterations`` instead of ``iterations_df``. Values are plain Python ints/floats,
     nan where undefined; key order is fixed.
     """
     fin = requests_df[requests_df["state"] == "finished"]
@@ -451,7 +603,10 @@ def summarize(
     s["num_preemptions"] = int(requests_df["num_preemptions"].sum())
     s["preempted_requests"] = int((requests_df["num_preemptions"] > 0).sum())
     n_it = len(iterations_df)
-    if n_it:
+    if iteration_stats is not None:  # binned or no iteration rows: the recorder kept the figures
+        s.update({k: iteration_stats[k] for k in ("max_kv_usage", "mean_batch_size")})
+        n_it = int(iteration_stats["num_iterations"])
+    elif n_it:
         used = iterations_df["kv_blocks_used"].to_numpy(dtype=np.float64)
         total = iterations_df["kv_blocks_total"].to_numpy(dtype=np.float64)
         with np.errstate(divide="ignore", invalid="ignore"):

@@ -79,11 +79,17 @@ def _plot_latency_cdfs(path: Path, requests_df: pd.DataFrame, itl_hist: LogHisto
     return path
 
 
-def _binned(values: np.ndarray, cell: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
-    """Mean of ``values`` per (replica, time bin) cell, as a matrix; nan where a cell is empty."""
+def _binned(values: np.ndarray, cell: np.ndarray, shape: tuple[int, int],
+            steps: np.ndarray | None = None) -> np.ndarray:
+    """Mean of ``values`` per (replica, time bin) cell, as a matrix; nan where a cell is empty.
+    ``steps``: how many steps each row stands for (a binned iterations table's rows are means)."""
     size = shape[0] * shape[1]
-    n = np.bincount(cell, minlength=size)
-    s = np.bincount(cell, weights=values, minlength=size)
+    if steps is None:
+        n = np.bincount(cell, minlength=size)
+        s = np.bincount(cell, weights=values, minlength=size)
+    else:
+        n = np.bincount(cell, weights=steps, minlength=size)
+        s = np.bincount(cell, weights=values * steps, minlength=size)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(n > 0, s / n, np.nan).reshape(shape)
 
@@ -104,6 +110,8 @@ def _plot_timeline(path: Path, it: pd.DataFrame) -> Path:
         return path
 
     t0, t1 = float(it["start"].min()), float((it["start"] + it["duration"]).max())
+    # a binned table (servesim run --iterations binned): each row is the mean of num_steps steps
+    steps = it["num_steps"].to_numpy(dtype=np.float64) if "num_steps" in it else None
     n_bins = int(min(TIMELINE_BINS, max(1, len(it) // max(1, it["replica"].nunique()))))
     edges = np.linspace(t0, max(t1, t0 + 1e-9), n_bins + 1)
     centres = 0.5 * (edges[:-1] + edges[1:])
@@ -116,7 +124,7 @@ def _plot_timeline(path: Path, it: pd.DataFrame) -> Path:
     # per-replica means are summed (an idle replica adds nothing) to show the cluster total.
     for ax, (title, cols) in zip(axes, panels, strict=False):
         for col in cols:
-            m = _binned(it[col].to_numpy(dtype=np.float64), cell, shape)
+            m = _binned(it[col].to_numpy(dtype=np.float64), cell, shape, steps)
             ls = "--" if col == "kv_blocks_total" else "-"
             if per_replica:
                 for r, y in zip(replicas, m, strict=True):
@@ -140,7 +148,8 @@ def _plot_timeline(path: Path, it: pd.DataFrame) -> Path:
     ax.set_xlabel("time (s)")
     ax.grid(True, alpha=0.3)
     scope = "per replica" if per_replica else f"sum of {len(replicas)} replicas"
-    fig.suptitle(f"{len(it)} iterations, {scope}, binned into {n_bins} time bins")
+    count = f"{int(steps.sum())} iterations in {len(it)} bins" if steps is not None else f"{len(it)} iterations"
+    fig.suptitle(f"{count}, {scope}, binned into {n_bins} time bins")
     fig.savefig(path, dpi=DPI)
     return path
 

@@ -7,6 +7,7 @@ live mode calls it too, so the two modes cannot drift apart in policy.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,13 +21,13 @@ from .cluster import Cluster
 from .cost_model import build_cost_model
 from .engine import Replica, SimExecutor
 from .kv_cache import BlockManager
-from .metrics import LogHistogram, MetricsRecorder, summarize, write_run
+from .metrics import IterationsMode, LogHistogram, MetricsRecorder, summarize, write_run
 from .outputs import begin_folder, write_text
 from .presets import get_hardware, get_model, kv_block_bytes, num_kv_blocks
 from .request import Request
 from .scenario import Scenario, ScenarioError, scenario_to_yaml
 from .schedulers import Scheduler, make_scheduler
-from .workload import generate_requests
+from .workload import generate_workload
 
 GIB = 1 << 30
 
@@ -80,7 +81,7 @@ def build_scheduler(sc: Scenario, kv: KVPlan) -> Scheduler:
 class RunResult:
     scenario: Scenario
     mode: str  # "sim" or "live"
-    requests: list[Request]
+    requests: Sequence[Request]  # the objects given to simulate, else the workload's columns (RequestArrays)
     requests_df: pd.DataFrame
     iterations_df: pd.DataFrame
     summary: dict[str, Any]
@@ -118,17 +119,22 @@ class RunResult:
 def run_replicas(
     env: simpy.Environment,
     sc: Scenario,
-    requests: list[Request],
+    requests: Sequence[Request],
     make_replica_parts,  # callable(replica_index) -> (Scheduler, Executor)
     progress: bool | None,
+    fast_forward: bool = True,
+    iterations: IterationsMode = "full",
 ) -> tuple[MetricsRecorder, list[Replica]]:
-    """Drive ``requests`` through ``sc.cluster`` replicas on ``env`` and return the metrics."""
-    recorder = MetricsRecorder(num_replicas=sc.cluster.num_replicas)
+    """Drive ``requests`` through ``sc.cluster`` replicas on ``env`` and return the metrics.
+
+    ``fast_forward`` False makes every step go through schedule/update (the plain loop the
+    fast-forward is tested against); a realtime (live) environment never fast-forwards."""
+    recorder = MetricsRecorder(num_replicas=sc.cluster.num_replicas, iterations=iterations)
     replicas = []
     for r in range(sc.cluster.num_replicas):
         scheduler, executor = make_replica_parts(r)
         replicas.append(Replica(env, r, scheduler, executor, recorder,
-                                async_scheduling=sc.policy.async_scheduling))
+                                async_scheduling=sc.policy.async_scheduling, fast_forward=fast_forward))
     cluster = Cluster(env, replicas, sc.cluster.router)
     # The bar shows only on runs longer than ~2 s (tqdm's delay), and never when disabled.
     bar = tqdm(total=len(requests), unit="req", delay=2.0, mininterval=0.5, disable=progress is False,
@@ -144,15 +150,21 @@ def run_replicas(
     return recorder, replicas
 
 
-def simulate(sc: Scenario, requests: list[Request] | None = None, progress: bool | None = None) -> RunResult:
-    """Simulate the scenario (its workload, or the given requests) and summarise the run."""
+def simulate(sc: Scenario, requests: Sequence[Request] | None = None, progress: bool | None = None,
+             fast_forward: bool = True, iterations: IterationsMode = "full") -> RunResult:
+    """Simulate the scenario (its workload, or the given requests) and summarise the run.
+
+    ``fast_forward`` False: no stretch of decode steps is taken at once (same results, slower).
+    ``iterations``: the iterations table holds every step (``full``), time bins of them
+    (``binned``) or nothing (``off``); the summary is the same in every mode."""
     t0 = time.perf_counter()
     model = get_model(sc.model)
     hardware = get_hardware(sc.hardware)
     kv = plan_kv(sc)
     cost = build_cost_model(sc.cost_model, model, hardware, sc.tensor_parallel)
     if requests is None:
-        requests = generate_requests(sc.workload, sc.seed)
+        # columns; each Request is made when it arrives and dropped once it is recorded
+        requests = generate_workload(sc.workload, sc.seed).requests
     else:
         for req in requests:
             req.reset_progress()
@@ -162,17 +174,19 @@ def simulate(sc: Scenario, requests: list[Request] | None = None, progress: bool
         return build_scheduler(sc, kv), SimExecutor(cost, kv.block_bytes,
                                                     overlap_host=sc.policy.async_scheduling)
 
-    recorder, _ = run_replicas(env, sc, requests, parts, progress)
+    recorder, _ = run_replicas(env, sc, requests, parts, progress, fast_forward, iterations)
     return finish_run(sc, "sim", requests, recorder, kv, time.perf_counter() - t0)
 
 
-def finish_run(sc: Scenario, mode: str, requests: list[Request], recorder: MetricsRecorder, kv: KVPlan,
+def finish_run(sc: Scenario, mode: str, requests: Sequence[Request], recorder: MetricsRecorder, kv: KVPlan,
                wall_s: float) -> RunResult:
-    requests_df = recorder.requests_frame().sort_values("request_id", kind="stable").reset_index(drop=True)
+    ids = recorder.request_columns()["request_id"]
+    requests_df = recorder.requests_frame(np.argsort(ids, kind="stable"))
     iterations_df = recorder.iterations_frame()
     hist = recorder.itl_histogram
     summary = summarize(requests_df, iterations_df, hist, slo=sc.slo or None,
-                        prefix_cache=(recorder.prefix_cache_queries, recorder.prefix_cache_hits))
+                        prefix_cache=(recorder.prefix_cache_queries, recorder.prefix_cache_hits),
+                        iteration_stats=recorder.iteration_summary())
     return RunResult(sc, mode, requests, requests_df, iterations_df, summary, hist, kv, wall_s)
 
 

@@ -40,6 +40,7 @@ import gc
 import logging
 import math
 import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -518,11 +519,58 @@ def _token_ids(
     ]
 
 
+class RequestArrays(Sequence[Request]):
+    """A workload's requests as columns; each ``Request`` is made when it is read, so a run that
+    reads them in arrival order holds only the ones in flight. Item i is request_id i; reading an
+    item twice gives two fresh objects."""
+
+    __slots__ = ("arrival_time", "prompt_len", "output_len", "prefix_id", "prefix_len", "token_ids")
+
+    def __init__(self, arrival_time: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray,
+                 prefix_id: np.ndarray, prefix_len: np.ndarray, token_ids: list[list[int]] | None = None) -> None:
+        self.arrival_time = np.asarray(arrival_time, dtype=np.float64)
+        self.prompt_len = np.asarray(prompt_len, dtype=np.int64)
+        self.output_len = np.asarray(output_len, dtype=np.int64)
+        self.prefix_id = np.asarray(prefix_id, dtype=np.int64)
+        self.prefix_len = np.asarray(prefix_len, dtype=np.int64)
+        self.token_ids = token_ids
+
+    def __len__(self) -> int:
+        return len(self.arrival_time)
+
+    def __getitem__(self, i):  # type: ignore[override]  # noqa: ANN001, ANN204
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(i)
+        return Request(i, float(self.arrival_time[i]), int(self.prompt_len[i]), int(self.output_len[i]),
+                       int(self.prefix_id[i]), int(self.prefix_len[i]), 0,
+                       self.token_ids[i] if self.token_ids is not None else None)
+
+    def __iter__(self) -> Iterator[Request]:
+        token_ids = self.token_ids
+        # Positional, in Request's field order; converted in chunks, not all at once.
+        for lo in range(0, len(self), _CHUNK):
+            hi = lo + _CHUNK
+            cols = (self.arrival_time[lo:hi].tolist(), self.prompt_len[lo:hi].tolist(),
+                    self.output_len[lo:hi].tolist(), self.prefix_id[lo:hi].tolist(),
+                    self.prefix_len[lo:hi].tolist())
+            ids = token_ids[lo:hi] if token_ids is not None else [None] * len(cols[0])
+            for j, (t, p, o, pid, plen, tok) in enumerate(zip(*cols, ids, strict=True)):
+                yield Request(lo + j, t, p, o, pid, plen, 0, tok)
+
+
+_CHUNK = 8192
+
+
 @dataclass(slots=True)
 class Workload:
     """Generated requests plus what the user should know about how they were made."""
 
-    requests: list[Request]
+    requests: RequestArrays
     counts: dict[str, int] = field(default_factory=dict)  # failed rows dropped, lengths clipped
     notes: list[str] = field(default_factory=list)  # one line each, for the CLI to print
 
@@ -573,52 +621,47 @@ def generate_workload(cfg: WorkloadConfig, seed: int) -> Workload:
         prefix_id, prefix_len = np.full(n, -1), np.zeros(n, dtype=np.int64)
     for note in notes:
         log.warning(note)
-    priority = [0] * n
-    # Positional, in Request's field order (request_id comes from enumerate).
-    cols = [
-        times.tolist(),
-        prompt.tolist(),
-        output.tolist(),
-        prefix_id.tolist(),
-        prefix_len.tolist(),
-        priority,
-    ]
+    token_ids = None
     if cfg.token_ids:
         num_prefixes = cfg.prefix.num_prefixes if cfg.prefix is not None else 0
-        cols.append(_token_ids(prompt, prefix_id, prefix_len, num_prefixes, cfg.vocab_size, rng[_TOKENS]))
-    else:
-        cols.append([None] * n)
+        token_ids = _token_ids(prompt, prefix_id, prefix_len, num_prefixes, cfg.vocab_size, rng[_TOKENS])
+    reqs = RequestArrays(times, prompt, output, prefix_id, prefix_len, token_ids)
+    return Workload(reqs, counts, notes)
+
+
+def generate_requests(cfg: WorkloadConfig, seed: int) -> list[Request]:
+    """The requests of ``cfg`` as objects (see :func:`generate_workload`; drop/clip notes go to the log)."""
     # Each Request holds a list, so building 100k of them triggers cyclic-GC passes over the whole
     # heap (3x the build time, growing with what else is alive); nothing here forms a cycle.
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        reqs = [Request(i, *row) for i, row in enumerate(zip(*cols, strict=True))]
+        return list(generate_workload(cfg, seed).requests)
     finally:
         if gc_was_enabled:
             gc.enable()
-    return Workload(reqs, counts, notes)
 
 
-def generate_requests(cfg: WorkloadConfig, seed: int) -> list[Request]:
-    """The requests of ``cfg`` (see :func:`generate_workload`; drop/clip notes go to the log)."""
-    return generate_workload(cfg, seed).requests
-
-
-def workload_stats(requests: list[Request]) -> dict[str, float]:
+def workload_stats(requests: Sequence[Request]) -> dict[str, float]:
     """Summary for the CLI: count, duration (s, last arrival since t = 0), rate (requests/s),
     mean / p50 / p99 prompt and output lengths (tokens), share of requests with a prefix."""
     n = len(requests)
     if n == 0:
         return {"num_requests": 0, "duration_s": 0.0, "request_rate": 0.0}
-    t = np.fromiter((r.arrival_time for r in requests), np.float64, n)
+    if isinstance(requests, RequestArrays):  # the columns themselves, no objects made
+        cols = {"arrival_time": requests.arrival_time, "prompt_len": requests.prompt_len,
+                "output_len": requests.output_len, "prefix_id": requests.prefix_id}
+    else:
+        cols = {name: np.fromiter((getattr(r, name) for r in requests), np.float64 if name == "arrival_time"
+                                  else np.int64, n) for name in ("arrival_time", "prompt_len", "output_len", "prefix_id")}
+    t = cols["arrival_time"]
     out: dict[str, float] = {"num_requests": n, "duration_s": float(t.max())}
     out["request_rate"] = n / out["duration_s"] if out["duration_s"] > 0 else math.inf
     for name in ("prompt_len", "output_len"):
-        v = np.fromiter((getattr(r, name) for r in requests), np.int64, n)
+        v = cols[name]
         out[f"mean_{name}"] = float(v.mean())
         out[f"p50_{name}"] = float(np.percentile(v, 50))
         out[f"p99_{name}"] = float(np.percentile(v, 99))
         out[f"total_{name}"] = int(v.sum())
-    out["prefix_fraction"] = sum(r.prefix_id >= 0 for r in requests) / n
+    out["prefix_fraction"] = int(np.count_nonzero(cols["prefix_id"] >= 0)) / n
     return out

@@ -18,6 +18,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("core types", ["sim", "sim.request", "sim.errors", "sim.outputs", "sim.hints", "sim.presets", "sim.config_model", "sim.host_memory", "kernels", "calibration"]),
     ("KV cache, batch, workload", ["sim.kv_cache", "sim.batch", "sim.workload"]),
     ("policies, cost model, metrics, kernels", ["sim.schedulers", "sim.allreduce", "sim.cost_model", "sim.layer_cost_model", "sim.metrics",
+                                                "sim.iteration_bins",
                                                 "kernels.attention", "kernels.model", "kernels.runner", "kernels.host"]),
     ("engine presets, plots", ["sim.engine_presets", "sim.plots"]),
     ("engine, cluster", ["sim.engine", "sim.router", "sim.cluster"]),

@@ -334,6 +334,42 @@ class Scheduler:
     def _on_rows_finished(self, rows: np.ndarray) -> None:
         self.run.remove_rows(rows.tolist())
 
+    # ---- a stretch of plain decode steps (the engine's fast-forward) ---------------------------
+    def decodes_ahead(self) -> bool:
+        """Policy: whether, until a request arrives, finishes or runs short of KV blocks, every next
+        step of this policy decodes every running row by one token and admits nothing. A policy
+        that says True lets the engine take such steps without calling ``schedule``/``update``."""
+        return False
+
+    def decode_stretch(self, max_steps: int) -> int:
+        """How many next steps (at most ``max_steps``) are plain decodes of every running row that
+        only an arrival could change: none runs short of KV blocks, and only the last may finish
+        requests."""
+        if not self.decodes_ahead():
+            return 0
+        return self.run.decode_horizon(self.block_size, self.kv.num_free_blocks, max_steps)
+
+    def decode_context(self) -> int:
+        """Tokens the running rows hold in the KV cache together (a decode step's context)."""
+        return int(np.add.reduce(self.run.computed[: self.run.n]))
+
+    def decode_batch(self, step: int) -> Batch:
+        """The Batch of step ``step`` (0-based) of the stretch, for the executor's step time."""
+        n = self.run.n
+        _, ones, trues = self._const_views(n)
+        return Batch(num_new_tokens=ones, num_context_tokens=self.run.computed[:n] + step, samples=trues,
+                     decode_rows=n)
+
+    def advance_decodes(self, ends: list[float]) -> tuple[np.ndarray, np.ndarray, list[Request]]:
+        """Apply the stretch's steps, step j ending at ``ends[j]`` (seconds), and retire the
+        requests its last step finished; returns the first step's ITLs per row and the KV blocks
+        each step took (``RunningTable.advance_decodes``), and the finished requests."""
+        itl0, taken = self.run.advance_decodes(self.kv, ends)
+        run = self.run
+        n = run.n
+        done = (run.out[:n] >= run.out_len[:n]).nonzero()[0]
+        return itl0, taken, self._finish_rows(done, ends[-1])
+
     # ---- end-of-run check ------------------------------------------------------------------
     def check_drained(self) -> None:
         """Raise unless every queue is empty and every KV block is back."""

@@ -35,6 +35,12 @@ class ChunkedConfig(PolicyConfig):
 class ChunkedScheduler(Scheduler):
     config_type = ChunkedConfig
 
+    def decodes_ahead(self) -> bool:
+        # nothing swapped, and nothing waiting or no seat for it: every next step decodes the
+        # running rows (when they all decode and fit the budget) and admits nothing
+        return (not self.swapped and (not self.waiting or self.run.n >= self.max_num_seqs)
+                and self.run.n <= self.max_num_batched_tokens)
+
     def schedule(self, now: float) -> Batch:
         run = self.run
         budget = self.max_num_batched_tokens

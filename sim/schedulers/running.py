@@ -235,3 +235,73 @@ class RunningTable:
             last[s] = now
             done = (s & (out >= self.out_len[:k])).nonzero()[0]
         return itl, first, done
+
+    # ---- a stretch of plain decode steps ---------------------------------------------------
+    def decode_horizon(self, block_size: int, free_blocks: int, max_steps: int) -> int:
+        """Plain decode steps (every row computes its one pending token and samples) the rows can
+        take in a row up to the first step that finishes one of them, without needing more than
+        ``free_blocks`` new KV blocks; at most ``max_steps``, 0 when a row is not a plain decode."""
+        n = self.n
+        if n == 0 or max_steps <= 0:
+            return 0
+        computed = self.computed[:n]
+        out = self.out[:n]
+        if np.count_nonzero(self.tokens[:n] - computed != 1) or np.count_nonzero(out) != n:
+            return 0
+        # the step that emits a row's last token retires it: the stretch ends with that step
+        k = min(int((self.out_len[:n] - out).min()), max_steps)
+        if k <= 0:
+            return 0
+        first = self.nblocks[:n] * block_size - computed  # step at which each row takes a new block
+        if _blocks_by_step(first, block_size, k) > free_blocks:
+            lo, hi = 0, k  # the longest stretch whose blocks fit
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if _blocks_by_step(first, block_size, mid) <= free_blocks:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            k = lo
+        return k
+
+    def advance_decodes(self, kv: BlockManager, ends: list[float]) -> tuple[np.ndarray, np.ndarray]:
+        """Apply ``len(ends)`` plain decode steps of every row, step j ending at ``ends[j]`` (seconds).
+
+        The KV blocks are taken in the order the steps one by one would take them (step, then
+        row), so block ids and prefix-cache evictions match. Returns the first step's inter-token
+        latencies (one per row; later steps' are ``ends[j] - ends[j-1]`` for every row) and the
+        number of blocks each step took.
+        """
+        n = self.n
+        k = len(ends)
+        bs = kv.block_size
+        computed = self.computed[:n]
+        first = self.nblocks[:n] * bs - computed
+        count = (k - 1 - first) // bs + 1  # new blocks per row over the stretch (<= 0: none)
+        grow = (count > 0).nonzero()[0]
+        taken = np.zeros(k, dtype=np.int64)
+        if len(grow):
+            # a few rows cross a block boundary in a short stretch: (step, row) pairs as plain ints
+            rows = grow.tolist()
+            events = sorted((f + m * bs, i) for i, f, c in zip(rows, first[grow].tolist(), count[grow].tolist(),
+                                                                strict=True) for m in range(c))
+            held = computed[grow].tolist()
+            want_base = dict(zip(rows, held, strict=True))
+            alloc = kv.allocate
+            reqs = self.reqs
+            for step, i in events:
+                if not alloc(reqs[i], want_base[i] + 1 + step):
+                    raise AssertionError(f"request {reqs[i].request_id}: a decode stretch ran out of KV blocks")
+                taken[step] += 1
+            self.nblocks[grow] += count[grow]
+        itl0 = ends[0] - self.last_tok[:n]
+        self.ints[:3, :n] += k  # computed, tokens and out
+        self.last_tok[:n] = ends[-1]
+        return itl0, taken
+
+
+def _blocks_by_step(first: np.ndarray, block_size: int, k: int) -> int:
+    """New KV blocks rows take over steps 0..k-1 when row i takes one at ``first[i]`` and every
+    ``block_size`` steps after."""
+    c = (k - 1 - first) // block_size + 1
+    return int(c[c > 0].sum())

@@ -1,0 +1,188 @@
+"""The engine's fast-forward over plain decode steps is the plain loop, step for step.
+
+Each run is simulated twice, with ``fast_forward`` off (every step through schedule / update)
+and on, and the two must agree: identical requests and iterations tables (every latency, every
+step's start, duration and KV blocks) and summary. The one allowed difference: with several
+replicas the ITL histogram receives the same values in another order, so its mean and std may
+differ in the last bits (checked to 1e-12 relative).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import simpy
+from servesim.sim.engine import Replica
+from servesim.sim.request import Request
+from servesim.sim.scenario import load_scenario, scenario_from_dict
+from servesim.sim.simulate import build_scheduler, plan_kv, run_replicas, simulate
+
+SCENARIOS_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+SHIPPED = sorted(SCENARIOS_DIR.rglob("*.yaml"))
+ORDER_ONLY = {"mean_itl_ms", "std_itl_ms"}  # sums over the same values, added in another order
+
+
+def assert_same_run(plain, fast, replicas: int = 1) -> None:
+    pd.testing.assert_frame_equal(plain.requests_df, fast.requests_df, check_exact=True)
+    pd.testing.assert_frame_equal(plain.iterations_df, fast.iterations_df, check_exact=True)
+    assert plain.summary.keys() == fast.summary.keys()
+    for key, a in plain.summary.items():
+        b = fast.summary[key]
+        if isinstance(a, float) and math.isnan(a):
+            assert isinstance(b, float) and math.isnan(b), key
+        elif replicas > 1 and key in ORDER_ONLY:
+            assert b == pytest.approx(a, rel=1e-12), key
+        else:
+            assert a == b, key
+    ha, hb = plain.itl_hist, fast.itl_hist
+    assert np.array_equal(ha.counts, hb.counts) and (ha.count, ha.min, ha.max) == (hb.count, hb.min, hb.max)
+
+
+def both(sc, requests=None):
+    plain = simulate(sc, requests=requests, progress=False, fast_forward=False)
+    fast = simulate(sc, requests=requests, progress=False, fast_forward=True)
+    return plain, fast
+
+
+def fast_forwarded_steps(sc) -> int:
+    """Steps the replicas took by fast-forward in a run of ``sc``."""
+    kv = plan_kv(sc)
+    from servesim.sim.cost_model import build_cost_model
+    from servesim.sim.engine import SimExecutor
+    from servesim.sim.presets import get_hardware, get_model
+    from servesim.sim.workload import generate_requests
+
+    cost = build_cost_model(sc.cost_model, get_model(sc.model), get_hardware(sc.hardware), sc.tensor_parallel)
+    env = simpy.Environment()
+    _, replicas = run_replicas(env, sc, generate_requests(sc.workload, sc.seed),
+                               lambda _r: (build_scheduler(sc, kv), SimExecutor(cost, kv.block_bytes)), False)
+    return sum(rep.num_fast_forward_steps for rep in replicas)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[str(p.relative_to(SCENARIOS_DIR)) for p in SHIPPED])
+def test_shipped_scenario_is_the_same_with_fast_forward(path: Path):
+    sc = load_scenario(path, ["workload.num_requests=150"])
+    assert_same_run(*both(sc), replicas=sc.cluster.num_replicas)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", SHIPPED, ids=[str(p.relative_to(SCENARIOS_DIR)) for p in SHIPPED])
+def test_shipped_scenario_at_full_size_is_the_same_with_fast_forward(path: Path):
+    sc = load_scenario(path)
+    assert_same_run(*both(sc), replicas=sc.cluster.num_replicas)
+
+
+def random_scenario(seed: int):
+    rng = np.random.default_rng(seed)
+    sched_type = ["chunked", "continuous"][seed % 2]
+    scheduler = {"type": sched_type, "max_num_seqs": int(rng.choice([4, 16, 64])),
+                 "max_num_batched_tokens": int(rng.choice([512, 2048])),
+                 "preemption_mode": str(rng.choice(["recompute", "soft_reset", "swap"])),
+                 "policy": str(rng.choice(["fcfs", "priority"])),
+                 "async_scheduling": bool(rng.random() < 0.3)}
+    if sched_type == "continuous":
+        scheduler["schedule_order"] = str(rng.choice(["prefill_first", "decode_first"]))
+    workload = {
+        "num_requests": 120,
+        "arrival": {"process": "poisson", "rate": float(rng.choice([0.5, 4.0, 40.0]))},
+        "prompt_len": {"dist": "uniform", "min": 4, "max": 480},
+        "output_len": {"dist": "uniform", "min": 1, "max": int(rng.choice([40, 300]))},
+    }
+    if rng.random() < 0.5:
+        workload["prefix"] = {"num_prefixes": 3, "prefix_len": 64, "fraction": 0.7}
+    return scenario_from_dict({
+        "name": f"random-{seed}", "seed": seed, "model": "llama-3.1-8b", "hardware": "h100-sxm",
+        "scheduler": scheduler, "workload": workload,
+        "kv_cache": {"block_size": int(rng.choice([8, 16])), "num_blocks": int(rng.choice([120, 400, 4000])),
+                     "enable_prefix_caching": bool(rng.random() < 0.5), "swap_space_gb": 0.05},
+        "cluster": {"num_replicas": int(rng.choice([1, 1, 2])),
+                    "router": str(rng.choice(["round_robin", "least_outstanding", "kv_aware"]))},
+    })
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_random_scenario_is_the_same_with_fast_forward(seed: int):
+    sc = random_scenario(seed)
+    assert_same_run(*both(sc), replicas=sc.cluster.num_replicas)
+
+
+def test_the_equivalence_runs_do_fast_forward():
+    # the equivalence above would hold vacuously if no stretch were ever taken
+    sc = load_scenario(SCENARIOS_DIR / "chunked.yaml", ["workload.num_requests=150"])
+    assert fast_forwarded_steps(sc) > 100
+    assert sum(fast_forwarded_steps(random_scenario(s)) > 0 for s in range(16)) >= 8
+
+
+def test_replica_without_next_arrival_never_fast_forwards():
+    sc = load_scenario(SCENARIOS_DIR / "chunked.yaml", ["workload.num_requests=20"])
+    kv = plan_kv(sc)
+    ff = {}
+    for told in (False, True):
+        env = simpy.Environment()
+        rep = Replica(env, 0, build_scheduler(sc, kv), _ConstExecutor(), _NullRecorder())
+        if told:
+            rep.next_arrival = lambda: math.inf
+        for i in range(3):
+            rep.submit(Request(i, 0.0, 32, 50))
+        rep.close()
+        env.run()
+        assert rep.num_iterations == 50
+        ff[told] = rep.num_fast_forward_steps
+    assert ff == {False: 0, True: 49}  # every step but the prefill
+
+
+def test_an_executor_that_cannot_price_a_step_aside_is_never_asked_to():
+    # a replay or live executor counts the steps it runs: a stretch must not ask it about steps
+    # it may then not take
+    class Counting:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def run(self, batch) -> float:  # noqa: ANN001
+            self.calls += 1
+            return 0.01
+
+    sc = load_scenario(SCENARIOS_DIR / "chunked.yaml", ["workload.num_requests=20"])
+    env = simpy.Environment()
+    ex = Counting()
+    rep = Replica(env, 0, build_scheduler(sc, plan_kv(sc)), ex, _NullRecorder())
+    rep.next_arrival = lambda: math.inf
+    rep.submit(Request(0, 0.0, 32, 40))
+    rep.close()
+    env.run()
+    assert rep.num_fast_forward_steps == 0 and ex.calls == rep.num_iterations == 40
+
+
+def test_a_submit_inside_a_fast_forward_is_refused():
+    sc = load_scenario(SCENARIOS_DIR / "chunked.yaml", ["workload.num_requests=20"])
+    env = simpy.Environment()
+    rep = Replica(env, 0, build_scheduler(sc, plan_kv(sc)), _ConstExecutor(), _NullRecorder())
+    rep.next_arrival = lambda: math.inf  # claims nothing will arrive
+    rep.submit(Request(0, 0.0, 32, 500))
+
+    def late_submit():
+        yield env.timeout(1.0)  # mid-stretch: the replica was told nothing would come
+        rep.submit(Request(1, 1.0, 32, 5))
+
+    env.process(late_submit())
+    with pytest.raises(RuntimeError, match="inside a fast-forward"):
+        env.run()
+
+
+class _ConstExecutor:
+    def run(self, batch) -> float:  # noqa: ANN001
+        return 0.01
+
+    def decode_time(self, n: int, context_tokens: int) -> float:
+        return 0.01
+
+
+class _NullRecorder:
+    def on_iteration(self, **kwargs) -> None: ...
+    def on_itl(self, itl) -> None: ...  # noqa: ANN001
+    def on_request_done(self, req) -> None: ...  # noqa: ANN001
+    def on_decode_steps(self, *args) -> None: ...  # noqa: ANN002
