@@ -16,7 +16,7 @@ import pandas as pd
 import simpy
 from tqdm import tqdm
 
-from .cluster import Cluster
+from .cluster import Cluster, replica_summary
 from .cost_model import build_cost_model
 from .engine import Replica, SimExecutor
 from .kv_cache import BlockManager
@@ -128,7 +128,7 @@ def run_replicas(
         scheduler, executor = make_replica_parts(r)
         replicas.append(Replica(env, r, scheduler, executor, recorder,
                                 async_scheduling=sc.policy.async_scheduling))
-    cluster = Cluster(env, replicas, sc.cluster.router)
+    cluster = Cluster(env, replicas, config=sc.cluster, seed=sc.seed)
     # The bar shows only on runs longer than ~2 s (tqdm's delay), and never when disabled.
     bar = tqdm(total=len(requests), unit="req", delay=2.0, mininterval=0.5, disable=progress is False,
                desc=f"{sc.name}", leave=False)
@@ -161,17 +161,23 @@ def simulate(sc: Scenario, requests: list[Request] | None = None, progress: bool
         return build_scheduler(sc, kv), SimExecutor(cost, kv.block_bytes,
                                                     overlap_host=sc.policy.async_scheduling)
 
-    recorder, _ = run_replicas(env, sc, requests, parts, progress)
-    return finish_run(sc, "sim", requests, recorder, kv, time.perf_counter() - t0)
+    recorder, replicas = run_replicas(env, sc, requests, parts, progress)
+    return finish_run(sc, "sim", requests, recorder, kv, time.perf_counter() - t0, replicas)
 
 
 def finish_run(sc: Scenario, mode: str, requests: list[Request], recorder: MetricsRecorder, kv: KVPlan,
-               wall_s: float) -> RunResult:
+               wall_s: float, replicas: list[Replica] | None = None) -> RunResult:
     requests_df = recorder.requests_frame().sort_values("request_id", kind="stable").reset_index(drop=True)
     iterations_df = recorder.iterations_frame()
     hist = recorder.itl_histogram
     summary = summarize(requests_df, iterations_df, hist, slo=sc.slo or None,
                         prefix_cache=(recorder.prefix_cache_queries, recorder.prefix_cache_hits))
+    if replicas is not None and len(replicas) > 1:
+        # per replica: requests served, prefix-cache hit rate, busy share (issue 17)
+        busy = iterations_df.groupby("replica")["duration"].sum() if len(iterations_df) else {}
+        makespan = float(requests_df["finish_time"].max()) if len(requests_df) else 0.0
+        summary["replicas"] = replica_summary(replicas, requests, makespan if makespan == makespan else 0.0,
+                                              [float(busy.get(r.replica_id, 0.0)) for r in replicas])
     return RunResult(sc, mode, requests, requests_df, iterations_df, summary, hist, kv, wall_s)
 
 
