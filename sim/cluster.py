@@ -43,24 +43,37 @@ class Cluster:
             raise AssertionError(f"request {req.request_id} reported done twice")
         self._done_ids.add(req.request_id)
         self.num_done += 1
-        self.router.on_done(self.replicas[req.replica])
+        self._answered(req)
         if req.next_turn is not None:
             self.env.process(self._release(req.next_turn, req.think_time_s))
         if self.on_progress is not None:
             self.on_progress(1)
 
+    def _answered(self, req: Request) -> None:
+        """The router learns that a request it sent was answered."""
+        self.router.on_done(self.replicas[req.replica])
+
+    def _send(self, req: Request) -> None:
+        """A request arrives now: route it."""
+        self.router.pick(req, self.env.now).submit(req)
+
+    def _close(self):  # noqa: ANN202 - a SimPy process step
+        """Nothing more will arrive: let idle replicas end."""
+        for rep in self.replicas:
+            rep.close()
+        yield from ()
+
     def _release(self, req: Request, think_s: float):  # noqa: ANN202 - a SimPy process
         if think_s > 0:
             yield self.env.timeout(think_s)
         req.arrival_time = self.env.now
-        self.router.pick(req, self.env.now).submit(req)
+        self._send(req)
         self._unreleased -= 1
         if self._unreleased == 0 and not self._all_released.triggered:
             self._all_released.succeed()
 
     def arrivals(self, requests: list[Request]):  # noqa: ANN201 - a SimPy process
         env = self.env
-        pick = self.router.pick
         later = {id(r.next_turn) for r in requests if r.next_turn is not None}
         self._unreleased = len(later)
         for req in requests:
@@ -69,11 +82,10 @@ class Cluster:
             delay = req.arrival_time - env.now
             if delay > 0:
                 yield env.timeout(delay)
-            pick(req, env.now).submit(req)
+            self._send(req)
         if self._unreleased:
             yield self._all_released
-        for rep in self.replicas:
-            rep.close()
+        yield from self._close()
 
     def run(self, requests: list[Request]) -> None:
         """Replay ``requests`` (sorted by arrival time) to the end, then check conservation."""

@@ -18,9 +18,11 @@ from tqdm import tqdm
 
 from .cluster import Cluster, replica_summary
 from .cost_model import build_cost_model
+from .disagg import DisaggCluster, PrefillRecorder
 from .engine import Replica, SimExecutor
 from .kv_cache import BlockManager
 from .metrics import LogHistogram, MetricsRecorder, summarize, write_run
+from .pools import pool_scenario
 from .presets import get_hardware, get_model, kv_block_bytes, num_kv_blocks
 from .request import Request
 from .scenario import Scenario, ScenarioError, scenario_to_yaml
@@ -156,6 +158,8 @@ def simulate(sc: Scenario, requests: list[Request] | None = None, progress: bool
         for req in requests:
             req.reset_progress()
     env = simpy.Environment()
+    if sc.cluster.disagg is not None:
+        return simulate_disagg(sc, requests, env, progress, t0)
 
     def parts(_r: int):
         return build_scheduler(sc, kv), SimExecutor(cost, kv.block_bytes,
@@ -163,6 +167,51 @@ def simulate(sc: Scenario, requests: list[Request] | None = None, progress: bool
 
     recorder, replicas = run_replicas(env, sc, requests, parts, progress)
     return finish_run(sc, "sim", requests, recorder, kv, time.perf_counter() - t0, replicas)
+
+
+def simulate_disagg(sc: Scenario, requests: list[Request], env: simpy.Environment, progress: bool | None,
+                    t0: float) -> RunResult:
+    """Simulate a disaggregated cluster (``cluster.disagg``): prefill pool, KV link, decode pool."""
+    cfg = sc.cluster.disagg
+    model = get_model(sc.model)
+    pools = {role: pool_scenario(sc, role) for role in ("prefill", "decode")}
+    n_pre = pools["prefill"].cluster.num_replicas
+    recorder = MetricsRecorder(num_replicas=n_pre + pools["decode"].cluster.num_replicas)
+    reps: dict[str, list[Replica]] = {}
+    kvs: dict[str, KVPlan] = {}
+    for role, psc in pools.items():
+        kvs[role] = kv = plan_kv(psc)
+        cost = build_cost_model(psc.cost_model, model, get_hardware(psc.hardware), psc.tensor_parallel)
+        rec = PrefillRecorder(recorder) if role == "prefill" else recorder
+        first = 0 if role == "prefill" else n_pre
+        reps[role] = [Replica(env, first + i, build_scheduler(psc, kv),
+                              SimExecutor(cost, kv.block_bytes, overlap_host=psc.policy.async_scheduling), rec,
+                              async_scheduling=psc.policy.async_scheduling)
+                      for i in range(psc.cluster.num_replicas)]
+    dec_kv = reps["decode"][0].scheduler.kv
+    if requests:
+        smallest = min(r.prompt_len + r.output_len - 1 for r in requests)
+        if dec_kv.blocks_for(smallest) > dec_kv.num_blocks - dec_kv.watermark_blocks:
+            raise ScenarioError(f"cluster.disagg.decode.kv_cache: a decode instance's {dec_kv.num_blocks} KV blocks "
+                                f"cannot hold even the smallest request ({smallest} tokens of KV); give the decode "
+                                "pool more KV memory (kv_cache.num_blocks or gpu_memory_utilization)")
+    cluster = DisaggCluster(env, reps["prefill"], reps["decode"], cfg, kv_block_bytes(model, 1, 1),
+                            min(pools["prefill"].tensor_parallel, pools["decode"].tensor_parallel),
+                            refresh_s=sc.cluster.router_refresh_s, seed=sc.seed)
+    bar = tqdm(total=len(requests), unit="req", delay=2.0, mininterval=0.5, disable=progress is False,
+               desc=f"{sc.name}", leave=False)
+    cluster.on_progress = bar.update
+    try:
+        cluster.run(requests)
+    finally:
+        bar.close()
+    for rep in cluster.replicas:
+        kv = rep.scheduler.kv
+        recorder.on_prefix_cache(kv.prefix_queries * kv.block_size, kv.prefix_hits * kv.block_size)
+    result = finish_run(sc, "sim", requests, recorder, kvs["decode"], time.perf_counter() - t0, cluster.replicas)
+    makespan = float(result.requests_df["finish_time"].max()) if len(result.requests_df) else 0.0
+    result.summary["pools"] = cluster.pool_summary(result.iterations_df, makespan if makespan == makespan else 0.0)
+    return result
 
 
 def finish_run(sc: Scenario, mode: str, requests: list[Request], recorder: MetricsRecorder, kv: KVPlan,
