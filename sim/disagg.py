@@ -82,7 +82,7 @@ class DisaggCluster(Cluster):
         self.num_prefills: dict[int, int] = {}
         self.num_transfers: dict[int, int] = {}
         self._upstream = 0  # requests not yet handed to a decode instance (prefill, held, pulled, in flight)
-        self._upstream_done: simpy.Event = env.event()
+        self._upstream_done: simpy.Event | None = None  # made when the arrivals end and some remain
         self._held_blocks = 0
         # per transfer: (request id, waited for decode KV s, on the link s incl. NIC queue, bytes)
         self.transfers: list[tuple[int, float, float, float]] = []
@@ -178,6 +178,7 @@ class DisaggCluster(Cluster):
             kv = self.prefill[pull.prefill].scheduler.kv
             self._held_blocks -= kv.num_blocks_of(pull.holder)
             kv.free(pull.holder)
+            self.prefill[pull.prefill].poke()  # a prefill waiting for blocks can start now
         self.num_transfers[req.request_id] = self.num_transfers.get(req.request_id, 0) + 1
         self.transfers.append((req.request_id, start - pull.ready_at, env.now - start, nbytes))
         req.num_computed_tokens = req.prompt_len
@@ -194,16 +195,15 @@ class DisaggCluster(Cluster):
 
     def _upstream_left(self) -> None:
         self._upstream -= 1
-        if self._upstream == 0 and not self._upstream_done.triggered:
+        if self._upstream == 0 and self._upstream_done is not None and not self._upstream_done.triggered:
             self._upstream_done.succeed()
 
     def _close(self):  # noqa: ANN202 - a SimPy process step
-        for rep in self.prefill:
-            rep.close()
+        # a prefill instance whose KV is all held for transfers waits for them, so stays open too
         if self._upstream:
-            yield self._upstream_done
             self._upstream_done = self.env.event()
-        for rep in self.decode:
+            yield self._upstream_done
+        for rep in self.replicas:
             rep.close()
 
     # ---- end of run ----------------------------------------------------------------------------
