@@ -292,11 +292,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise UserError("plan needs an SLO: --slo p99_ttft_ms=500,p99_tpot_ms=50 or an slo: section in the scenario")
     st = PlanSettings(terms, attainment=args.attainment, seeds=args.seeds, tolerance=args.tolerance,
                       window_s=args.duration, min_requests=args.min_requests, start_rate=args.start_rate)
+    if sc.cluster.disagg is not None and args.target_rate is not None:
+        return _plan_disagg(sc, st, args)
     result = plan(sc, st, target_rate=args.target_rate, workers=args.workers, progress=not args.quiet)
     out = write_plan(result, args.out or Path("results") / f"{sc.name}-plan", plots=not args.no_plots)
     print(f"servesim plan: {sc.name} | {sc.model} on {sc.hardware} | {sc.scheduler_name} scheduler")
     print(format_plan(result))
     print(f"results in {out}/ (plan.csv, plan.json{'' if args.no_plots else ', latency_vs_rate.png'})")
+    return 0
+
+
+def _plan_disagg(sc, st, args: argparse.Namespace) -> int:  # noqa: ANN001
+    from .verbs.plan_disagg import format_disagg_plan, plan_disagg, write_disagg_plan
+
+    result = plan_disagg(sc, st, args.target_rate, max_gpus=args.max_gpus, workers=args.workers,
+                         progress=not args.quiet)
+    out = write_disagg_plan(result, args.out or Path("results") / f"{sc.name}-plan")
+    print(f"servesim plan: {sc.name} | {sc.model} | disaggregated prefill:decode for {args.target_rate:g} req/s")
+    print(format_disagg_plan(result))
+    print(f"results in {out}/ (plan_disagg.csv, plan_disagg.json)")
     return 0
 
 
@@ -353,6 +367,8 @@ def _add_planning_commands(sub, scenario_cmd) -> None:  # noqa: ANN001 - argpars
     pl.add_argument("--seeds", type=int, default=3, help="seeds per rate, pooled (3)")
     pl.add_argument("--tolerance", type=float, default=0.05,
                     help="stop when the bracket's high/low rate ratio is within 1 + TOLERANCE (0.05)")
+    pl.add_argument("--max-gpus", type=int, default=16, metavar="N",
+                    help="disaggregated scenarios with --target-rate: largest prefill + decode GPU count tried (16)")
     pl.add_argument("--target-rate", type=float, default=None, metavar="R",
                     help="also find the replicas (with the scenario's router) that sustain R requests/s")
     pl.add_argument("--start-rate", type=float, default=None, metavar="R",
