@@ -54,8 +54,8 @@ def plan_disagg(sc: Scenario, st: PlanSettings, target_rate: float, max_gpus: in
         raise ScenarioError("plan for a disaggregated deployment needs a cluster.disagg section")
     if not target_rate > 0:
         raise ScenarioError(f"--target-rate must be > 0 requests/s, got {target_rate}")
-    cands = sorted(((gpus_of(sc, p, d), abs(p - d), p, d) for p in range(1, max_gpus) for d in range(1, max_gpus)
-                    if gpus_of(sc, p, d) <= max_gpus))
+    cands = sorted((gpus_of(sc, p, d), abs(p - d), p, d) for p in range(1, max_gpus) for d in range(1, max_gpus)
+                    if gpus_of(sc, p, d) <= max_gpus)
     result = DisaggPlan(sc, target_rate, None, None)
     failed: list[tuple[int, int]] = []
     with TaskRunner("local", workers=min(workers or default_workers(), st.seeds), progress=progress,
