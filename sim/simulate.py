@@ -130,19 +130,24 @@ def run_replicas(
         scheduler, executor = make_replica_parts(r)
         replicas.append(Replica(env, r, scheduler, executor, recorder,
                                 async_scheduling=sc.policy.async_scheduling))
-    cluster = Cluster(env, replicas, config=sc.cluster, seed=sc.seed)
+    drive(Cluster(env, replicas, config=sc.cluster, seed=sc.seed), sc.name, requests, recorder, progress)
+    return recorder, replicas
+
+
+def drive(cluster: Cluster, name: str, requests: list[Request], recorder: MetricsRecorder,
+          progress: bool | None) -> None:
+    """Run the cluster to the end with a progress bar, then add its replicas' prefix-cache counters."""
     # The bar shows only on runs longer than ~2 s (tqdm's delay), and never when disabled.
     bar = tqdm(total=len(requests), unit="req", delay=2.0, mininterval=0.5, disable=progress is False,
-               desc=f"{sc.name}", leave=False)
+               desc=name, leave=False)
     cluster.on_progress = bar.update
     try:
         cluster.run(requests)
     finally:
         bar.close()
-    for rep in replicas:
+    for rep in cluster.replicas:
         kv = rep.scheduler.kv
         recorder.on_prefix_cache(kv.prefix_queries * kv.block_size, kv.prefix_hits * kv.block_size)
-    return recorder, replicas
 
 
 def simulate(sc: Scenario, requests: list[Request] | None = None, progress: bool | None = None) -> RunResult:
@@ -198,16 +203,7 @@ def simulate_disagg(sc: Scenario, requests: list[Request], env: simpy.Environmen
     cluster = DisaggCluster(env, reps["prefill"], reps["decode"], cfg, kv_block_bytes(model, 1, 1),
                             min(pools["prefill"].tensor_parallel, pools["decode"].tensor_parallel),
                             refresh_s=sc.cluster.router_refresh_s, seed=sc.seed)
-    bar = tqdm(total=len(requests), unit="req", delay=2.0, mininterval=0.5, disable=progress is False,
-               desc=f"{sc.name}", leave=False)
-    cluster.on_progress = bar.update
-    try:
-        cluster.run(requests)
-    finally:
-        bar.close()
-    for rep in cluster.replicas:
-        kv = rep.scheduler.kv
-        recorder.on_prefix_cache(kv.prefix_queries * kv.block_size, kv.prefix_hits * kv.block_size)
+    drive(cluster, sc.name, requests, recorder, progress)
     result = finish_run(sc, "sim", requests, recorder, kvs["decode"], time.perf_counter() - t0, cluster.replicas)
     makespan = float(result.requests_df["finish_time"].max()) if len(result.requests_df) else 0.0
     result.summary["pools"] = cluster.pool_summary(result.iterations_df, makespan if makespan == makespan else 0.0)
