@@ -323,11 +323,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     sc = _load(args)
     st = _plan_settings(args, sc, "plan", start_rate=args.start_rate)
+    if sc.cluster.disagg is not None and args.target_rate is not None:
+        return _plan_disagg(sc, st, args)
     result = plan(sc, st, target_rate=args.target_rate, workers=args.workers, progress=not args.quiet)
     out = write_plan(result, args.out or Path("results") / f"{sc.name}-plan", plots=not args.no_plots)
     print(f"servesim plan: {sc.name} | {sc.model} on {sc.hardware} | {sc.scheduler_name} scheduler")
     print(format_plan(result))
     print(f"results in {out}/ (plan.csv, plan.json{'' if args.no_plots else ', latency_vs_rate.png'})")
+    return 0
+
+
+def _plan_disagg(sc, st, args: argparse.Namespace) -> int:  # noqa: ANN001
+    from .verbs.plan_disagg import format_disagg_plan, plan_disagg, write_disagg_plan
+
+    result = plan_disagg(sc, st, args.target_rate, max_gpus=args.max_gpus, workers=args.workers,
+                         progress=not args.quiet)
+    out = write_disagg_plan(result, args.out or Path("results") / f"{sc.name}-plan")
+    print(f"servesim plan: {sc.name} | {sc.model} | disaggregated prefill:decode for {args.target_rate:g} req/s")
+    print(format_disagg_plan(result))
+    print(f"results in {out}/ (plan_disagg.csv, plan_disagg.json)")
     return 0
 
 
@@ -427,6 +441,8 @@ def _add_planning_commands(sub, scenario_cmd) -> None:  # noqa: ANN001 - argpars
         sp.add_argument("--min-requests", type=int, default=200, help="at least this many requests per seed (200)")
 
     rate_test(pl, 3, 0.05, "stop when the bracket's high/low rate ratio is within 1 + TOLERANCE")
+    pl.add_argument("--max-gpus", type=int, default=16, metavar="N",
+                    help="disaggregated scenarios with --target-rate: largest prefill + decode GPU count tried (16)")
     pl.add_argument("--target-rate", type=float, default=None, metavar="R",
                     help="also find the replicas (with the scenario's router) that sustain R requests/s")
     pl.add_argument("--start-rate", type=float, default=None, metavar="R",

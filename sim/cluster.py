@@ -1,62 +1,108 @@
-"""Several replicas behind a router, fed by one arrival process.
+"""Several replicas behind a router, fed by one arrival process and by conversations' next turns.
 
-Routers: ``round_robin``; ``least_outstanding`` (fewest waiting + running + swapped requests);
-``kv_aware`` (most free KV blocks after the prompts already queued there, ties to the least
-outstanding). Routing happens at the request's arrival time, from what the replicas hold then.
+Routing happens at the request's arrival time, from the router's own view (``router.py``). A
+request that is a conversation's turn (``Request.next_turn``) releases the next turn
+``think_time_s`` seconds after it ends (finished or rejected): the client waits for the reply,
+then types (a closed loop per session).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
+import numpy as np
 import simpy
 
 from .engine import Replica, check_conservation
 from .request import Request
-from .router import Router, RouterName
+from .router import ClusterConfig, Router, RouterName
+from .workload import RequestArrays
 
 
 class Cluster:
-    """Replicas, a router, and the process that delivers requests at their arrival times."""
+    """Replicas, a router, and the processes that deliver requests at their arrival times."""
 
-    def __init__(self, env: simpy.Environment, replicas: list[Replica], router: RouterName = "round_robin") -> None:
+    def __init__(self, env: simpy.Environment, replicas: list[Replica], router: RouterName = "round_robin",
+                 *, config: ClusterConfig | None = None, seed: int = 0) -> None:
         self.env = env
         self.replicas = replicas
-        self.router = Router(replicas, router)
+        if config is not None:
+            self.router = Router(replicas, config.router, refresh_s=config.router_refresh_s,
+                                 prefix_weight=config.prefix_weight, load_weight=config.load_weight, seed=seed)
+        else:
+            self.router = Router(replicas, router, seed=seed)
         self.num_done = 0
         self._done_ids: set[int] = set()
         self.on_progress: Callable[[int], None] | None = None
         # when the arrival process next delivers a request (seconds): the replicas fast-forward
         # only over steps that end before it
         self._next_arrival = -math.inf
+        self._unreleased = 0  # conversation turns not yet sent
+        self._all_released: simpy.Event = env.event()
         for rep in replicas:
             rep.on_done = self._count_done
             rep.next_arrival = self._peek_arrival
 
     def _peek_arrival(self) -> float:
-        return self._next_arrival
+        # A conversation's next turn is released when its previous turn finishes plus a think time,
+        # which no replica knows before it happens: while turns are unreleased, no fast-forward.
+        return -math.inf if self._unreleased else self._next_arrival
 
     def _count_done(self, req: Request) -> None:
         if req.request_id in self._done_ids:
             raise AssertionError(f"request {req.request_id} reported done twice")
         self._done_ids.add(req.request_id)
         self.num_done += 1
+        self._answered(req)
+        if req.next_turn is not None:
+            self.env.process(self._release(req.next_turn, req.think_time_s))
         if self.on_progress is not None:
             self.on_progress(1)
 
+    def _answered(self, req: Request) -> None:
+        """The router learns that a request it sent was answered."""
+        self.router.on_done(self.replicas[req.replica])
+
+    def _send(self, req: Request) -> None:
+        """A request arrives now: route it."""
+        self.router.pick(req, self.env.now).submit(req)
+
+    def _close(self):  # noqa: ANN202 - a SimPy process step
+        """Nothing more will arrive: let idle replicas end."""
+        for rep in self.replicas:
+            rep.close()
+        yield from ()
+
+    def _release(self, req: Request, think_s: float):  # noqa: ANN202 - a SimPy process
+        if think_s > 0:
+            yield self.env.timeout(think_s)
+        req.arrival_time = self.env.now
+        self._send(req)
+        self._unreleased -= 1
+        if self._unreleased == 0 and not self._all_released.triggered:
+            self._all_released.succeed()
+
     def arrivals(self, requests: list[Request]):  # noqa: ANN201 - a SimPy process
         env = self.env
-        pick = self.router.pick
+        # a session's later turns are sent when the turn before them is answered (columns of
+        # one-turn requests have none, and reading them twice would make every request twice)
+        later = set() if isinstance(requests, RequestArrays) else {
+            id(r.next_turn) for r in requests if r.next_turn is not None}
+        self._unreleased = len(later)
         for req in requests:
+            if id(req) in later:
+                continue
             delay = req.arrival_time - env.now
             if delay > 0:
                 self._next_arrival = env.now + delay  # the time SimPy schedules the timeout at
                 yield env.timeout(delay)
-            pick(req).submit(req)
+            self._send(req)
         self._next_arrival = math.inf
-        for rep in self.replicas:
-            rep.close()
+        if self._unreleased:
+            yield self._all_released
+        yield from self._close()
 
     def run(self, requests: list[Request]) -> None:
         """Replay ``requests`` (sorted by arrival time) to the end, then check conservation."""
@@ -65,3 +111,25 @@ class Cluster:
         check_conservation(requests, self.replicas, self.num_done)
         if len(self._done_ids) != len(requests):
             raise AssertionError("some requests were never reported done")
+
+
+def replica_summary(replicas: list[Replica], served_by: np.ndarray, makespan_s: float,
+                    busy_s: list[float]) -> list[dict[str, Any]]:
+    """One entry per replica for summary.json: requests served (``served_by``: each recorded
+    request's replica, -1 for one never routed), prefix-cache hit rate (cached prompt tokens over
+    prompt tokens looked up, as vLLM counts it) and busy share of the run."""
+    ids = np.asarray(served_by, dtype=np.int64)
+    served = np.bincount(ids[(ids >= 0) & (ids < len(replicas))], minlength=len(replicas)).tolist()
+    out = []
+    for i, rep in enumerate(replicas):
+        kv = rep.scheduler.kv
+        queries, hits = kv.prefix_queries * kv.block_size, kv.prefix_hits * kv.block_size
+        out.append({
+            "replica": rep.replica_id,
+            "num_requests": served[i],
+            "prefix_cache_hit_rate": hits / queries if queries else None,
+            "prefix_cache_hit_tokens": hits,
+            "prefix_cache_query_tokens": queries,
+            "busy_fraction": busy_s[i] / makespan_s if makespan_s > 0 else None,
+        })
+    return out

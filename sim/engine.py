@@ -174,6 +174,11 @@ class Replica:
         if not self._wakeup.triggered:
             self._wakeup.succeed()
 
+    def poke(self) -> None:
+        """Blocks were freed outside the scheduler (a disaggregated KV transfer ended): look again."""
+        if not self._wakeup.triggered:
+            self._wakeup.succeed()
+
     def _done(self, req: Request) -> None:
         self.recorder.on_request_done(req)
         if self.on_done is not None:

@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from .request import Request
+from .prefix_keys import segment_block_keys
+from .request import Request, RequestState
 
 
 @dataclass(slots=True)
@@ -193,6 +194,11 @@ class BlockManager:
 
     def free(self, request: Request) -> int:
         """Release every device block the request holds; returns how many it held."""
+        if (self.enable_prefix_caching and request.segments is not None
+                and request.state == RequestState.FINISHED):
+            # vLLM caches every full block, generated tokens included: the next turn of a
+            # conversation finds the reply too (KV covers all its tokens but the last sampled one)
+            self.cache_computed_blocks(request, request.prompt_len + request.output_len - 1)
         table = self._tables.pop(request.request_id, None)
         self._keys.pop(request.request_id, None)
         self._registered.pop(request.request_id, None)
@@ -229,6 +235,9 @@ class BlockManager:
             for i in range(len(ids) // bs):
                 parent = hash((parent, tuple(ids[i * bs : (i + 1) * bs])))
                 keys.append(parent)
+        elif request.segments is not None:
+            # prompt and output content: a finished request's output blocks are cached too (free())
+            keys = segment_block_keys(request.segments, bs, request.prompt_len + request.output_len - 1)
         elif request.prefix_id >= 0:
             for i in range(min(request.prefix_len, request.prompt_len) // bs):
                 keys.append(hash(("prefix", request.prefix_id, i)))

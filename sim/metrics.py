@@ -380,6 +380,17 @@ class MetricsRecorder:
             self._stage_same(nxt - end, n)
             end = nxt
 
+    def busy_by_replica(self, iterations_df: pd.DataFrame) -> np.ndarray:
+        """Seconds each replica spent in steps, in every iterations mode (``iterations_df`` is this
+        recorder's ``iterations_frame()``; read only when it holds full rows)."""
+        if self._bins is not None:
+            self._bins.flush()
+            return self._bins.sums[:, :, SUM_COLUMNS.index("busy_s")].sum(axis=1)
+        busy = np.zeros(self.num_replicas)
+        if len(iterations_df):
+            np.add.at(busy, iterations_df["replica"].to_numpy(np.int64), iterations_df["duration"].to_numpy())
+        return busy
+
     def iteration_summary(self) -> dict[str, float | int] | None:
         """The summary's iteration figures when iterations are binned or off (None: full rows)."""
         return None if self._bins is None else self._bins.summary()

@@ -39,6 +39,13 @@ class Request:
     prefix_len: int = 0
     priority: int = 0  # lower value = served first under policy "priority" (vLLM convention)
     prompt_token_ids: list[int] | None = None  # live mode and exact prefix hashing
+    # Content as runs (segment_id, tokens), prompt then output, for prefix-cache keys at any block
+    # size (multi-turn sessions, Mooncake hash_ids; sim/prefix_keys.py). None: the fields above.
+    segments: tuple[tuple[int, int], ...] | None = None
+    # Multi-turn sessions (sim/sessions.py): the turn released think_time_s after this one ends.
+    next_turn: Request | None = None
+    think_time_s: float = 0.0
+    session_id: int = -1
 
     # progress
     num_prompt_tokens: int = -1  # the prompt the engine sees; grows when a soft reset folds outputs in

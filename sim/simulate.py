@@ -17,12 +17,14 @@ import pandas as pd
 import simpy
 from tqdm import tqdm
 
-from .cluster import Cluster
+from .cluster import Cluster, replica_summary
 from .cost_model import build_cost_model
+from .disagg import DisaggCluster, PrefillRecorder
 from .engine import Replica, SimExecutor
 from .kv_cache import BlockManager
 from .metrics import IterationsMode, LogHistogram, MetricsRecorder, summarize, write_run
 from .outputs import begin_folder, write_text
+from .pools import pool_scenario
 from .presets import get_hardware, get_model, kv_block_bytes, num_kv_blocks
 from .request import Request
 from .scenario import Scenario, ScenarioError, scenario_to_yaml
@@ -135,19 +137,24 @@ def run_replicas(
         scheduler, executor = make_replica_parts(r)
         replicas.append(Replica(env, r, scheduler, executor, recorder,
                                 async_scheduling=sc.policy.async_scheduling, fast_forward=fast_forward))
-    cluster = Cluster(env, replicas, sc.cluster.router)
+    drive(Cluster(env, replicas, config=sc.cluster, seed=sc.seed), sc.name, requests, recorder, progress)
+    return recorder, replicas
+
+
+def drive(cluster: Cluster, name: str, requests: Sequence[Request], recorder: MetricsRecorder,
+          progress: bool | None) -> None:
+    """Run the cluster to the end with a progress bar, then add its replicas' prefix-cache counters."""
     # The bar shows only on runs longer than ~2 s (tqdm's delay), and never when disabled.
     bar = tqdm(total=len(requests), unit="req", delay=2.0, mininterval=0.5, disable=progress is False,
-               desc=f"{sc.name}", leave=False)
+               desc=name, leave=False)
     cluster.on_progress = bar.update
     try:
         cluster.run(requests)
     finally:
         bar.close()
-    for rep in replicas:
+    for rep in cluster.replicas:
         kv = rep.scheduler.kv
         recorder.on_prefix_cache(kv.prefix_queries * kv.block_size, kv.prefix_hits * kv.block_size)
-    return recorder, replicas
 
 
 def simulate(sc: Scenario, requests: Sequence[Request] | None = None, progress: bool | None = None,
@@ -169,17 +176,63 @@ def simulate(sc: Scenario, requests: Sequence[Request] | None = None, progress: 
         for req in requests:
             req.reset_progress()
     env = simpy.Environment()
+    if sc.cluster.disagg is not None:
+        return simulate_disagg(sc, requests, env, progress, t0, iterations)
 
     def parts(_r: int):
         return build_scheduler(sc, kv), SimExecutor(cost, kv.block_bytes,
                                                     overlap_host=sc.policy.async_scheduling)
 
-    recorder, _ = run_replicas(env, sc, requests, parts, progress, fast_forward, iterations)
-    return finish_run(sc, "sim", requests, recorder, kv, time.perf_counter() - t0)
+    recorder, replicas = run_replicas(env, sc, requests, parts, progress, fast_forward, iterations)
+    return finish_run(sc, "sim", requests, recorder, kv, time.perf_counter() - t0, replicas)
+
+
+def simulate_disagg(sc: Scenario, requests: Sequence[Request], env: simpy.Environment, progress: bool | None,
+                    t0: float, iterations: IterationsMode = "full") -> RunResult:
+    """Simulate a disaggregated cluster (``cluster.disagg``): prefill pool, KV link, decode pool.
+
+    The cluster checks each request's state at the end, so the requests are objects held for the
+    whole run (not made as they arrive); the pools' summary reads every step, so ``iterations``
+    must be ``full``."""
+    if iterations != "full":
+        raise ScenarioError(f"cluster.disagg: --iterations {iterations} is not supported for a disaggregated "
+                            "cluster (its pools' summary reads every step); use --iterations full")
+    requests = list(requests)
+    cfg = sc.cluster.disagg
+    model = get_model(sc.model)
+    pools = {role: pool_scenario(sc, role) for role in ("prefill", "decode")}
+    n_pre = pools["prefill"].cluster.num_replicas
+    recorder = MetricsRecorder(num_replicas=n_pre + pools["decode"].cluster.num_replicas)
+    reps: dict[str, list[Replica]] = {}
+    kvs: dict[str, KVPlan] = {}
+    for role, psc in pools.items():
+        kvs[role] = kv = plan_kv(psc)
+        cost = build_cost_model(psc.cost_model, model, get_hardware(psc.hardware), psc.tensor_parallel)
+        rec = PrefillRecorder(recorder) if role == "prefill" else recorder
+        first = 0 if role == "prefill" else n_pre
+        reps[role] = [Replica(env, first + i, build_scheduler(psc, kv),
+                              SimExecutor(cost, kv.block_bytes, overlap_host=psc.policy.async_scheduling), rec,
+                              async_scheduling=psc.policy.async_scheduling)
+                      for i in range(psc.cluster.num_replicas)]
+    dec_kv = reps["decode"][0].scheduler.kv
+    if requests:
+        smallest = min(r.prompt_len + r.output_len - 1 for r in requests)
+        if dec_kv.blocks_for(smallest) > dec_kv.num_blocks - dec_kv.watermark_blocks:
+            raise ScenarioError(f"cluster.disagg.decode.kv_cache: a decode instance's {dec_kv.num_blocks} KV blocks "
+                                f"cannot hold even the smallest request ({smallest} tokens of KV); give the decode "
+                                "pool more KV memory (kv_cache.num_blocks or gpu_memory_utilization)")
+    cluster = DisaggCluster(env, reps["prefill"], reps["decode"], cfg, kv_block_bytes(model, 1, 1),
+                            min(pools["prefill"].tensor_parallel, pools["decode"].tensor_parallel),
+                            refresh_s=sc.cluster.router_refresh_s, seed=sc.seed)
+    drive(cluster, sc.name, requests, recorder, progress)
+    result = finish_run(sc, "sim", requests, recorder, kvs["decode"], time.perf_counter() - t0, cluster.replicas)
+    makespan = float(result.requests_df["finish_time"].max()) if len(result.requests_df) else 0.0
+    result.summary["pools"] = cluster.pool_summary(result.iterations_df, makespan if makespan == makespan else 0.0)
+    return result
 
 
 def finish_run(sc: Scenario, mode: str, requests: Sequence[Request], recorder: MetricsRecorder, kv: KVPlan,
-               wall_s: float) -> RunResult:
+               wall_s: float, replicas: list[Replica] | None = None) -> RunResult:
     ids = recorder.request_columns()["request_id"]
     requests_df = recorder.requests_frame(np.argsort(ids, kind="stable"))
     iterations_df = recorder.iterations_frame()
@@ -187,6 +240,13 @@ def finish_run(sc: Scenario, mode: str, requests: Sequence[Request], recorder: M
     summary = summarize(requests_df, iterations_df, hist, slo=sc.slo or None,
                         prefix_cache=(recorder.prefix_cache_queries, recorder.prefix_cache_hits),
                         iteration_stats=recorder.iteration_summary())
+    if replicas is not None and len(replicas) > 1:
+        # per replica: requests served, prefix-cache hit rate, busy share (issue 17)
+        busy = recorder.busy_by_replica(iterations_df)
+        makespan = float(requests_df["finish_time"].max()) if len(requests_df) else 0.0
+        summary["replicas"] = replica_summary(replicas, requests_df["replica"].to_numpy(),
+                                              makespan if makespan == makespan else 0.0,
+                                              [float(busy[r.replica_id]) for r in replicas])
     return RunResult(sc, mode, requests, requests_df, iterations_df, summary, hist, kv, wall_s)
 
 

@@ -51,12 +51,14 @@ from pydantic_core import PydanticCustomError
 
 from .config_model import INT_MAX, ConfigModel
 from .errors import WorkloadError
+from .mooncake import read_mooncake
 from .request import Request
+from .sessions import build_sessions
 
 log = logging.getLogger(__name__)
 
 # Child stream indices of SeedSequence(seed).spawn(); append new streams, never renumber.
-_ARRIVALS, _PROMPT, _OUTPUT, _PREFIX, _TOKENS = range(5)
+_ARRIVALS, _PROMPT, _OUTPUT, _PREFIX, _TOKENS, _SESSIONS = range(6)
 _ZIPF_ROUNDS = 64
 
 
@@ -210,6 +212,7 @@ _TRACE_COLUMNS = {
     "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
     "burstgpt": ("Timestamp", "Request tokens", "Response tokens"),
     "csv": ("arrival_time", "prompt_len", "output_len"),
+    "mooncake": ("timestamp", "input_length", "output_length"),  # JSONL, read by mooncake.py
 }
 
 
@@ -223,7 +226,7 @@ class TraceConfig(_Strict):
     ``start`` skips that many data rows of the file; ``limit`` caps the requests kept.
     """
 
-    format: Literal["azure", "burstgpt", "csv"]
+    format: Literal["azure", "burstgpt", "csv", "mooncake"]
     path: Path
     time_column: str | None = None
     prompt_column: str | None = None
@@ -238,6 +241,24 @@ class TraceConfig(_Strict):
         return (self.time_column or t, self.prompt_column or p, self.output_column or o)
 
 
+class SessionConfig(_Strict):
+    """Multi-turn conversations (sim/sessions.py): the workload's arrival process starts sessions
+    (``num_requests`` / ``duration_s`` count and bound session starts), ``prompt_len`` is each
+    turn's new user message and ``output_len`` each reply; every turn resends the conversation."""
+
+    turns: LengthDist
+    think_time_s: Annotated[float, _check("think_time_s", lambda v: math.isfinite(v) and v >= 0, ">= 0 seconds")] = 0.0
+    think_time_dist: Literal["exponential", "fixed"] = "exponential"
+    system_prompt_len: Annotated[int, _check("system_prompt_len", lambda v: v >= 0, ">= 0 tokens")] = 0
+
+    @field_validator("turns", mode="before")
+    @classmethod
+    def _bare_number_is_fixed(cls, v: Any) -> Any:
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            return {"dist": "fixed", "value": v}
+        return v
+
+
 class WorkloadConfig(_Strict):
     """What traffic to generate. See the module docstring for the YAML shape."""
 
@@ -248,6 +269,7 @@ class WorkloadConfig(_Strict):
     output_len: LengthDist | None = None
     prefix: PrefixConfig | None = None
     trace: TraceConfig | None = None
+    sessions: SessionConfig | None = None
     token_ids: bool = False
     vocab_size: Annotated[int, _check("vocab_size", lambda v: v >= 2, ">= 2")] = 32000
 
@@ -261,6 +283,10 @@ class WorkloadConfig(_Strict):
     @model_validator(mode="after")
     def _complete(self) -> WorkloadConfig:
         parts = ("arrival", "prompt_len", "output_len")
+        if self.sessions is not None and (self.trace is not None or self.token_ids or self.prefix is not None):
+            clash = "trace" if self.trace is not None else "token_ids" if self.token_ids else "prefix"
+            raise PydanticCustomError("value_error", f"sessions build their own prompts; remove {clash} "
+                                      "(use sessions.system_prompt_len for a shared prefix)")
         if self.trace is not None:
             given = [p for p in parts if getattr(self, p) is not None]
             if given:
@@ -570,7 +596,7 @@ _CHUNK = 8192
 class Workload:
     """Generated requests plus what the user should know about how they were made."""
 
-    requests: RequestArrays
+    requests: Sequence[Request]  # RequestArrays, or objects for sessions and Mooncake traces
     counts: dict[str, int] = field(default_factory=dict)  # failed rows dropped, lengths clipped
     notes: list[str] = field(default_factory=list)  # one line each, for the CLI to print
 
@@ -585,10 +611,14 @@ def generate_workload(cfg: WorkloadConfig, seed: int) -> Workload:
     Requests are sorted by arrival_time (seconds) with request_id 0..N-1 in that order.
     Raises :class:`WorkloadError` for missing files or columns and empty traces.
     """
-    streams = np.random.SeedSequence(seed).spawn(5)
+    streams = np.random.SeedSequence(seed).spawn(6)
     rng = [np.random.default_rng(s) for s in streams]
     counts: dict[str, int] = {}
     notes: list[str] = []
+    if cfg.sessions is not None:
+        return _session_workload(cfg, cfg.sessions, rng)
+    if cfg.trace is not None and cfg.trace.format == "mooncake":
+        return _mooncake_workload(cfg, cfg.trace)
     if cfg.trace is not None:
         tr = load_trace(cfg.trace)
         keep = tr.arrival_time < cfg.duration_s if cfg.duration_s is not None else slice(None)
@@ -640,6 +670,41 @@ def generate_requests(cfg: WorkloadConfig, seed: int) -> list[Request]:
     finally:
         if gc_was_enabled:
             gc.enable()
+
+
+def _session_workload(cfg: WorkloadConfig, sc: SessionConfig, rng: list[np.random.Generator]) -> Workload:
+    """Multi-turn sessions: starts from the arrival process, then turns, lengths and think times."""
+    starts = _arrival_times(cfg.arrival, cfg.num_requests, cfg.duration_s, rng[_ARRIVALS])
+    turns, notes = _lengths(sc.turns, starts.size, rng[_SESSIONS], "workload.sessions.turns")
+    total = int(turns.sum())
+    new, p_notes = _lengths(cfg.prompt_len, total, rng[_PROMPT], "workload.prompt_len")
+    reply, o_notes = _lengths(cfg.output_len, total, rng[_OUTPUT], "workload.output_len")
+    if sc.think_time_dist == "exponential":
+        think = rng[_SESSIONS].exponential(sc.think_time_s, total) if sc.think_time_s > 0 else np.zeros(total)
+    else:
+        think = np.full(total, sc.think_time_s)
+    notes += p_notes + o_notes
+    for note in notes:
+        log.warning(note)
+    return Workload(build_sessions(starts, turns, new, reply, think, sc.system_prompt_len), {}, notes)
+
+
+def _mooncake_workload(cfg: WorkloadConfig, tc: TraceConfig) -> Workload:
+    """A Mooncake JSONL trace: arrivals, lengths and 512-token block hashes as prefix-cache segments."""
+    tr = read_mooncake(tc.path, tc.time_scale, tc.start, tc.limit)
+    keep = np.flatnonzero(tr.arrival_time < cfg.duration_s) if cfg.duration_s is not None else np.arange(
+        tr.arrival_time.size)
+    keep = keep[: cfg.num_requests].tolist()
+    reqs = [Request(i, float(tr.arrival_time[k]), int(tr.prompt_len[k]), int(tr.output_len[k]),
+                    segments=tr.segments[k]) for i, k in enumerate(keep)]
+    counts = {"num_prompt_beyond_hashes": tr.num_prompt_beyond_hashes}
+    notes = []
+    if tr.num_prompt_beyond_hashes:
+        notes.append(f"workload.trace ({tc.path}): {tr.num_prompt_beyond_hashes} prompts run past their hash_ids; "
+                     "those tokens are treated as the request's own")
+    for note in notes:
+        log.warning(note)
+    return Workload(reqs, counts, notes)
 
 
 def workload_stats(requests: Sequence[Request]) -> dict[str, float]:

@@ -15,14 +15,15 @@ PACKAGES = {"sim": "servesim.sim", "kernels": "servesim.kernels", "calibration":
 
 # Lowest first. A name covers the module and everything under it.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("core types", ["sim", "sim.request", "sim.errors", "sim.outputs", "sim.hints", "sim.presets", "sim.config_model", "sim.host_memory", "kernels", "calibration"]),
-    ("KV cache, batch, workload", ["sim.kv_cache", "sim.batch", "sim.workload"]),
+    ("core types", ["sim", "sim.request", "sim.prefix_keys", "sim.errors", "sim.outputs", "sim.hints", "sim.presets", "sim.config_model", "sim.host_memory", "kernels", "calibration"]),
+    ("KV cache, batch, workload", ["sim.kv_cache", "sim.batch", "sim.workload", "sim.sessions", "sim.mooncake",
+                                   "sim.disagg_config"]),
     ("policies, cost model, metrics, kernels", ["sim.schedulers", "sim.allreduce", "sim.cost_model", "sim.layer_cost_model", "sim.metrics",
                                                 "sim.iteration_bins",
                                                 "kernels.attention", "kernels.model", "kernels.runner", "kernels.host"]),
     ("engine presets, plots", ["sim.engine_presets", "sim.plots"]),
-    ("engine, cluster", ["sim.engine", "sim.router", "sim.cluster"]),
-    ("scenario, simulate, live", ["sim.scenario", "sim.simulate", "kernels.live"]),
+    ("engine, cluster", ["sim.engine", "sim.router", "sim.cluster", "sim.disagg"]),
+    ("scenario, simulate, live", ["sim.scenario", "sim.pools", "sim.simulate", "kernels.live"]),
     ("verbs", ["sim.verbs", "calibration.grid", "calibration.fit", "calibration.profile", "calibration.validate",
                "calibration.commands", "calibration.replay", "calibration.measured_run", "calibration.validate_against",
                "calibration.importers", "calibration.allreduce_fit", "calibration.gpu_profile", "calibration.gpu_import", "calibration.gpu_composite"]),

@@ -1,0 +1,33 @@
+"""``servesim plan --target-rate`` on a disaggregated scenario: the fewest-GPU prefill:decode split."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from servesim.sim.cli import main
+from servesim.sim.scenario import load_scenario
+from servesim.sim.verbs.plan import PlanSettings
+from servesim.sim.verbs.plan_disagg import plan_disagg
+from servesim.sim.verbs.slo import terms_from_scenario_slo
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_plan_finds_the_fewest_gpus_and_every_smaller_split_fails():
+    sc = load_scenario(ROOT / "scenarios/cluster/disagg.yaml")
+    st = PlanSettings(terms_from_scenario_slo(sc.slo), seeds=1, window_s=20.0, min_requests=50)
+    result = plan_disagg(sc, st, target_rate=30.0, max_gpus=5, progress=False)
+    assert result.best is not None and result.gpus == 4
+    passed = {(p, d) for p, d, _, point in result.points if point.passed}
+    assert result.best in passed
+    assert all(not point.passed for _, _, g, point in result.points if g < result.gpus)
+    assert all(g <= result.gpus for _, _, g, _ in result.points)  # the search stops at the first passing level
+
+
+def test_plan_cli_writes_the_split(tmp_path, capsys):
+    code = main(["plan", str(ROOT / "scenarios/cluster/disagg.yaml"), "--target-rate", "5", "--seeds", "1",
+                 "--duration", "20", "--min-requests", "50", "--quiet", "--out", str(tmp_path / "p")])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "1 prefill + 1 decode instances (2 GPUs" in out
+    assert (tmp_path / "p" / "plan_disagg.csv").is_file()

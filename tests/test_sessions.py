@@ -1,0 +1,60 @@
+"""Multi-turn sessions: closed loop per session, prompts that resend the conversation, cache hits on it."""
+
+from __future__ import annotations
+
+import pytest
+from servesim.sim.scenario import scenario_from_dict
+from servesim.sim.simulate import simulate
+from servesim.sim.workload import WorkloadConfig, generate_requests
+
+
+def session_scenario(num_sessions=8, turns=None, **sessions):
+    return scenario_from_dict({
+        "name": "s", "seed": 1, "cost_model": {"type": "roofline"},
+        "kv_cache": {"block_size": 16, "num_blocks": 4000, "enable_prefix_caching": True},
+        "workload": {
+            "num_requests": num_sessions, "arrival": {"process": "poisson", "rate": 2.0},
+            "prompt_len": {"dist": "uniform", "min": 20, "max": 200},
+            "output_len": {"dist": "uniform", "min": 5, "max": 100},
+            "sessions": {"turns": turns or {"dist": "uniform", "min": 1, "max": 5}, **sessions},
+        },
+    })
+
+
+def test_next_turn_is_sent_think_time_after_the_previous_reply_ends():
+    res = simulate(session_scenario(think_time_s=1.5, think_time_dist="fixed"), progress=False)
+    followed = [r for r in res.requests if r.next_turn is not None]
+    assert followed
+    for r in followed:
+        assert r.next_turn.arrival_time == pytest.approx(r.finish_time + 1.5)
+        assert r.next_turn.first_scheduled_time >= r.finish_time + 1.5
+
+
+def test_each_turn_resends_the_conversation_so_far():
+    cfg = WorkloadConfig.model_validate({
+        "num_requests": 5, "arrival": {"process": "constant", "rate": 1.0}, "prompt_len": 30,
+        "output_len": {"dist": "uniform", "min": 5, "max": 50},
+        "sessions": {"turns": 4, "system_prompt_len": 100}})
+    reqs = generate_requests(cfg, 0)
+    assert len(reqs) == 20
+    for r in reqs:
+        if r.next_turn is not None:
+            assert r.next_turn.prompt_len == r.prompt_len + r.output_len + 30
+            assert r.next_turn.segments[: len(r.segments)] == r.segments  # prompt + reply, then the new message
+
+
+def test_a_second_turn_finds_the_first_turns_prompt_and_reply_in_the_cache():
+    cfg = session_scenario(1, 2, think_time_s=0.5, think_time_dist="fixed", system_prompt_len=0)
+    res = simulate(cfg, progress=False)
+    first, second = res.requests
+    # KV of all of turn 1's tokens but its last sampled one, in full 16-token blocks
+    expected = min((first.prompt_len + first.output_len - 1) // 16, (second.prompt_len - 1) // 16) * 16
+    assert second.num_cached_tokens == expected > 0
+    assert first.num_cached_tokens == 0
+
+
+def test_sessions_refuse_a_trace_or_token_ids():
+    with pytest.raises(Exception, match="sessions build their own prompts; remove token_ids"):
+        WorkloadConfig.model_validate({"num_requests": 1, "arrival": {"process": "poisson", "rate": 1},
+                                       "prompt_len": 5, "output_len": 5, "token_ids": True,
+                                       "sessions": {"turns": 2}})
