@@ -212,10 +212,11 @@ class Replica:
                     and self.next_arrival() - env.now > last_dt):
                 k = sched.decode_stretch(MAX_STRETCH)
                 if k >= MIN_STRETCH:
-                    end = self._fast_forward(k)
-                    if end is not None:
-                        self._stretch_end = end
-                        yield env.timeout(_delay_to(env.now, end))
+                    stretch = self._fast_forward(k)
+                    if stretch is not None:
+                        self._stretch_end = stretch[0][-1]
+                        for delay in _hops(env.now, *stretch):
+                            yield env.timeout(delay)
                         self._stretch_end = -math.inf
                         continue
             t_sched = clock() if realtime else 0.0
@@ -274,10 +275,10 @@ class Replica:
                 overhead = clock() - t_upd
 
 
-    def _fast_forward(self, k: int) -> float | None:
+    def _fast_forward(self, k: int) -> tuple[list[float], list[float]] | None:
         """Take up to ``k`` plain decode steps that end before the next arrival: price them, apply
-        them (the last may finish requests), record them as the plain loop would; return when the
-        last one ends (None: none fit)."""
+        them (the last may finish requests), record them as the plain loop would; return the steps'
+        ends and durations (None: none fit)."""
         sched = self.scheduler
         limit = self.next_arrival()  # type: ignore[misc]
         n = sched.num_running
@@ -312,15 +313,39 @@ class Replica:
             self._done(req)
         self.num_iterations += len(ends)
         self.num_fast_forward_steps += len(ends)
-        return ends[-1]
+        return ends, durations
 
 
-def _delay_to(now: float, end: float) -> float:
-    """The delay d with ``now + d == end`` exactly (SimPy schedules at now + delay)."""
+def _exact_delay(now: float, end: float) -> float | None:
+    """The delay d with ``now + d == end`` exactly (SimPy schedules at now + delay), or None.
+
+    ``now + d`` rounds monotonically in d, so such a d, when there is one, lies within an ulp or
+    two of ``end - now`` (which is itself exact when ``now >= end / 2``). There may be none: with
+    ``now < end / 2`` the exact sums can fall on the rounding ties either side of ``end`` and round
+    away from it (now 0.05, end 0.24999999999999997)."""
     d = end - now
-    while now + d != end:
-        d = math.nextafter(d, math.inf if now + d < end else -math.inf)
-    return d
+    for _ in range(8):
+        s = now + d
+        if s == end:
+            return d
+        d = math.nextafter(d, math.inf if s < end else -math.inf)
+    return None
+
+
+def _hops(now: float, ends: Sequence[float], durations: Sequence[float]) -> list[float]:
+    """Delays that move SimPy's clock from ``now`` onto ``ends[-1]`` exactly, as the plain loop's
+    steps would: one jump when ``ends[-1]`` can be hit from ``now``, otherwise step by step (each
+    step's own duration lands on its end exactly, since ``ends[i] = ends[i-1] + durations[i]``)
+    until a jump to the last end can be made from there."""
+    delays: list[float] = []
+    for i in range(len(ends)):
+        d = _exact_delay(now, ends[-1])
+        if d is not None:
+            delays.append(d)
+            return delays
+        delays.append(durations[i])
+        now = ends[i]
+    return delays
 
 
 def check_conservation(requests: Sequence[Request], replicas: list[Replica], num_done: int) -> None:

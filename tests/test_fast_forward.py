@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import simpy
-from servesim.sim.engine import Replica
+from servesim.sim.engine import Replica, _exact_delay, _hops
 from servesim.sim.request import Request
 from servesim.sim.scenario import load_scenario, scenario_from_dict
 from servesim.sim.simulate import build_scheduler, plan_kv, run_replicas, simulate
@@ -186,3 +186,30 @@ class _NullRecorder:
     def on_itl(self, itl) -> None: ...  # noqa: ANN001
     def on_request_done(self, req) -> None: ...  # noqa: ANN001
     def on_decode_steps(self, *args) -> None: ...  # noqa: ANN002
+
+
+def test_a_stretch_whose_end_one_delay_cannot_reach_lands_on_it_step_by_step():
+    # 0.05 + d rounds to a neighbour of 0.24999999999999997 for every d: SimPy cannot get there in
+    # one timeout, yet eight plain 25 ms steps from 0.05 end exactly there
+    now, ends = 0.05, []
+    for _ in range(8):
+        ends.append((ends[-1] if ends else now) + 0.025)
+    assert _exact_delay(now, ends[-1]) is None
+    t = now
+    for d in _hops(now, ends, [0.025] * 8):
+        t = t + d
+    assert t == ends[-1]
+    assert _exact_delay(0.5, 0.75) == 0.25 and _hops(0.5, [0.75], [0.25]) == [0.25]
+
+
+def test_the_constant_25ms_saturation_run_that_hung_is_the_plain_loop():
+    # the search's saturation run of a 25 ms constant step: its first stretch starts at 0.05 s
+    sc = scenario_from_dict({
+        "name": "cf", "model": "llama-3.1-8b", "hardware": "l40s",
+        "cost_model": {"type": "constant", "step_ms": 25},
+        "scheduler": {"type": "chunked", "max_num_seqs": 4, "max_num_batched_tokens": 512},
+        "workload": {"num_requests": 200, "arrival": {"process": "constant", "rate": 1e6},
+                     "prompt_len": {"dist": "fixed", "value": 16}, "output_len": {"dist": "fixed", "value": 10}},
+    })
+    assert_same_run(*both(sc))
+    assert fast_forwarded_steps(sc) > 0
