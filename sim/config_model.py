@@ -27,6 +27,10 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic_core import PydanticCustomError
 
 INT_MAX = 2**32  # tokens, requests, blocks, rows: more than any model's context or any host's memory
+# The simulated clock is float64 seconds: at 1e9 s (~32 years) a step of 1 us is still resolved to
+# 0.1 %; far beyond, steps vanish into rounding (at 1e20 s every step takes 0 s). Inputs that put
+# an event later than this are refused.
+MAX_SIM_SECONDS = 1e9
 
 
 def _admits_bool(annotation: Any) -> bool:

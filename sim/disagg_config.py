@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from .config_model import ConfigModel
 
@@ -73,8 +74,10 @@ class PoolConfig(ConfigModel):
     @model_validator(mode="before")
     @classmethod
     def _count_given(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("count") == 0:
-            raise ValueError("count is 0: a disaggregated cluster needs at least one instance in each pool")
+        count = data.get("count") if isinstance(data, dict) else None
+        if type(count) is int and count == 0:  # (False == 0: a boolean is refused as a boolean)
+            raise PydanticCustomError("value_error", "count is 0: a disaggregated cluster needs at least one "
+                                      "instance in each pool", {"field": "count"})
         return data
 
 

@@ -49,7 +49,7 @@ import numpy as np
 from pydantic import AfterValidator, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from .config_model import INT_MAX, ConfigModel
+from .config_model import INT_MAX, MAX_SIM_SECONDS, ConfigModel
 from .errors import WorkloadError
 from .mooncake import read_mooncake
 from .request import Request
@@ -247,7 +247,8 @@ class SessionConfig(_Strict):
     turn's new user message and ``output_len`` each reply; every turn resends the conversation."""
 
     turns: LengthDist
-    think_time_s: Annotated[float, _check("think_time_s", lambda v: math.isfinite(v) and v >= 0, ">= 0 seconds")] = 0.0
+    think_time_s: Annotated[float, _check("think_time_s", lambda v: 0 <= v <= MAX_SIM_SECONDS,
+                                          f"between 0 and {MAX_SIM_SECONDS:.0e} seconds")] = 0.0
     think_time_dist: Literal["exponential", "fixed"] = "exponential"
     system_prompt_len: Annotated[int, _check("system_prompt_len", lambda v: v >= 0, ">= 0 tokens")] = 0
 
@@ -439,6 +440,17 @@ def check_files(cfg: WorkloadConfig) -> None:
 
 
 # --------------------------------------------------------------------------- sampling
+
+
+def _arrival_field(arrival: Any) -> str:
+    return "workload.arrival.time_scale" if isinstance(arrival, TraceArrival) else "workload.arrival.rate"
+
+
+def _check_horizon(times: np.ndarray, where: str, fix: str) -> None:
+    """Refuse arrivals past ``MAX_SIM_SECONDS``, where the float clock would lose the steps."""
+    if times.size and not times.max() <= MAX_SIM_SECONDS:
+        raise WorkloadError(f"{where}: the last request arrives at {float(times.max()):.3g} s of simulated time, past "
+                            f"the {MAX_SIM_SECONDS:.0e} s up to which servesim's clock resolves a step ({fix})")
 
 
 def _arrival_times(
@@ -655,6 +667,10 @@ def generate_workload(cfg: WorkloadConfig, seed: int) -> Workload:
     if cfg.token_ids:
         num_prefixes = cfg.prefix.num_prefixes if cfg.prefix is not None else 0
         token_ids = _token_ids(prompt, prefix_id, prefix_len, num_prefixes, cfg.vocab_size, rng[_TOKENS])
+    if cfg.trace is not None:
+        _check_horizon(times, "workload.trace.time_scale", "a smaller time_scale replays it faster")
+    else:
+        _check_horizon(times, _arrival_field(cfg.arrival), "more requests per second arrive sooner")
     reqs = RequestArrays(times, prompt, output, prefix_id, prefix_len, token_ids)
     return Workload(reqs, counts, notes)
 
@@ -675,6 +691,7 @@ def generate_requests(cfg: WorkloadConfig, seed: int) -> list[Request]:
 def _session_workload(cfg: WorkloadConfig, sc: SessionConfig, rng: list[np.random.Generator]) -> Workload:
     """Multi-turn sessions: starts from the arrival process, then turns, lengths and think times."""
     starts = _arrival_times(cfg.arrival, cfg.num_requests, cfg.duration_s, rng[_ARRIVALS])
+    _check_horizon(starts, _arrival_field(cfg.arrival), "more sessions per second start sooner")
     turns, notes = _lengths(sc.turns, starts.size, rng[_SESSIONS], "workload.sessions.turns")
     total = int(turns.sum())
     new, p_notes = _lengths(cfg.prompt_len, total, rng[_PROMPT], "workload.prompt_len")
@@ -692,6 +709,7 @@ def _session_workload(cfg: WorkloadConfig, sc: SessionConfig, rng: list[np.rando
 def _mooncake_workload(cfg: WorkloadConfig, tc: TraceConfig) -> Workload:
     """A Mooncake JSONL trace: arrivals, lengths and 512-token block hashes as prefix-cache segments."""
     tr = read_mooncake(tc.path, tc.time_scale, tc.start, tc.limit)
+    _check_horizon(tr.arrival_time, "workload.trace.time_scale", "a smaller time_scale replays it faster")
     keep = np.flatnonzero(tr.arrival_time < cfg.duration_s) if cfg.duration_s is not None else np.arange(
         tr.arrival_time.size)
     keep = keep[: cfg.num_requests].tolist()

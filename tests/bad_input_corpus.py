@@ -31,6 +31,8 @@ VERBS: dict[str, tuple[list[str], list[str]]] = {
     "engines": (["engines"], ["--no-plots", "--quiet", "--presets", "vllm-v1"]),
     "compare": (["compare"], ["--quiet", "--workers", "1", "--seeds", "2"]),
     "validate": (["validate"], ["--no-plots", "--quiet"]),
+    "search": (["search"], ["--no-plots", "--quiet", "--workers", "1", "--target-rate", "10",
+                            "--slo", "p99_ttft_ms=500", "--space", "seed=0,1"]),
 }
 # values a numeric field must refuse, by category; -1 is checked only where negatives mean nothing
 NUMBER_MUTATIONS = {
@@ -44,7 +46,8 @@ NEGATIVE_MEANS_SOMETHING = {"scheduler.chunked_prefill_size"}  # SGLang: <= 0 tu
 # fields where any finite positive number means something (a rate of 1e18 requests/s all arrive at
 # once; an SLO of 1e18 ms is always met): no "huge" case for them
 SCALE_FREE = {"rate", "cv", "burstiness", "time_scale", "ttft_ms", "tpot_ms", "e2el_ms", "step_ms",
-              "per_token_ms", "step_overhead_ms", "per_seq_overhead_ms"}
+              "per_token_ms", "step_overhead_ms", "per_seq_overhead_ms",
+              "prefix_weight", "load_weight"}  # the prefix_aware router's weights: only their ratio counts
 # unknown names for every enum-like field, where the scenario has the section
 BAD_ENUMS = {
     "model": "gpt-9", "hardware": "tpu-v9", "scheduler.type": "fifo2", "scheduler.preset": "vllm-v9",
@@ -52,6 +55,8 @@ BAD_ENUMS = {
     "cluster.router": "random", "live.device": "tpu", "live.dtype": "float8", "live.backend": "jax",
     "workload.arrival.process": "poison", "workload.prompt_len.dist": "lognorml",
     "workload.output_len.dist": "unifrom", "workload.trace.format": "parquet",
+    "workload.sessions.think_time_dist": "gaussian", "cluster.disagg.link.preset": "carrier-pigeon",
+    "cluster.disagg.prefill_router": "random", "cluster.disagg.decode_router": "random",
 }
 
 ALWAYS = {"model", "hardware", "cluster", "live", "cost_model"}  # sections --set creates where absent
@@ -146,7 +151,9 @@ def corpus(tmp: Path) -> list[Case]:
             wrong = f"{section}.{_misspell(key)}" if section else _misspell(key)
             b.scenario("misspelt_key", path, [f"{wrong}=1"], (wrong,))
         for field, bad in BAD_ENUMS.items():
-            if _get(raw, field) is not None or field.partition(".")[0] in ALWAYS:
+            parent = field.rpartition(".")[0]
+            if (_get(raw, field) is not None or (field.count(".") <= 1 and field.partition(".")[0] in ALWAYS)
+                    or (field.count(".") > 1 and _get(raw, parent) is not None)):
                 b.scenario("bad_enum", path, [f"{field}={bad}"], (field,))
         b.scenario("missing_required", path, ["workload="], ("workload",))
     _files(b)

@@ -432,3 +432,17 @@ def test_100k_requests_generate_in_well_under_a_second():
     assert len(reqs) == 100_000
     # ~0.1 s measured on an idle 2-core box; generous so a loaded CI machine does not flake.
     assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize("arrival, field", [
+    ({"process": "poisson", "rate": 1e-20}, "workload.arrival.rate"),
+    ({"process": "constant", "rate": 1e-12}, "workload.arrival.rate"),
+])
+def test_arrivals_past_the_clocks_resolution_are_refused_naming_the_field(arrival, field):
+    # at 1e20 s a float64 clock adds a 10 ms step as 0 s: every latency would read 0
+    cfg = WorkloadConfig.model_validate({"num_requests": 5, "arrival": arrival, "prompt_len": 8, "output_len": 4})
+    with pytest.raises(WorkloadError, match=field):
+        generate_workload(cfg, 0)
+    ok = WorkloadConfig.model_validate({"num_requests": 5, "arrival": {**arrival, "rate": 1e-8},
+                                        "prompt_len": 8, "output_len": 4})
+    assert generate_workload(ok, 0).requests.arrival_time.max() <= 1e9
