@@ -251,6 +251,8 @@ class MetricsRecorder:
             raise ValueError(f"iterations must be one of {ITERATIONS_MODES}, got {iterations!r}")
         self.num_replicas = num_replicas
         self.iterations_mode = iterations
+        # seconds each replica spent in steps, added step by step in every mode (so equal in all)
+        self._busy = [0.0] * num_replicas
         self._bins = None if iterations == "full" else IterationBins(num_replicas, keep_bins=iterations == "binned")
         if self._bins is not None:
             self.on_iteration = self._bin_iteration  # type: ignore[method-assign]
@@ -295,6 +297,7 @@ class MetricsRecorder:
 
         ``sched_overhead_s`` is the live-mode CPU time spent scheduling (seconds); nan in simulation.
         """
+        self._busy[replica] += duration
         i = self._n_iters
         if i == len(self._iters):
             grown = np.empty((2 * i, self._iters.shape[1]), dtype=np.float64)
@@ -321,6 +324,7 @@ class MetricsRecorder:
         ``on_iteration`` / ``on_itl`` called step by step: ``first_itl`` per row for step 0, then
         each later step's n rows wait exactly the gap between the two steps' ends.
         """
+        self._add_busy(replica, durations)
         k = len(starts)
         i = self._n_iters
         while i + k > len(self._iters):
@@ -352,6 +356,7 @@ class MetricsRecorder:
                        kv_blocks_total: int, num_waiting: int, num_running: int, num_swapped: int,
                        num_preempted: int, sched_overhead_s: float = math.nan) -> None:
         """``on_iteration`` into time bins (``iterations`` binned or off)."""
+        self._busy[replica] += duration
         num_tokens = batch.num_tokens
         num_decode = batch.num_decode_tokens
         self._bins.add(replica, start, (  # type: ignore[union-attr]
@@ -364,6 +369,7 @@ class MetricsRecorder:
                           kv_blocks_used: np.ndarray, kv_blocks_total: int, num_waiting: int, num_swapped: int,
                           first_itl: np.ndarray, last_running: int) -> None:
         """``on_decode_steps`` into time bins."""
+        self._add_busy(replica, durations)
         rows = np.empty((len(starts), len(SUM_COLUMNS)), dtype=np.float64)
         rows[:] = (1, 0.0, n, 0, n, n, 0, kv_blocks_total, num_waiting, n, num_swapped, 0, 0, math.nan)
         rows[:, 1] = durations
@@ -380,16 +386,15 @@ class MetricsRecorder:
             self._stage_same(nxt - end, n)
             end = nxt
 
-    def busy_by_replica(self, iterations_df: pd.DataFrame) -> np.ndarray:
-        """Seconds each replica spent in steps, in every iterations mode (``iterations_df`` is this
-        recorder's ``iterations_frame()``; read only when it holds full rows)."""
-        if self._bins is not None:
-            self._bins.flush()
-            return self._bins.sums[:, :, SUM_COLUMNS.index("busy_s")].sum(axis=1)
-        busy = np.zeros(self.num_replicas)
-        if len(iterations_df):
-            np.add.at(busy, iterations_df["replica"].to_numpy(np.int64), iterations_df["duration"].to_numpy())
-        return busy
+    def _add_busy(self, replica: int, durations: list[float]) -> None:
+        busy = self._busy[replica]
+        for d in durations:  # one by one, as the plain loop's steps add them
+            busy += d
+        self._busy[replica] = busy
+
+    def busy_by_replica(self) -> np.ndarray:
+        """Seconds each replica spent in steps: the same in every iterations mode, fast-forward or not."""
+        return np.array(self._busy)
 
     def iteration_summary(self) -> dict[str, float | int] | None:
         """The summary's iteration figures when iterations are binned or off (None: full rows)."""

@@ -242,7 +242,7 @@ def finish_run(sc: Scenario, mode: str, requests: Sequence[Request], recorder: M
                         iteration_stats=recorder.iteration_summary())
     if replicas is not None and len(replicas) > 1:
         # per replica: requests served, prefix-cache hit rate, busy share (issue 17)
-        busy = recorder.busy_by_replica(iterations_df)
+        busy = recorder.busy_by_replica()
         makespan = float(requests_df["finish_time"].max()) if len(requests_df) else 0.0
         summary["replicas"] = replica_summary(replicas, requests_df["replica"].to_numpy(),
                                               makespan if makespan == makespan else 0.0,
