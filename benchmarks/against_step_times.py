@@ -6,8 +6,10 @@ latency figures that are being validated:
 - **saturated seconds** (``timeseries.csv``, 128 running): each 1 s tick holds gen/128 decode steps
   and its prompt tokens, so ``1 s = steps x a + prompt tokens x b`` gives the measured time of a
   full decode step (a) and the marginal cost of a prompt token added to it (b). The simulation's
-  own steps in the same state (every step with 128 running) give the same two numbers by least
-  squares on their durations.
+  own steps are cut into the same 1 s ticks (``sim_ticks``) and go through the same fit: a least-squares
+  line through the simulated steps' durations (what this script did before) is another estimator,
+  which bends both numbers by the fixed cost of a mixed step (its decode rows run in the prefill
+  kernel: ~45 ms a step on Qwen3-32B tp2), so the two sides were not comparable.
 - **the drain** (after the last first token the batch only shrinks, decode-only): every request
   makes one token per step, so its tokens between first and last token are the integral of the
   step rate over its lifetime. NNLS over bins of W seconds recovers the step rate per bin from the
@@ -45,25 +47,59 @@ from servesim.sim.cost_model import resolve_profile_path
 from servesim.sim.layer_cost_model import allreduce_seconds
 
 
-def saturated(ts: pd.DataFrame, it: pd.DataFrame, seats: int, windows: tuple[int, ...] = (1, 2, 3)) -> dict:
-    """Seconds of a full decode step and per prompt token: measured from windows of w consecutive
-    saturated 1 s ticks (one fit per w: vLLM counts a prompt's tokens in the tick its prefill ends, so
-    1 s ticks misplace some and bias the per-token figure low; wider windows trade that for fewer
-    points), simulated from the simulation's own steps with ``seats`` running."""
+def window_fit(ts: pd.DataFrame, seats: int, windows: tuple[int, ...] = (1, 2, 3)) -> dict[int, tuple]:
+    """Per window width w: (seconds of a full decode step, seconds per prompt token, windows used) from
+    w consecutive saturated 1 s ticks of ``ts`` (``t``, ``gen_throughput``, ``prompt_throughput``,
+    ``running``): ``w s = gen / seats x a + prompt tokens x b`` by least squares. b holds everything a
+    mixed step costs beyond a decode step, spread over its prompt tokens (the decode rows that run in
+    the prefill kernel as well as the chunk's own GEMMs and all-reduces)."""
     sat = ts[ts["running"] == seats]
-    meas = {}
+    out = {}
     for w in windows:
         run_id = (sat["t"].diff() != 1).cumsum()  # consecutive saturated ticks
         key = [run_id, sat.groupby(run_id).cumcount() // w]
         g = sat.groupby(key).agg(gen=("gen_throughput", "sum"), prompt=("prompt_throughput", "sum"), n=("t", "size"))
         g = g[g["n"] == w]
         (a, b), *_ = np.linalg.lstsq(np.c_[g["gen"] / seats, g["prompt"]], g["n"].to_numpy(dtype=float), rcond=None)
-        meas[w] = (a, b, len(g))
+        out[w] = (a, b, len(g))
+    return out
+
+
+def sim_ticks(it: pd.DataFrame, pr: pd.DataFrame, seats: int) -> pd.DataFrame:
+    """The simulation's steps as vLLM's 1 s log ticks (what ``timeseries.csv`` holds): each step in the
+    tick it ends in; generated tokens = decode rows + first tokens; a prompt's tokens in the tick of
+    its first token (vLLM counts them when the prefill ends); ``running`` as the last step of the tick
+    left it (vLLM logs a snapshot at the tick)."""
+    end = (it["start"] + it["duration"]).to_numpy()
+    tick = np.floor(end).astype(int) + 1
+    first = np.floor((pr["arrival_time"] + pr["sim_ttft"]).to_numpy()).astype(int) + 1
+    n = int(max(tick.max(), first.max())) + 1
+    gen = np.bincount(tick, weights=it["num_decode_tokens"].to_numpy(dtype=float), minlength=n)
+    gen += np.bincount(first, minlength=n)
+    prompt = np.bincount(first, weights=pr["prompt_len"].to_numpy(dtype=float), minlength=n)
+    running = np.zeros(n)
+    running[tick] = it["num_running"].to_numpy(dtype=float)  # steps are in time order: the last one wins
+    t = np.arange(n)
+    return pd.DataFrame({"t": t.astype(float), "gen_throughput": gen, "prompt_throughput": prompt,
+                         "running": running})[t >= 1]
+
+
+def saturated(ts: pd.DataFrame, it: pd.DataFrame, pr: pd.DataFrame, seats: int,
+              windows: tuple[int, ...] = (1, 2, 3)) -> dict:
+    """Seconds of a full decode step and per prompt token, measured (``timeseries.csv``) and simulated
+    (the simulation's own steps as ticks, ``sim_ticks``) by the same estimator, ``window_fit``. The
+    simulation's actual decode-only steps with all seats taken are given beside (``sim_decode``).
+
+    Both sides must go through the same estimator: a least-squares line through the simulation's
+    step durations against their prompt tokens (what this script did before) bends the per-token
+    slope and the decode-step intercept by the fixed cost of a mixed step (the decode rows in the
+    prefill kernel), which the tick fit folds into the per-token figure instead."""
+    sim = window_fit(sim_ticks(it, pr, seats), seats, windows)
     s = it[it["num_running"] == seats]
-    (a2, b2), *_ = np.linalg.lstsq(np.c_[np.ones(len(s)), s["num_prefill_tokens"]], s["duration"].to_numpy(),
-                                   rcond=None)
-    return {"measured": meas, "steps": len(s), "sim_step": a2, "sim_token": b2,
-            "meas_step": meas[windows[0]][0]}
+    dec = s.loc[s["num_prefill_tokens"] == 0, "duration"]
+    return {"measured": window_fit(ts, seats, windows), "sim": sim, "steps": len(s),
+            "sim_decode": float(dec.mean()), "meas_step": window_fit(ts, seats, windows[:1])[windows[0]][0],
+            "sim_step": sim[windows[0]][0]}
 
 
 def deconvolve(first: np.ndarray, last: np.ndarray, tokens: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -127,15 +163,21 @@ def main() -> None:
         it = pd.read_parquet(folder / "sim" / "iterations.parquet")
         ts = pd.read_csv(run / "timeseries.csv")
         seats = int(ts["running"].max())
-        s = saturated(ts, it, seats)
-        dr, check = drain(pd.read_csv(folder / "per_request.csv"), it, args.bin)
+        pr = pd.read_csv(folder / "per_request.csv")
+        s = saturated(ts, it, pr, seats)
+        dr, check = drain(pr, it, args.bin)
         lines += [f"## {run.name}", "",
-                  f"Saturated ({seats} running; the simulation's {s['steps']} steps): full decode step simulated "
-                  f"{1e3 * s['sim_step']:.2f} ms, each prompt token added to it {1e3 * s['sim_token']:.4f} ms. "
-                  "Measured, by window: " + "; ".join(
-                      f"{w} s ({k} windows) {1e3 * a:.2f} ms ({100 * (s['sim_step'] / a - 1):+.1f} %) and "
-                      f"{1e3 * b:.4f} ms ({100 * (s['sim_token'] / b - 1):+.1f} %)"
-                      for w, (a, b, k) in s["measured"].items()) + ".", "",
+                  f"Saturated ({seats} running; the simulation's {s['steps']} steps, whose decode-only ones take "
+                  f"{1e3 * s['sim_decode']:.2f} ms): full decode step and each prompt token added to it, "
+                  "simulated / measured by the same fit over windows of saturated ticks (simulated error in "
+                  "brackets):", "",
+                  "| window | ticks sim / measured | full decode step ms | per prompt token ms |",
+                  "|---:|---:|---:|---:|"]
+        for w, (a, b, k) in s["measured"].items():
+            a2, b2, k2 = s["sim"][w]
+            lines.append(f"| {w} s | {k2} / {k} | {1e3 * a2:.2f} / {1e3 * a:.2f} ({100 * (a2 / a - 1):+.1f} %) | "
+                         f"{1e3 * b2:.4f} / {1e3 * b:.4f} ({100 * (b2 / b - 1):+.1f} %) |")
+        lines += ["",
                   f"Drain (decode-only, the batch shrinking; {args.bin:g} s bins; the estimator, run on the "
                   f"simulated side, is off its actual step times by {100 * check:.1f} % median):", "",
                   "| from s | rows | measured step ms | simulated step ms at those rows | simulated / measured |",
