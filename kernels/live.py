@@ -16,6 +16,7 @@ import numpy as np
 import simpy.rt
 import torch
 from servesim.sim.batch import Batch
+from servesim.sim.host_memory import format_bytes, host_memory_bytes
 from servesim.sim.kv_cache import BlockManager
 from servesim.sim.presets import get_model
 from servesim.sim.request import Request
@@ -118,14 +119,49 @@ def _warm_up(executor: LiveExecutor, steps: int, block_size: int) -> None:
     kv.free(probe)
 
 
+def check_live_fits(sc: Scenario, kv: KVPlan, memory_bytes: int | None = None) -> None:
+    """Refuse, before anything is allocated, a live run whose weights and KV tensors cannot fit.
+
+    Every replica builds the model with random weights in ``live.dtype`` and its KV tensors
+    (device blocks, plus host blocks for swap); on ``live.device: cpu`` all of it lives in this
+    machine's memory, on ``cuda`` the device's. ``memory_bytes`` overrides the limit (tests)."""
+    model_cfg = get_model(sc.model)
+    dtype = DTYPES[sc.live.dtype]
+    elem = torch.tensor([], dtype=dtype).element_size()
+    block = KVCache.block_bytes(model_cfg, kv.block_size, dtype)
+    n = sc.cluster.num_replicas
+    weights = n * model_cfg.num_params * elem
+    device_kv, host_kv = n * kv.num_blocks * block, n * kv.num_host_blocks * block
+    if sc.live.device == "cpu":
+        limit, where, need = memory_bytes or host_memory_bytes(), "this machine has", weights + device_kv + host_kv
+    else:
+        total = memory_bytes or (torch.cuda.mem_get_info()[1] if torch.cuda.is_available() else None)
+        limit, where, need = total, "the GPU has", weights + device_kv
+    if limit is None or need <= limit:
+        return
+    kv_field = {"num_blocks": "kv_cache.num_blocks", "kv_cache_memory_mb": "live.kv_cache_memory_mb"}.get(
+        kv.source, f"kv_cache.{kv.source}")
+    field = "model" if weights >= device_kv + (host_kv if sc.live.device == "cpu" else 0) else kv_field
+    raise ScenarioError(
+        f"{field}: live mode builds {sc.model} with random weights: {n} x {format_bytes(weights / n)} of "
+        f"{sc.live.dtype} weights and {format_bytes(device_kv + host_kv)} of KV cache ({kv.num_blocks} blocks"
+        f"{f' + {kv.num_host_blocks} swap' if kv.num_host_blocks else ''} per replica) need {format_bytes(need)}, "
+        f"{where} {format_bytes(limit)}; use a smaller model (model: tiny, as scenarios/live-cpu-*.yaml do), "
+        "a smaller live.kv_cache_memory_mb or live.dtype: bfloat16")
+
+
 def run_live(sc: Scenario, requests: list[Request] | None = None, progress: bool | None = None) -> RunResult:
     """Replay the scenario's workload on the real model in real time; same RunResult as ``simulate``."""
+    if sc.cluster.disagg is not None:
+        raise ScenarioError("cluster.disagg: live mode runs colocated replicas only; a disaggregated cluster is "
+                            "simulated (servesim run), not run live")
     if sc.live.threads:
         torch.set_num_threads(sc.live.threads)
     if sc.live.device == "cpu":
         keep_heap()
     model_cfg = get_model(sc.model)
     kv = plan_kv(sc, KVCache.block_bytes(model_cfg, sc.kv_cache.block_size, DTYPES[sc.live.dtype]))
+    check_live_fits(sc, kv)
     requests = _prepare_requests(sc, requests)
     parts = [build_live_replica(sc, kv, seed=sc.seed) for _ in range(sc.cluster.num_replicas)]
     for _, executor in parts:

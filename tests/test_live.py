@@ -144,3 +144,22 @@ def test_engine_preset_schedulers_drive_the_model_live_with_unchanged_tokens(pre
     assert tokens == reference_tokens  # greedy outputs do not depend on how the steps were scheduled
     if preset["preset"] != "sglang":  # its admission estimate keeps this small run clear of retraction
         assert res.summary["num_preemptions"] > 0, "no KV pressure; the test proves little"
+
+
+def test_a_live_run_that_cannot_fit_is_refused_before_anything_is_allocated(monkeypatch):
+    from servesim.sim.scenario import ScenarioError, load_scenario
+
+    built = []
+    monkeypatch.setattr(live, "LlamaModel", lambda *a, **k: built.append(1))
+    big = load_scenario("scenarios/quickstart.yaml", ["workload.num_requests=3", "live.kv_cache_memory_mb=100"])
+    with pytest.raises(ScenarioError, match=r"^model: live mode builds llama-3.1-8b .* 29.9 GiB of float32 weights"):
+        live.run_live(big)
+    kv_heavy = load_scenario("scenarios/live-cpu-chunked.yaml", ["workload.num_requests=3"])
+    with pytest.raises(ScenarioError, match=r"^live.kv_cache_memory_mb: .* this machine has 1 MiB"):
+        live.check_live_fits(kv_heavy, sim_module.plan_kv(kv_heavy, live.KVCache.block_bytes(
+            live.get_model("tiny"), 16, 4)), memory_bytes=2**20)
+    live.check_live_fits(kv_heavy, sim_module.plan_kv(kv_heavy, live.KVCache.block_bytes(
+        live.get_model("tiny"), 16, 4)), memory_bytes=2**30)  # 16 MB of KV and ~10 MB of weights fit
+    with pytest.raises(ScenarioError, match="^cluster.disagg: live mode runs colocated replicas only"):
+        live.run_live(load_scenario("scenarios/cluster/disagg.yaml", ["workload.num_requests=3"]))
+    assert built == []
