@@ -31,3 +31,13 @@ def test_plan_cli_writes_the_split(tmp_path, capsys):
     assert code == 0
     assert "1 prefill + 1 decode instances (2 GPUs" in out
     assert (tmp_path / "p" / "plan_disagg.csv").is_file()
+
+
+def test_plan_without_a_target_names_the_capacity_as_the_whole_deployments(tmp_path, capsys):
+    # the disaggregated scenario runs its pools as given: its capacity is not one replica's
+    code = main(["plan", str(ROOT / "scenarios/cluster/disagg.yaml"), "--seeds", "1", "--duration", "20",
+                 "--min-requests", "50", "--tolerance", "0.3", "--quiet", "--no-plots", "--out", str(tmp_path / "p")])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "req/s for the whole disaggregated deployment (1 prefill + 1 decode instances)" in out
+    assert "per replica" not in out

@@ -192,3 +192,13 @@ def test_a_configuration_that_rejects_requests_is_infeasible_after_one_run(tmp_p
     df = pd.read_parquet(out / "search.parquet").set_index("scheduler.max_num_batched_tokens")
     assert df.loc[8, "status"] == "infeasible" and "rejected" in df.loc[8, "reason"] and df.loc[8, "sims"] == 1
     assert df.loc[512, "status"] == "best"
+
+
+def test_a_disaggregated_scenario_is_refused_not_priced_as_one_gpu(tmp_path, capsys):
+    # a prefill + decode deployment is not "one replica x replicas": it was priced as 1 GPU
+    root = Path(__file__).resolve().parent.parent
+    rc = main(["search", str(root / "scenarios" / "cluster" / "disagg.yaml"), "--target-rate", "5",
+               "--slo", "p99_ttft_ms=500", "--space", "seed=0,1", "--quiet", "--no-plots", "--out", str(tmp_path / "d")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "cluster.disagg: search prices one replica" in err[0]
+    assert "servesim plan" in err[0] and not (tmp_path / "d" / "search.json").exists()

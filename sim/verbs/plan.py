@@ -376,7 +376,11 @@ def format_plan(result: PlanResult) -> str:
     elif math.isinf(hi):
         lines.append(f"capacity: every rate up to {lo:.4g} req/s met the SLO (no upper bound found)")
     else:
-        lines.append(f"capacity: {result.capacity:.4g} req/s per replica "
+        disagg = result.scenario.cluster.disagg
+        unit = ("per replica" if disagg is None else
+                f"for the whole disaggregated deployment ({disagg.prefill.count} prefill + "
+                f"{disagg.decode.count} decode instances)")
+        lines.append(f"capacity: {result.capacity:.4g} req/s {unit} "
                      f"(passes at {lo:.4g}, fails at {hi:.4g} req/s)")
     if result.target_rate is not None:
         if result.capacity == 0.0:

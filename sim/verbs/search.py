@@ -109,6 +109,10 @@ def search(raw: dict[str, Any], base: Scenario, axes: Sequence[GridAxis], ss: Se
     from tqdm import tqdm
 
     _check_rate_workload(base)
+    if base.cluster.disagg is not None:
+        raise ScenarioError(f"cluster.disagg: search prices one replica's configuration x replicas, which a "
+                            f"disaggregated deployment is not; size its prefill:decode split with servesim plan "
+                            f"{source} --target-rate {ss.target_rate:g}")
     t0 = time.perf_counter()
     points = build_points(raw, axes, base_overrides, source, base_dir)
     if all(p.scenario is None for p in points):

@@ -95,6 +95,10 @@ def check_feasible(p: Point, prices: dict[str, float]) -> None:
     sc = p.scenario
     if sc is None:
         return
+    if sc.cluster.disagg is not None:
+        p.status, p.reason = "infeasible", ("a disaggregated deployment (cluster.disagg) is not one replica's "
+                                            "configuration: size it with servesim plan --target-rate")
+        return
     hw = get_hardware(sc.hardware)
     if sc.tensor_parallel > hw.gpus_per_node:
         p.status, p.reason = "infeasible", (f"tensor_parallel={sc.tensor_parallel} spans more than one "
