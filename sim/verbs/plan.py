@@ -345,6 +345,12 @@ def _cell(x: Any, spec: str) -> str:
     return str(x)
 
 
+SESSION_RATES_NOTE = ("rates here are conversation starts per second (workload.arrival of a workload.sessions "
+                      "workload); each conversation sends one request per turn, and the load is steady only "
+                      "when the arrival window (--duration) is many times a conversation's length (turns x "
+                      "think time)")
+
+
 def format_plan(result: PlanResult) -> str:
     """The evaluated rates as a table, then the answer in a sentence or two."""
     st = result.settings
@@ -391,6 +397,8 @@ def format_plan(result: PlanResult) -> str:
             lines.append(f"replicas for {result.target_rate:g} req/s: {result.replicas} "
                          f"(router {result.scenario.cluster.router}, "
                          f"{result.target_rate / result.replicas:.4g} req/s each)")
+    if result.scenario.workload.sessions is not None:
+        lines.append(SESSION_RATES_NOTE)
     return "\n".join(lines)
 
 

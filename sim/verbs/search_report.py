@@ -25,7 +25,7 @@ import pandas as pd
 from ..metrics import to_json
 from ..outputs import begin_folder, write_csv, write_parquet, write_text
 from ..scenario import scenario_to_yaml
-from .plan import at_rate
+from .plan import SESSION_RATES_NOTE, at_rate
 from .search import SearchResult
 from .search_space import Point
 from .slo import describe
@@ -128,6 +128,8 @@ def format_search(result: SearchResult, top: int = 10) -> str:
         lines.append(f"cheapest: {_label(b)} x {b.replicas} replicas = ${b.cost:.2f}/hour "
                      f"({b.replicas * b.scenario.tensor_parallel} GPUs, {ss.target_rate / b.replicas:.3g} req/s "
                      f"per replica){tag}")
+    if result.base.workload.sessions is not None:
+        lines.append(SESSION_RATES_NOTE)
     return "\n".join(lines)
 
 
