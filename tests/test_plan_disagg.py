@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from servesim.sim.cli import main
 from servesim.sim.scenario import load_scenario
 from servesim.sim.verbs.plan import PlanSettings
@@ -41,3 +42,21 @@ def test_plan_without_a_target_names_the_capacity_as_the_whole_deployments(tmp_p
     assert code == 0
     assert "req/s for the whole disaggregated deployment (1 prefill + 1 decode instances)" in out
     assert "per replica" not in out
+
+
+def test_plan_disagg_json_is_an_object_not_a_quoted_string(tmp_path, capsys):
+    import json
+
+    assert main(["plan", str(ROOT / "scenarios/cluster/disagg.yaml"), "--target-rate", "5", "--max-gpus", "2",
+                 "--seeds", "1", "--duration", "20", "--min-requests", "50", "--quiet",
+                 "--out", str(tmp_path / "p")]) == 0
+    answer = json.loads((tmp_path / "p" / "plan_disagg.json").read_text())
+    assert isinstance(answer, dict) and (answer["prefill"], answer["decode"], answer["gpus"]) == (1, 1, 2)
+
+
+@pytest.mark.parametrize("max_gpus", ["0", "1", "-3", "99999999999"])
+def test_a_gpu_limit_below_one_split_or_absurdly_high_is_one_line_exit_2(tmp_path, capsys, max_gpus):
+    code = main(["plan", str(ROOT / "scenarios/cluster/disagg.yaml"), "--target-rate", "5", "--max-gpus", max_gpus,
+                 "--quiet", "--out", str(tmp_path / "p")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--max-gpus must be between 2" in err[0]

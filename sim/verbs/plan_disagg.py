@@ -11,7 +11,6 @@ hurts in this model, so it would fail too).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from ..metrics import to_json
+from ..outputs import begin_folder, write_csv, write_text
 from ..scenario import Scenario, ScenarioError
 from .parallel import TaskRunner, default_workers
 from .plan import PlanSettings, RatePoint, evaluate_rate
@@ -47,6 +47,17 @@ def gpus_of(sc: Scenario, prefill: int, decode: int) -> int:
             + decode * (d.decode.tensor_parallel or sc.tensor_parallel))
 
 
+MAX_GPUS = 1024  # --max-gpus: a level of g GPUs holds up to g splits, each a simulation per seed
+
+
+def _splits(sc: Scenario, max_gpus: int) -> list[tuple[int, int]]:
+    """Every (prefill, decode) count pair of at most ``max_gpus`` GPUs (linear in the pairs kept)."""
+    d = sc.cluster.disagg
+    tp_p, tp_d = d.prefill.tensor_parallel or sc.tensor_parallel, d.decode.tensor_parallel or sc.tensor_parallel
+    return [(p, dd) for p in range(1, (max_gpus - tp_d) // tp_p + 1)
+            for dd in range(1, (max_gpus - p * tp_p) // tp_d + 1)]
+
+
 def plan_disagg(sc: Scenario, st: PlanSettings, target_rate: float, max_gpus: int = 16, workers: int | None = None,
                 progress: bool = True) -> DisaggPlan:
     """Fewest-GPU (prefill, decode) split of ``sc`` meeting ``st`` at ``target_rate`` requests/s."""
@@ -54,8 +65,11 @@ def plan_disagg(sc: Scenario, st: PlanSettings, target_rate: float, max_gpus: in
         raise ScenarioError("plan for a disaggregated deployment needs a cluster.disagg section")
     if not target_rate > 0:
         raise ScenarioError(f"--target-rate must be > 0 requests/s, got {target_rate}")
-    cands = sorted((gpus_of(sc, p, d), abs(p - d), p, d) for p in range(1, max_gpus) for d in range(1, max_gpus)
-                    if gpus_of(sc, p, d) <= max_gpus)
+    smallest, most = gpus_of(sc, 1, 1), MAX_GPUS
+    if not smallest <= max_gpus <= most:
+        raise ScenarioError(f"--max-gpus must be between {smallest} (one prefill and one decode instance) and {most}, "
+                            f"got {max_gpus}")
+    cands = sorted((gpus_of(sc, p, d), abs(p - d), p, d) for p, d in _splits(sc, max_gpus))
     result = DisaggPlan(sc, target_rate, None, None)
     failed: list[tuple[int, int]] = []
     with TaskRunner("local", workers=min(workers or default_workers(), st.seeds), progress=progress,
@@ -105,13 +119,13 @@ def format_disagg_plan(result: DisaggPlan) -> str:
 
 
 def write_disagg_plan(result: DisaggPlan, out_dir: str | Path) -> Path:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    """plan_disagg.csv (every split tried), then plan_disagg.json (the answer), each atomically."""
+    out = begin_folder(out_dir, "plan_disagg.json")
     df = disagg_rows(result)
-    df.to_csv(out / "plan_disagg.csv", index=False)
+    write_csv(df, out / "plan_disagg.csv")
     summary: dict[str, Any] = {"target_rate": result.target_rate, "gpus": result.gpus,
                                "prefill": result.best[0] if result.best else None,
                                "decode": result.best[1] if result.best else None,
                                "points": df.drop(columns=["error"], errors="ignore").to_dict("records")}
-    (out / "plan_disagg.json").write_text(json.dumps(to_json(summary), indent=2))
+    write_text(out / "plan_disagg.json", to_json(summary))
     return out
