@@ -13,11 +13,13 @@ the prompt are ignored.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .config_model import INT_MAX
 from .errors import WorkloadError
 
 MOONCAKE_BLOCK = 512  # tokens per hash id
@@ -47,6 +49,28 @@ def prompt_segments(hash_ids: list[int], input_length: int, own_id: int) -> tupl
     return tuple(segs)
 
 
+def _number(obj: dict, key: str) -> float:
+    """A finite JSON number (not a boolean, which Python would take as 0 or 1)."""
+    v = obj[key]
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise ValueError(f"{key} must be a finite number, got {json.dumps(v)}")
+    return float(v)
+
+
+def _count(obj: dict, key: str) -> int:
+    """A token count: a whole number up to 2**32 (a float like 1e30 is not a length)."""
+    v = _number(obj, key)
+    if v != int(v) or not abs(v) <= INT_MAX:
+        raise ValueError(f"{key} must be a whole number of tokens up to {INT_MAX}, got {json.dumps(obj[key])}")
+    return int(v)
+
+
+def _hash(h: object) -> int:
+    if isinstance(h, bool) or not isinstance(h, int):
+        raise ValueError(f"hash_ids must be integers, got {json.dumps(h)}")
+    return h
+
+
 def read_mooncake(path: Path, time_scale: float = 1.0, start: int = 0, limit: int | None = None,
                   where: str = "workload.trace") -> MooncakeTrace:
     """Read a Mooncake JSONL trace; one-line ``WorkloadError`` naming the line for a bad row."""
@@ -59,9 +83,11 @@ def read_mooncake(path: Path, time_scale: float = 1.0, start: int = 0, limit: in
                 continue
             try:
                 obj = json.loads(raw)
-                row = (float(obj["timestamp"]), int(obj["input_length"]), int(obj["output_length"]),
-                       [int(h) for h in obj.get("hash_ids", [])])
-            except (ValueError, KeyError, TypeError) as e:
+                if not isinstance(obj, dict):
+                    raise ValueError(f"a JSON object per line, got {type(obj).__name__}")
+                row = (_number(obj, "timestamp"), _count(obj, "input_length"), _count(obj, "output_length"),
+                       [_hash(h) for h in obj.get("hash_ids", [])])
+            except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
                 raise WorkloadError(f"{where}: {path} line {lineno} is not a Mooncake record "
                                     f"(timestamp, input_length, output_length, hash_ids): {e}") from None
             if row[1] < 1 or row[2] < 1:

@@ -430,7 +430,9 @@ def check_files(cfg: WorkloadConfig) -> None:
     """Read every file the workload names, as generation will: a bad trace or length file is then
     one ``WorkloadError`` when the scenario loads, not a failure in each worker of a sweep or compare."""
     rng = np.random.default_rng(0)
-    if cfg.trace is not None:
+    if cfg.trace is not None and cfg.trace.format == "mooncake":
+        read_mooncake(cfg.trace.path, cfg.trace.time_scale, cfg.trace.start, cfg.trace.limit)
+    elif cfg.trace is not None:
         load_trace(cfg.trace)
     if isinstance(cfg.arrival, TraceArrival):
         _arrival_times(cfg.arrival, None, None, rng)

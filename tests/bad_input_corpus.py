@@ -213,6 +213,22 @@ def _data_files(b: _Builder) -> None:
         b.file(name, data)
         scenario = b.file(f"uses-{name}.yaml", f"workload:\n  trace: {{format: csv, path: {name}}}\n".encode())
         b.scenario("bad_data_file", scenario, [], (name,))
+    record = b'{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}\n'
+    mooncake = {  # JSONL (sim/mooncake.py): each line must be a record of finite numbers and integer hashes
+        "mooncake-not-json.jsonl": record + b"not json\n",
+        "mooncake-missing-field.jsonl": b'{"timestamp": 0, "input_length": 100}\n',
+        "mooncake-text-hash.jsonl": b'{"timestamp": 0, "input_length": 100, "output_length": 5, "hash_ids": ["a"]}\n',
+        "mooncake-huge-length.jsonl": b'{"timestamp": 0, "input_length": 1e30, "output_length": 5, "hash_ids": []}\n',
+        "mooncake-bool-length.jsonl": b'{"timestamp": 0, "input_length": true, "output_length": 5, "hash_ids": []}\n',
+        "mooncake-nan-time.jsonl": b'{"timestamp": NaN, "input_length": 100, "output_length": 5, "hash_ids": []}\n',
+        "mooncake-array-line.jsonl": b"[1, 2]\n",
+        "mooncake-empty.jsonl": b"",
+        "mooncake-utf16.jsonl": record.decode().encode("utf-16"),
+    }
+    for name, data in mooncake.items():
+        b.file(name, data)
+        scenario = b.file(f"uses-{name}.yaml", f"workload:\n  trace: {{format: mooncake, path: {name}}}\n".encode())
+        b.scenario("bad_data_file", scenario, [], (name,))
     profiles = {
         "profile-binary.json": b"\xff\xfe\x00\x01garbage",
         "profile-utf16.json": '{"a": 1}'.encode("utf-16"),

@@ -78,3 +78,31 @@ def test_a_bad_mooncake_line_is_one_error_naming_the_line(tmp_path):
     sc = scenario_from_dict({"name": "mc", "workload": {"trace": {"format": "mooncake", "path": str(path)}}})
     with pytest.raises(WorkloadError, match="line 2 is not a Mooncake record"):
         simulate(sc, progress=False)
+
+
+def test_a_mooncake_scenario_runs_from_the_cli(tmp_path, capsys):
+    # the scenario loader reads every trace when it loads: a Mooncake file must not go to the CSV reader
+    from servesim.sim.cli import main
+
+    write_trace(tmp_path / "trace.jsonl")
+    (tmp_path / "mc.yaml").write_text("name: mc\ncost_model: {type: roofline}\n"
+                                      "kv_cache: {block_size: 16, num_blocks: 6000, enable_prefix_caching: true}\n"
+                                      "workload: {trace: {format: mooncake, path: trace.jsonl}}\n")
+    assert main(["run", str(tmp_path / "mc.yaml"), "--quiet", "--no-plots", "--out", str(tmp_path / "out")]) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["completed"] == len(ROWS) and summary["prefix_cache_hit_tokens"] == sum(expected_hits(ROWS, 16))
+
+
+@pytest.mark.parametrize("line, says", [
+    ('{"timestamp": 0, "input_length": true, "output_length": 2, "hash_ids": []}', "input_length must be a finite"),
+    ('{"timestamp": 0, "input_length": 1e30, "output_length": 2, "hash_ids": []}', "whole number of tokens"),
+    ('{"timestamp": NaN, "input_length": 10, "output_length": 2, "hash_ids": []}', "timestamp must be a finite"),
+    ('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1.5]}', "hash_ids must be integers"),
+    ("[1, 2]", "a JSON object per line"),
+])
+def test_hostile_mooncake_values_are_refused_naming_the_line(tmp_path, line, says):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(line + "\n")
+    sc = scenario_from_dict({"name": "mc", "workload": {"trace": {"format": "mooncake", "path": str(path)}}})
+    with pytest.raises(WorkloadError, match=f"line 1 is not a Mooncake record .*{says}"):
+        simulate(sc, progress=False)
