@@ -14,7 +14,8 @@ Only ints are hashed, so keys are the same in every process (no string-hash rand
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterator, Sequence
 
 _ROOT = 0x5E9_3E47  # the chain value before any segment
 
@@ -41,3 +42,37 @@ def segment_block_keys(segments: Sequence[tuple[int, int]], block_size: int, num
 def segments_len(segments: Sequence[tuple[int, int]]) -> int:
     """Tokens the segments cover."""
     return sum(length for _, length in segments)
+
+
+class SegmentRuns(Sequence[tuple[int, int]]):
+    """The first ``n`` runs of a list shared by a conversation's turns (each turn's prompt is the
+    previous one plus two runs): constant memory per request instead of a copy of the history,
+    which made a conversation of T turns hold ~T**2 references."""
+
+    __slots__ = ("_n", "_runs")
+
+    def __init__(self, runs: list[tuple[int, int]], n: int) -> None:
+        self._runs, self._n = runs, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):  # type: ignore[override]  # noqa: ANN001, ANN204
+        if isinstance(i, slice):
+            return [self._runs[j] for j in range(*i.indices(self._n))]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        return self._runs[i]
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return itertools.islice(self._runs, self._n)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(other) == self._n and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]  # mutable underneath, like a list
+
+    def __repr__(self) -> str:
+        return f"SegmentRuns({list(self)!r})"

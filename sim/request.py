@@ -13,6 +13,7 @@ While a request is running, its hot counters live in the scheduler's numpy array
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -41,7 +42,7 @@ class Request:
     prompt_token_ids: list[int] | None = None  # live mode and exact prefix hashing
     # Content as runs (segment_id, tokens), prompt then output, for prefix-cache keys at any block
     # size (multi-turn sessions, Mooncake hash_ids; sim/prefix_keys.py). None: the fields above.
-    segments: tuple[tuple[int, int], ...] | None = None
+    segments: Sequence[tuple[int, int]] | None = None
     # Multi-turn sessions (sim/sessions.py): the turn released think_time_s after this one ends.
     next_turn: Request | None = None
     think_time_s: float = 0.0

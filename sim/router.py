@@ -94,10 +94,12 @@ class Router:
                 s.queued_blocks = sum(kv.blocks_for(q.num_tokens) for q in rep.scheduler.waiting)
 
     def prompt_keys(self, req: Request) -> list[int]:
-        """The request's full prompt blocks as the router hashes them (it reads the prompt it proxies)."""
+        """The request's full prompt blocks as the router hashes them (it reads the prompt it proxies),
+        up to as many as the largest replica's record holds (beyond, none could be found anyway; a
+        prompt of 2**32 tokens would otherwise cost 2**28 hashes before its replica rejects it)."""
         bs = self.block_size
         if req.segments is not None:
-            return segment_block_keys(req.segments, bs, req.prompt_len)
+            return segment_block_keys(req.segments, bs, min(req.prompt_len, max(self._index_cap) * bs))
         if req.prompt_token_ids is not None:
             ids = req.prompt_token_ids
             keys, parent = [], 0

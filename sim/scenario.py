@@ -40,7 +40,7 @@ from .host_memory import (
 from .presets import HARDWARE, MODELS, get_hardware, get_model, kv_block_bytes, num_kv_blocks
 from .router import ClusterConfig
 from .schedulers import ChunkedConfig, ComposedConfig, PolicyConfig
-from .workload import WorkloadConfig
+from .workload import WorkloadConfig, mean_floor
 from .workload import check_files as check_workload_files
 
 # The scheduler section: a policy config by ``type`` or an engine preset by ``preset``, built from
@@ -186,6 +186,13 @@ class Scenario(ConfigModel):
         if wl.duration_s is not None and rate is not None and (not requests or wl.duration_s * rate < requests):
             requests, requests_field = wl.duration_s * rate, "workload.duration_s"
             requests_scale = (rate, " s")
+        turns = mean_floor(wl.sessions.turns) if wl.sessions is not None else 1.0
+        if turns > 1:  # num_requests / duration_s count conversations; each sends a request per turn
+            if turns >= requests:
+                requests_field, requests_scale = "workload.sessions.turns", (requests, " turns per conversation")
+            else:
+                requests_scale = (requests_scale[0] * turns, requests_scale[1])
+            requests *= turns
         swap_per_gib = 2**30 / block_bytes
         return [
             Demand(seats_field, "running-table rows", seats, ROW_BYTES, replicas, *seats_scale),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .prefix_keys import SegmentRuns
 from .request import Request
 
 SYSTEM_SEGMENT = 1  # segment ids: 1 the system prompt, 2 + 2*id a user message, 3 + 2*id its reply
@@ -43,9 +44,9 @@ def build_sessions(
             rid = len(reqs)
             user, reply = int(new_tokens[t]), int(reply_tokens[t])
             history.append((2 + 2 * rid, user))
-            req = Request(rid, start, context + user, reply, session_id=s, think_time_s=float(think_s[t]),
-                          segments=(*history, (3 + 2 * rid, reply)))
             history.append((3 + 2 * rid, reply))
+            req = Request(rid, start, context + user, reply, session_id=s, think_time_s=float(think_s[t]),
+                          segments=SegmentRuns(history, len(history)))
             context += user + reply
             if prev is not None:
                 prev.next_turn = req

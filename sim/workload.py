@@ -426,6 +426,22 @@ def load_trace(cfg: TraceConfig, where: str = "workload.trace") -> Trace:
     return Trace((times - times[0]) * cfg.time_scale, prompt_len, output_len, failed, p_clipped, o_clipped)
 
 
+def mean_floor(dist: Any) -> float:
+    """A floor under the mean of a length distribution, without drawing or reading anything, for
+    checks that must not refuse a run that fits: a uniform's midpoint, half a (log)normal's mean
+    clamped to [min, max] (its tails are redrawn, which moves the mean), a zipf's minimum, 1 for an
+    empirical column."""
+    if isinstance(dist, FixedLength):
+        return float(dist.value)
+    if isinstance(dist, UniformLength):
+        return (dist.min + dist.max) / 2
+    if isinstance(dist, NormalLength):  # lognormal too; clipped to [min, max]
+        return float(min(max(dist.mean, dist.min), dist.max if dist.max is not None else math.inf)) / 2
+    if isinstance(dist, ZipfLength):
+        return float(dist.min)
+    return 1.0
+
+
 def check_files(cfg: WorkloadConfig) -> None:
     """Read every file the workload names, as generation will: a bad trace or length file is then
     one ``WorkloadError`` when the scenario loads, not a failure in each worker of a sweep or compare."""

@@ -121,3 +121,11 @@ def test_prefix_aware_scores_matched_prefix_against_load():
     heavy = Router(reps, "prefix_aware", prefix_weight=1.0, load_weight=2.0)
     a = heavy.pick(Request(3, 0.0, 320, 1, segments=seg))
     assert heavy.pick(Request(4, 0.0, 320, 1, segments=seg)) is not a
+
+
+def test_the_prefix_router_hashes_no_more_blocks_than_a_replica_can_record():
+    # a 2**32-token prompt cost 2**28 hashes in the router before its replica rejected it
+    reps = [_Rep(0, blocks=100), _Rep(1, blocks=300)]
+    router = Router(reps, "prefix_aware")
+    assert len(router.prompt_keys(Request(0, 0.0, 2**32, 2, segments=((1, 2**32),)))) == 300
+    assert len(router.prompt_keys(Request(1, 0.0, 320, 2, segments=((1, 320),)))) == 320 // router.block_size

@@ -58,3 +58,24 @@ def test_sessions_refuse_a_trace_or_token_ids():
         WorkloadConfig.model_validate({"num_requests": 1, "arrival": {"process": "poisson", "rate": 1},
                                        "prompt_len": 5, "output_len": 5, "token_ids": True,
                                        "sessions": {"turns": 2}})
+
+
+def test_a_long_conversation_holds_its_history_once_not_once_per_turn():
+    # each turn's segments are a view of the session's one history list: T turns hold O(T) runs,
+    # where copies held T**2 (2000 turns x 500 sessions took 14 GB)
+    cfg = WorkloadConfig.model_validate({
+        "num_requests": 1, "arrival": {"process": "constant", "rate": 1.0}, "prompt_len": 30, "output_len": 5,
+        "sessions": {"turns": 2000, "system_prompt_len": 100}})
+    reqs = generate_requests(cfg, 0)
+    assert len({id(r.segments._runs) for r in reqs}) == 1
+    assert len(reqs[0].segments._runs) == 1 + 2 * 2000
+    last = reqs[-1]
+    assert len(last.segments) == 1 + 2 * 2000 and list(last.segments)[:3] == [(1, 100), (2, 30), (3, 5)]
+    assert reqs[1].segments == list(reqs[2].segments)[:5]
+
+
+def test_more_turns_than_the_host_can_hold_are_refused_naming_turns():
+    from servesim.sim.scenario import ScenarioError
+
+    with pytest.raises(ScenarioError, match=r"workload\.sessions\.turns: .* requests need .* at most \d+ turns"):
+        session_scenario(num_sessions=500, turns=2**32)
