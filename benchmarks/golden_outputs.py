@@ -38,7 +38,7 @@ TABLES = ("requests.parquet", "iterations.parquet")
 
 def scenarios() -> list[Path]:
     """Every shipped scenario, in a stable order."""
-    return [p for sub in ("", "engines", "gpu") for p in sorted((ROOT / "scenarios" / sub).glob("*.yaml"))]
+    return [p for sub in ("", "engines", "gpu", "cluster") for p in sorted((ROOT / "scenarios" / sub).glob("*.yaml"))]
 
 
 def folder_name(path: Path) -> str:
