@@ -155,6 +155,13 @@ def run_live(sc: Scenario, requests: list[Request] | None = None, progress: bool
     if sc.cluster.disagg is not None:
         raise ScenarioError("cluster.disagg: live mode runs colocated replicas only; a disaggregated cluster is "
                             "simulated (servesim run), not run live")
+    if sc.workload.sessions is not None:
+        raise ScenarioError("workload.sessions: live mode does not run multi-turn sessions (a turn's prompt would "
+                            "have to carry the tokens the model generated for the previous reply); simulate them "
+                            "with servesim run")
+    if sc.workload.trace is not None and sc.workload.trace.format == "mooncake":
+        raise ScenarioError("workload.trace.format: live mode does not replay a Mooncake trace (block hashes, no "
+                            "token ids); simulate it with servesim run")
     if sc.live.threads:
         torch.set_num_threads(sc.live.threads)
     if sc.live.device == "cpu":

@@ -162,4 +162,6 @@ def test_a_live_run_that_cannot_fit_is_refused_before_anything_is_allocated(monk
         live.get_model("tiny"), 16, 4)), memory_bytes=2**30)  # 16 MB of KV and ~10 MB of weights fit
     with pytest.raises(ScenarioError, match="^cluster.disagg: live mode runs colocated replicas only"):
         live.run_live(load_scenario("scenarios/cluster/disagg.yaml", ["workload.num_requests=3"]))
+    with pytest.raises(ScenarioError, match="^workload.sessions: live mode does not run multi-turn sessions"):
+        live.run_live(load_scenario("scenarios/cluster/multi-turn-chat.yaml", ["workload.num_requests=3"]))
     assert built == []
