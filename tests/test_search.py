@@ -118,6 +118,9 @@ def test_nothing_meets_the_slo_exits_1_with_the_closest_miss(tmp_path, capsys):
     (["--space", "tensor_parallel=1", "--gpu-cost", "h100-sxm=-1"], "must be > 0"),
     (["--space", "scheduler.max_num_seq=4,8"], "search: none of the 2 points is a valid scenario"),
     ([], "search needs at least one --space"),
+    (["--space", "cluster.num_replicas=2,3"], "--space cluster.num_replicas: search chooses the replica count"),
+    (["--space", "workload.arrival.rate=1,2"], "--space workload.arrival.rate: search tests each point"),
+    (["--space", "cluster.disagg.link.preset=nvlink,pcie"], "a disaggregated deployment is not searched"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, extra, message):
     rc = main(["search", str(closed_form(tmp_path)), "--target-rate", "10", "--slo", "p99_ttft_ms=500", "--quiet",

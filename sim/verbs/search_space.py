@@ -45,6 +45,16 @@ class Point:
         return self.replicas * self.replica_cost if self.replicas else math.nan
 
 
+# what the search sets on every point itself, so an axis over it would only repeat points
+SEARCH_CHOOSES = {
+    "cluster.num_replicas": "search chooses the replica count itself (bound it with --max-replicas)",
+    "cluster.disagg": "a disaggregated deployment is not searched; size it with servesim plan --target-rate",
+    "workload.arrival.rate": "search tests each point at target-rate / replicas itself (give --target-rate)",
+    "workload.num_requests": "search sets each test's requests from --duration / --min-requests",
+    "workload.duration_s": "search sets each test's arrival window from --tolerance or --duration",
+}
+
+
 def parse_space(items: Sequence[str]) -> list[GridAxis]:
     """``--space key.path=v1,v2`` items (``sweep --grid`` syntax); hardware names are checked here."""
     if not items:
@@ -54,6 +64,10 @@ def parse_space(items: Sequence[str]) -> list[GridAxis]:
     except ScenarioError as e:
         raise ScenarioError(str(e).replace("--grid", "--space")) from None
     for a in axes:
+        chosen = SEARCH_CHOOSES.get(a.key) or next(
+            (why for key, why in SEARCH_CHOOSES.items() if a.key.startswith(key + ".")), None)
+        if chosen:
+            raise ScenarioError(f"--space {a.key}: {chosen}")
         if a.key == "hardware":
             for v in a.values:
                 if v not in HARDWARE:
