@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .scenario import Scenario, scenario_from_dict
+from .scenario import Scenario, ScenarioError, scenario_from_dict
 
 
 def pool_scenario(sc: Scenario, role: str) -> Scenario:
@@ -27,4 +27,24 @@ def pool_scenario(sc: Scenario, role: str) -> Scenario:
             raw[key] = value
     if pool.kv_cache is not None:
         raw["kv_cache"] = {**raw.get("kv_cache", {}), **pool.kv_cache}
-    return scenario_from_dict(raw, source=f"cluster.disagg.{role}")
+    where = f"cluster.disagg.{role}"
+    try:
+        return scenario_from_dict(raw, source=where)
+    except ScenarioError as e:
+        raise ScenarioError(_pool_path(str(e), where, pool)) from None
+
+
+def _pool_path(msg: str, where: str, pool: Any) -> str:
+    """``cluster.disagg.prefill: kv_cache.bogus: ...`` -> ``cluster.disagg.prefill.kv_cache.bogus: ...``
+    where the field is one the pool sets (``count`` for the pool's replica count)."""
+    if not msg.startswith(where + ": "):
+        return msg
+    path, sep, tail = msg[len(where) + 2:].partition(": ")
+    if not sep or " " in path:
+        return msg
+    head = path.split(".", 1)[0]
+    if path == "cluster.num_replicas":
+        path = "count"
+    elif getattr(pool, head, None) is None:  # the scenario's own field, not the pool's
+        return msg
+    return f"{where}.{path}: {tail}"

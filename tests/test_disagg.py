@@ -98,6 +98,10 @@ def test_end_of_run_check_catches_a_request_prefilled_twice(monkeypatch):
     ({"decode": {"count": 0}}, ["cluster.disagg.decode", "count"]),
     ({"link": {"bandwidth_gb_s": 0}}, ["bandwidth_gb_s", "> 0"]),
     ({"decode": {"count": 1, "kv_cache": {"num_blocks": 2}}}, ["cluster.disagg.decode.kv_cache", "smallest request"]),
+    # a pool's own field is named by its full path
+    ({"prefill": {"count": 1, "kv_cache": {"bogus": 1}}}, ["cluster.disagg.prefill.kv_cache.bogus: unknown field"]),
+    ({"decode": {"count": 1, "tensor_parallel": 3}}, ["cluster.disagg.decode.tensor_parallel: ", "divisor"]),
+    ({"prefill": {"count": 100_000_000}}, ["cluster.disagg.prefill.count: 100000000 replicas need"]),
 ])
 def test_bad_disaggregated_cluster_is_one_line_error(tmp_path, capsys, edit, mentions):
     raw = yaml.safe_load((ROOT / "scenarios/cluster/disagg.yaml").read_text())
