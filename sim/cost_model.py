@@ -309,6 +309,9 @@ class RooflineCostModel:
         n_ar = 2 * L + 1
         self._ar_fixed = n_ar * self.link.call_s(tp)
         self._ar_per_token = n_ar * self.link.per_byte_s(tp) * h * dt
+        # a decode step's (linear + head + sampler + small, comm, host) by its rows: only its KV
+        # tokens change from one decode step to the next
+        self._decode_fixed: dict[int, tuple[float, float, float]] = {}
 
     def iteration_time(self, q_lens: np.ndarray, ctx_lens: np.ndarray, swap_bytes: float = 0.0) -> float:
         """Seconds for one step (see the class docstring); 0 for an empty step without swaps."""
@@ -317,8 +320,20 @@ class RooflineCostModel:
         return self.step_time(_step_sums(q_lens, ctx_lens), swap_bytes)
 
     def step_time(self, sums: tuple[int, int, int, int, int, int], swap_bytes: float = 0.0) -> float:
-        """``iteration_time`` from a step's ``step_sums``."""
-        return sum(self._terms(sums, swap_bytes))
+        """``iteration_time`` from a step's ``step_sums``: the sum of ``_terms``, added in the same
+        order, with a decode step's terms that depend only on its size looked up."""
+        n, _, tokens, pairs, decode_kv, prefill_kv = sums
+        if n == 0 or pairs:
+            return sum(self._terms(sums, swap_bytes))
+        fixed = self._decode_fixed.get(n) if n == tokens else None
+        if fixed is None:
+            linear, head, sampler, small, _, comm, _, host = self._terms((n, n, tokens, 0, 0, 0), 0.0)
+            fixed = (linear + head + sampler + small, comm, host)
+            if n == tokens:
+                self._decode_fixed[n] = fixed
+        lead, comm, host = fixed
+        swap = swap_bytes / self._pcie if swap_bytes else 0.0
+        return lead + (self._attn_fixed + (decode_kv + tokens) * self._kv_s) + comm + swap + host
 
     def breakdown(self, sums: tuple[int, int, int, int, int, int], swap_bytes: float = 0.0) -> dict[str, float]:
         """``step_time`` split into its terms (seconds), named in ``ROOFLINE_TERMS``."""

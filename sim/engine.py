@@ -197,6 +197,9 @@ class Replica:
         clock = time.perf_counter
         overhead = 0.0  # live mode: seconds spent in update + schedule around this step
         last_dt = 0.0  # the last plain step's duration (seconds)
+        # the last plain step left a row short of its tokens (a prefill chunk): the next step is no
+        # plain decode of every row, so trying a stretch would only cost time
+        pending_prefill = False
         while True:
             if self._arrived and not sched.has_unfinished:  # nothing else to schedule: seen at once
                 self._flush_arrived()
@@ -208,7 +211,7 @@ class Replica:
                 continue
             # (the last step's duration as a guess: with an arrival closer than that, no stretch of
             # two steps fits, and trying would only cost time)
-            if (self.fast_forward and not self._arrived and self.next_arrival is not None
+            if (self.fast_forward and not pending_prefill and not self._arrived and self.next_arrival is not None
                     and self.next_arrival() - env.now > last_dt):
                 k = sched.decode_stretch(MAX_STRETCH)
                 if k >= MIN_STRETCH:
@@ -245,6 +248,8 @@ class Replica:
                 overhead += clock() - t_sched
             start = env.now
             dt = last_dt = self.executor.run(batch)
+            pending_prefill = (self.fast_forward and batch.decode_rows != len(batch.num_new_tokens)
+                               and not batch.samples.all())
             if realtime:
                 # the clock advances by what the step really took, scheduling included
                 dt = max(dt, self._wall_now() - start)

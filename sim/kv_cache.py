@@ -167,20 +167,45 @@ class BlockManager:
                 if not self.allocate(req, t):
                     return j
             return -1
-        tables = self._tables
+        get = self._tables.get
         free = self._free
+        pop = free.pop
         bs = self.block_size
-        for j, (req, t) in enumerate(zip(requests, num_tokens, strict=True)):
+        j = 0
+        for req, t in zip(requests, num_tokens, strict=True):
+            table = get(req.request_id)
+            if table is not None and -(-t // bs) - len(table) == 1:  # the common case: one block more
+                if not free:
+                    return j
+                table.append(pop())
+            else:
+                need = -(-t // bs) - (len(table) if table is not None else 0)
+                if need > 0:
+                    if len(free) < need:
+                        return j  # without prefix caching there is nothing to evict: allocate would fail
+                    if table is None:
+                        table = self._tables[req.request_id] = []
+                    _take_free(table, free, need)
+            j += 1
+        return -1
+
+    def append_blocks(self, requests: list[Request]) -> bool:
+        """One more block for each of ``requests`` (a request may appear more than once), taken in
+        that order, as ``allocate`` one block at a time would take them. ``False`` (and no change)
+        if the blocks are short."""
+        if len(requests) > self.num_free_blocks:
+            return False
+        tables = self._tables
+        if self.enable_prefix_caching or len(self._free) < len(requests):
+            take = self._take_block
+        else:
+            take = self._free.pop
+        for req in requests:
             table = tables.get(req.request_id)
-            need = -(-t // bs) - (len(table) if table is not None else 0)
-            if need <= 0:
-                continue
-            if len(free) < need:
-                return j  # without prefix caching there is nothing to evict: allocate would fail
             if table is None:
                 table = tables[req.request_id] = []
-            _take_free(table, free, need)
-        return -1
+            table.append(take())
+        return True
 
     def _take_block(self) -> int:
         if self._free:

@@ -63,14 +63,18 @@ class ChunkedScheduler(Scheduler):
                 budget -= n
                 preempted = self._grow_all(tokens)
             else:
+                waiting_rows = (~decoding).nonzero()[0].tolist()
                 if n_dec <= budget:
                     new_all = decoding.astype(np.int64)
+                    # the rows before the first prefill all decode: the step's sums and records
+                    # then skip them (the newest rows, at the end of the table, are the prefills)
+                    decode_rows = waiting_rows[0] if waiting_rows else 0
                 else:
                     new_all = np.zeros(n, dtype=np.int64)
                     new_all[decoding.nonzero()[0][:budget]] = 1
                     n_dec = budget
                 budget -= n_dec
-                for i in (~decoding).nonzero()[0].tolist():
+                for i in waiting_rows:
                     if budget <= 0:
                         break
                     chunk = min(int(need[i]), budget, threshold)
@@ -83,6 +87,8 @@ class ChunkedScheduler(Scheduler):
                     preempted = self._grow_rows(rows, new_all[rows])
             if preempted is not None and preempted.any():
                 preempted_any = True
+                if decode_rows != n:
+                    decode_rows = 0  # a victim may have been one of the leading decodes
                 # a preempted row's tokens go back to the budget, but vLLM v1 admits nothing new
                 budget += int(np.add.reduce(new_all[preempted]))
                 run.remove(preempted)

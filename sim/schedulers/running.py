@@ -279,20 +279,18 @@ class RunningTable:
         first = self.nblocks[:n] * bs - computed
         count = (k - 1 - first) // bs + 1  # new blocks per row over the stretch (<= 0: none)
         grow = (count > 0).nonzero()[0]
-        taken = np.zeros(k, dtype=np.int64)
-        if len(grow):
+        if not len(grow):
+            taken = np.zeros(k, dtype=np.int64)
+        else:
             # a few rows cross a block boundary in a short stretch: (step, row) pairs as plain ints
             rows = grow.tolist()
             events = sorted((f + m * bs, i) for i, f, c in zip(rows, first[grow].tolist(), count[grow].tolist(),
                                                                 strict=True) for m in range(c))
-            held = computed[grow].tolist()
-            want_base = dict(zip(rows, held, strict=True))
-            alloc = kv.allocate
+            # each event is one block: the row's table is full when its step starts
             reqs = self.reqs
-            for step, i in events:
-                if not alloc(reqs[i], want_base[i] + 1 + step):
-                    raise AssertionError(f"request {reqs[i].request_id}: a decode stretch ran out of KV blocks")
-                taken[step] += 1
+            if not kv.append_blocks([reqs[i] for _, i in events]):
+                raise AssertionError(f"a decode stretch of {k} steps ran out of KV blocks")
+            taken = np.bincount([step for step, _ in events], minlength=k)
             self.nblocks[grow] += count[grow]
         itl0 = ends[0] - self.last_tok[:n]
         self.ints[:3, :n] += k  # computed, tokens and out
