@@ -315,7 +315,7 @@ def _plan_settings(args: argparse.Namespace, sc, verb: str, **kw):  # noqa: ANN0
     else:
         raise UserError(f"{verb} needs an SLO: --slo p99_ttft_ms=500,p99_tpot_ms=50 or an slo: section in the scenario")
     return PlanSettings(terms, attainment=args.attainment, seeds=args.seeds, tolerance=args.tolerance,
-                        window_s=args.duration, min_requests=args.min_requests, **kw)
+                        window_s=args.duration, min_requests=args.min_requests, **kw).for_scenario(sc)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

@@ -79,3 +79,22 @@ def test_more_turns_than_the_host_can_hold_are_refused_naming_turns():
 
     with pytest.raises(ScenarioError, match=r"workload\.sessions\.turns: .* requests need .* at most \d+ turns"):
         session_scenario(num_sessions=500, turns=2**32)
+
+
+def test_plan_windows_cover_many_conversations_unless_duration_is_given():
+    # a window shorter than a conversation never reaches steady load: plan found 8.0 starts/s at
+    # --tolerance 0.3 and 1.83 at 0.05 on multi-turn-chat.yaml before this floor
+    from pathlib import Path
+
+    from servesim.sim.scenario import load_scenario
+    from servesim.sim.verbs.plan import SESSION_WINDOWS, PlanSettings
+    from servesim.sim.verbs.slo import parse_slo
+
+    root = Path(__file__).resolve().parent.parent
+    chat = load_scenario(root / "scenarios/cluster/multi-turn-chat.yaml")  # turns 2..12, think 8 s
+    st = PlanSettings(parse_slo(["p99_ttft_ms=500"]), tolerance=0.3)
+    assert st.base_window_s < 100 and st.for_scenario(chat).base_window_s == SESSION_WINDOWS * 7 * 8.0
+    given = PlanSettings(parse_slo(["p99_ttft_ms=500"]), window_s=30.0)
+    assert given.for_scenario(chat).base_window_s == 30.0
+    plain = load_scenario(root / "scenarios/quickstart.yaml")
+    assert st.for_scenario(plain).base_window_s == st.base_window_s

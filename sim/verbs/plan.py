@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ import pandas as pd
 from ..metrics import ITERATION_COLUMNS, LogHistogram, summarize, to_json
 from ..outputs import begin_folder, write_csv, write_text
 from ..scenario import Scenario, ScenarioError
+from ..workload import mean_floor
 from .parallel import Outcome, TaskRunner, default_workers
 from .slo import SloTerm, TermResult, describe, evaluate, parse_term, request_thresholds, tightest_targets
 
@@ -52,6 +53,9 @@ MAX_BRACKET_STEPS = 20  # doublings / halvings from the start rate before giving
 MAX_REPLICA_STEPS = 64
 _REQUEST_COLS = ["state", "num_output_tokens", "num_preemptions", "ttft", "tpot", "e2e", "queueing_delay", "arrival_time",
                  "finish_time", "prompt_len"]
+
+
+SESSION_WINDOWS = 10  # a sessions workload's derived window: at least this many mean conversation lengths
 
 
 @dataclass(slots=True)
@@ -65,6 +69,7 @@ class PlanSettings:
     window_s: float | None = None  # arrival window per seed; None: derived (module docstring)
     min_requests: int = 200  # per seed, at any rate
     start_rate: float | None = None  # None: the scenario's workload.arrival.rate
+    floor_window_s: float = 0.0  # a derived window is at least this (``for_scenario``: conversations)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.attainment <= 1.0:
@@ -90,7 +95,16 @@ class PlanSettings:
         for t in q_terms:
             q = t.quantile if t.stat != "request" else self.attainment
             need.append(2.0 * (t.target_ms / 1e3) / (q * self.tolerance))
-        return max(need)
+        return max(max(need), self.floor_window_s)
+
+    def for_scenario(self, sc: Scenario) -> PlanSettings:
+        """These settings with the window floor ``sc`` needs: a sessions workload's load is steady
+        only over many conversations' lengths (``SESSION_WINDOWS`` x mean turns x think time), so a
+        derived window is at least that; a window given with --duration is used as given."""
+        ss = sc.workload.sessions
+        if ss is None or self.window_s is not None:
+            return self
+        return replace(self, floor_window_s=SESSION_WINDOWS * mean_floor(ss.turns) * ss.think_time_s)
 
     def window_at(self, rate: float) -> float:
         return max(self.base_window_s, self.min_requests / rate)
@@ -346,9 +360,8 @@ def _cell(x: Any, spec: str) -> str:
 
 
 SESSION_RATES_NOTE = ("rates here are conversation starts per second (workload.arrival of a workload.sessions "
-                      "workload); each conversation sends one request per turn, and the load is steady only "
-                      "when the arrival window (--duration) is many times a conversation's length (turns x "
-                      "think time)")
+                      f"workload); each conversation sends one request per turn; the arrival window is at least "
+                      f"{SESSION_WINDOWS} conversation lengths (mean turns x think time) unless --duration sets it")
 
 
 def format_plan(result: PlanResult) -> str:
