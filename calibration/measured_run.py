@@ -144,6 +144,23 @@ def _number(value: Any, where: str, name: str) -> float:
     return float(value)
 
 
+def _tokens(value: Any, where: str, name: str, least: int) -> float:
+    """A token count: a whole number in [least, 2**32] (1e30 tokens is not a length)."""
+    v = _number(value, where, name)
+    if v != int(v) or not least <= v <= 2**32:
+        raise RunFileError(f"{where}: field '{name}' must be a whole number of tokens in [{least}, 2**32], got {value!r}")
+    return v
+
+
+def _gaps(value: Any, where: str) -> list[float]:
+    """One request's inter-token latencies (seconds): a list of finite numbers (None: none)."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise RunFileError(f"{where}: field 'itls' must be a list of seconds, got {value!r}")
+    return [_number(x, where, "itls") for x in value]
+
+
 def _requests_frame(arrival: np.ndarray, scheduled: np.ndarray, first: np.ndarray, finish: np.ndarray,
                     prompt: np.ndarray, output: np.ndarray) -> pd.DataFrame:
     """A requests frame like a servesim run's (REQUEST_COLUMNS), times already on one clock."""
@@ -351,22 +368,25 @@ def read_vllm_bench(path: str | Path, seed: int = 0) -> MeasuredRun:
     def col(name: str, i: int) -> float:
         return _number(per_request[name][i], f"{p}: request {i}", name)
 
-    prompt = np.array([_number(data["input_lens"][i], f"{p}: request {i}", "input_lens") for i in ok])
-    output = np.array([col("output_lens", i) for i in ok])
+    prompt = np.array([_tokens(data["input_lens"][i], f"{p}: request {i}", "input_lens", 1) for i in ok])
+    output = np.array([_tokens(per_request["output_lens"][i], f"{p}: request {i}", "output_lens", 0) for i in ok])
     ttft = np.array([col("ttfts", i) for i in ok])
     itls = per_request["itls"]
+    gaps_of = {i: _gaps(itls[i], f"{p}: request {i}") for i in ok} if isinstance(itls, list) else {}
     if latencies is not None:
         e2e = np.array([col("latencies", i) for i in ok])
     else:
-        e2e = ttft + np.array([float(sum(itls[i])) for i in ok])
+        e2e = ttft + np.array([float(sum(gaps_of[i])) for i in ok])
     hist = None
-    if isinstance(itls, list):
-        gaps = [x for i in ok for x in (itls[i] or [])]
-        if gaps:
-            hist = LogHistogram()
-            hist.add(np.asarray(gaps, dtype=np.float64))
+    gaps = [x for i in ok for x in gaps_of.get(i, [])]
+    if gaps:
+        hist = LogHistogram()
+        hist.add(np.asarray(gaps, dtype=np.float64))
     rate = data.get("request_rate", "inf")
-    rate = math.inf if rate in ("inf", None) else float(rate)
+    if rate in ("inf", "Infinity", None) or (isinstance(rate, float) and math.isinf(rate) and rate > 0):
+        rate = math.inf
+    elif isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate < math.inf:
+        raise RunFileError(f"{p}: field 'request_rate' must be a number > 0 or \"inf\", got {rate!r}")
     exact = True
     if per_request["start_times"] is not None:
         start = np.array([col("start_times", i) for i in ok])
@@ -374,7 +394,9 @@ def read_vllm_bench(path: str | Path, seed: int = 0) -> MeasuredRun:
         start = np.zeros(len(ok))
         notes.append("no start_times: request_rate inf, every request sent at t = 0")
     else:
-        burst = float(data.get("burstiness") or 1.0)
+        burst = 1.0 if data.get("burstiness") is None else _number(data["burstiness"], str(p), "burstiness")
+        if not burst > 0:
+            raise RunFileError(f"{p}: field 'burstiness' must be > 0, got {burst!r}")
         rng = np.random.default_rng(seed)
         start = np.concatenate([[0.0], np.cumsum(rng.gamma(burst, 1.0 / (rate * burst), len(ok) - 1))])
         exact = False

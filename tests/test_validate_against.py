@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -183,6 +184,22 @@ def test_vllm_bench_fields_of_unequal_length_are_an_error(tmp_path):
         read_run(bench_json(tmp_path / "b.json", ttfts=[0.1, 0.2]))
     with pytest.raises(RunFileError, match="missing field 'input_lens'"):
         read_run(bench_json(tmp_path / "c.json", input_lens=None))
+
+
+@pytest.mark.parametrize("edit, says", [
+    ({"input_lens": [1e30, 200, 300]}, "request 0: field 'input_lens' must be a whole number of tokens"),
+    ({"input_lens": [True, 200, 300]}, "request 0: field 'input_lens' must be a finite number"),
+    ({"output_lens": [3.5, 4, 0]}, "request 0: field 'output_lens' must be a whole number of tokens"),
+    ({"itls": [["a"], [0.01], []]}, "request 0: field 'itls' must be a finite number"),
+    ({"itls": ["a", [0.01], []]}, "request 0: field 'itls' must be a list of seconds"),
+    ({"request_rate": "fast"}, "field 'request_rate' must be a number > 0 or \"inf\""),
+    ({"request_rate": -2}, "field 'request_rate' must be a number > 0"),
+    ({"start_times": None, "burstiness": 0}, "field 'burstiness' must be > 0"),
+])
+def test_hostile_vllm_bench_values_are_one_error_naming_the_field(tmp_path, edit, says):
+    # these were a RuntimeError ('a servesim bug'), a ValueError and a TypeError traceback
+    with pytest.raises(RunFileError, match=re.escape(says)):
+        read_run(bench_json(tmp_path / "b.json", **edit))
 
 
 # ---- end to end -------------------------------------------------------------------------------------------
