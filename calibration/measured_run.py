@@ -297,6 +297,8 @@ def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
                 _number(row[name], where, name)
             if row["input_toks"] < 1 or row["output_toks"] < 1:
                 raise RunFileError(f"{where}: input_toks and output_toks must be >= 1")
+            for name in ("input_toks", "output_toks"):
+                _tokens(row[name], where, name, 1)
             if not row["queued_ts"] <= row["first_token_ts"] <= row["last_token_ts"]:
                 raise RunFileError(f"{where}: timestamps out of order (need queued_ts <= first_token_ts <= "
                                    "last_token_ts)")

@@ -137,6 +137,15 @@ def test_timestamps_out_of_order_and_bad_json_name_their_line(tmp_path):
         read_run(folder)
 
 
+@pytest.mark.parametrize("value", [1e30, 10.5])
+def test_a_token_count_that_is_no_length_names_its_line(tmp_path, value):
+    # 1e30 raised 'the simulated workload differs from the run's (a servesim bug)'; 10.5 was truncated
+    rows = isolated_requests()
+    rows[0]["input_toks"] = value
+    with pytest.raises(RunFileError, match=r"requests\.jsonl:1: field 'input_toks' must be a whole number of tokens"):
+        read_run(write_run(tmp_path / "a", rows))
+
+
 def test_llmservingsim_summary_rows_become_servesim_keys(tmp_path):
     path = tmp_path / "llmservingsim_summary.txt"
     path.write_text("Metric   vLLM   Sim   Diff%\n-----\nTTFT Mean   7097.2   6815.7   -4.0%\n"
