@@ -222,9 +222,10 @@ def format_markdown(table: pd.DataFrame) -> str:
 
 # ---- the two runs -------------------------------------------------------------------------------
 def validation_requests(sc: Scenario) -> list[Request]:
-    """The scenario's workload with prompt token ids (live mode needs them; lengths are unchanged)."""
+    """The scenario's workload with prompt token ids (live mode needs them; lengths are unchanged;
+    multi-turn sessions get theirs from the live run, turn by turn)."""
     wl = sc.workload
-    if not wl.token_ids:
+    if not wl.token_ids and wl.sessions is None:
         wl = wl.model_copy(update={"token_ids": True, "vocab_size": get_model(sc.model).vocab_size})
     return generate_requests(wl, sc.seed)
 
@@ -242,9 +243,17 @@ def sim_scenario(sc: Scenario, profile: str | Path | None, kv: KVPlan | None = N
     return sc.model_copy(update={"cost_model": cost, "kv_cache": kvc})
 
 
+def later_turns(requests: Sequence[Request]) -> set[int]:
+    """Request ids of the session turns sent only when the turn before them is answered: their
+    arrival (and, live, their prompt's token ids) is an outcome of the run, not part of the workload."""
+    return {r.next_turn.request_id for r in requests if r.next_turn is not None}
+
+
 def _signature(requests: Sequence[Request]) -> list[tuple]:
-    return [(r.request_id, r.arrival_time, r.prompt_len, r.output_len, r.prefix_id, r.prefix_len, r.priority,
-             tuple(r.prompt_token_ids or ())) for r in requests]
+    later = later_turns(requests)
+    return [(r.request_id, None if r.request_id in later else r.arrival_time, r.prompt_len, r.output_len,
+             r.prefix_id, r.prefix_len, r.priority,
+             () if r.session_id >= 0 else tuple(r.prompt_token_ids or ())) for r in requests]
 
 
 def _check_clean(requests: Sequence[Request]) -> None:
@@ -254,10 +263,14 @@ def _check_clean(requests: Sequence[Request]) -> None:
             raise RuntimeError(f"validate: request {r.request_id} carries progress into the simulation (a servesim bug)")
 
 
-def check_same_workload(live: RunResult, sim: RunResult) -> None:
-    """Both sides saw the same arrivals, lengths and KV blocks; anything else is a servesim bug."""
+def check_same_workload(live: RunResult, sim: RunResult, later: set[int] | frozenset[int] = frozenset()) -> None:
+    """Both sides saw the same arrivals, lengths and KV blocks; anything else is a servesim bug.
+    ``later``: session turns whose arrival follows the run (their lengths must still agree)."""
     cols = ["request_id", "arrival_time", "prompt_len", "output_len"]
     a, b = live.requests_df[cols].reset_index(drop=True), sim.requests_df[cols].reset_index(drop=True)
+    if later:
+        for df in (a, b):
+            df.loc[df["request_id"].isin(later), "arrival_time"] = 0.0
     if not a.equals(b):
         raise RuntimeError("validate: live and simulated runs saw different arrivals or lengths (a servesim bug)")
     if (live.kv.num_blocks, live.kv.num_host_blocks, live.kv.block_size) != (
@@ -419,7 +432,7 @@ def validate(
     say(f"[2/{phases}] sim: the same {len(requests)} requests, cost model {sc_sim.cost_model.type}"
         f"{f' ({profile})' if profile else ''} ...")
     sim = simulate(sc_sim, requests=requests, progress=progress)
-    check_same_workload(live, sim)
+    check_same_workload(live, sim, later_turns(requests))
     write_results(sim, out / "sim", plots=plots)
     dynamics = None
     if replay_steps:

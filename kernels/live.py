@@ -19,7 +19,7 @@ from servesim.sim.batch import Batch
 from servesim.sim.host_memory import format_bytes, host_memory_bytes
 from servesim.sim.kv_cache import BlockManager
 from servesim.sim.presets import get_model
-from servesim.sim.request import Request
+from servesim.sim.request import Request, RequestState
 from servesim.sim.scenario import Scenario, ScenarioError
 from servesim.sim.simulate import KVPlan, RunResult, build_scheduler, finish_run, plan_kv, run_replicas
 from servesim.sim.workload import generate_requests
@@ -63,10 +63,42 @@ class LiveExecutor:
         return self.last_forward_s
 
 
+def _segment_tokens(seed: int, segment: int, length: int, vocab: int) -> list[int]:
+    """The token ids a content segment stands for (the same segment, the same tokens)."""
+    return np.random.default_rng([seed, segment]).integers(0, vocab, length).tolist()
+
+
+class SessionTokens:
+    """Token ids for multi-turn sessions: a first turn's prompt is its segments' tokens (system
+    prompt, user message); a later turn's prompt is written when the turn before it is answered
+    (``Cluster.on_turn``): that turn's prompt and the reply the model generated, then the new
+    message. Content that agrees agrees in tokens, so the prefix cache, which keys a session turn by
+    its segments, finds in live mode what it finds in simulation."""
+
+    def __init__(self, seed: int, vocab: int) -> None:
+        self.seed, self.vocab = seed, vocab
+
+    def first_turns(self, requests: list[Request]) -> None:
+        later = {id(r.next_turn) for r in requests if r.next_turn is not None}
+        for r in requests:
+            if id(r) not in later:
+                r.prompt_token_ids = [t for seg, n in list(r.segments)[:-1]
+                                      for t in _segment_tokens(self.seed, seg, n, self.vocab)]
+
+    def __call__(self, answered: Request, turn: Request) -> None:
+        seen = answered.prompt_len + answered.output_len
+        done = answered.all_token_ids()
+        if answered.state != RequestState.FINISHED or len(done) != seen:  # rejected: the reply as described
+            seg, n = list(answered.segments)[-1]
+            done = list(answered.prompt_token_ids or []) + _segment_tokens(self.seed, seg, n, self.vocab)
+        seg, n = list(turn.segments)[-2]  # the new user message (the last segment is its reply)
+        turn.prompt_token_ids = done[:seen] + _segment_tokens(self.seed, seg, n, self.vocab)
+
+
 def _prepare_requests(sc: Scenario, requests: list[Request] | None) -> list[Request]:
     if requests is None:
         wl = sc.workload
-        if not wl.token_ids:
+        if not wl.token_ids and wl.sessions is None:
             # live mode needs real token ids; they come from their own seeded stream, so arrivals
             # and lengths stay identical to the simulated run of the same scenario
             wl = wl.model_copy(update={"token_ids": True, "vocab_size": get_model(sc.model).vocab_size})
@@ -75,7 +107,13 @@ def _prepare_requests(sc: Scenario, requests: list[Request] | None) -> list[Requ
         for r in requests:
             r.reset_progress()
     vocab = get_model(sc.model).vocab_size
+    later = {id(r.next_turn) for r in requests if r.next_turn is not None}
+    if later:  # multi-turn sessions: first turns now, later ones as their previous turn is answered
+        SessionTokens(sc.seed, vocab).first_turns(requests)
     for r in requests:
+        if id(r) in later:
+            r.prompt_token_ids = None
+            continue
         if r.prompt_token_ids is None or len(r.prompt_token_ids) != r.prompt_len:
             raise ScenarioError(f"request {r.request_id}: live mode needs prompt_token_ids of length prompt_len")
         if max(r.prompt_token_ids, default=0) >= vocab:
@@ -155,10 +193,6 @@ def run_live(sc: Scenario, requests: list[Request] | None = None, progress: bool
     if sc.cluster.disagg is not None:
         raise ScenarioError("cluster.disagg: live mode runs colocated replicas only; a disaggregated cluster is "
                             "simulated (servesim run), not run live")
-    if sc.workload.sessions is not None:
-        raise ScenarioError("workload.sessions: live mode does not run multi-turn sessions (a turn's prompt would "
-                            "have to carry the tokens the model generated for the previous reply); simulate them "
-                            "with servesim run")
     if sc.workload.trace is not None and sc.workload.trace.format == "mooncake":
         raise ScenarioError("workload.trace.format: live mode does not replay a Mooncake trace (block hashes, no "
                             "token ids); simulate it with servesim run")
@@ -176,7 +210,8 @@ def run_live(sc: Scenario, requests: list[Request] | None = None, progress: bool
     env = simpy.rt.RealtimeEnvironment(factor=1.0, strict=False)
     t0 = time.perf_counter()
     env.sync()  # time zero is now, after model construction and warm-up
-    recorder, _ = run_replicas(env, sc, requests, lambda r: parts[r], progress)
+    on_turn = SessionTokens(sc.seed, get_model(sc.model).vocab_size) if sc.workload.sessions is not None else None
+    recorder, _ = run_replicas(env, sc, requests, lambda r: parts[r], progress, on_turn=on_turn)
     result = finish_run(sc, "live", requests, recorder, kv, time.perf_counter() - t0)
     if len(parts) == 1:
         result.step_shapes = parts[0][1].shapes

@@ -36,6 +36,9 @@ class Cluster:
         self.num_done = 0
         self._done_ids: set[int] = set()
         self.on_progress: Callable[[int], None] | None = None
+        # called with (answered turn, next turn) before the next turn's think time starts (live mode
+        # writes the next prompt's token ids: the conversation so far, the reply as generated)
+        self.on_turn: Callable[[Request, Request], None] | None = None
         # when the arrival process next delivers a request (seconds): the replicas fast-forward
         # only over steps that end before it
         self._next_arrival = -math.inf
@@ -57,6 +60,8 @@ class Cluster:
         self.num_done += 1
         self._answered(req)
         if req.next_turn is not None:
+            if self.on_turn is not None:
+                self.on_turn(req, req.next_turn)
             self.env.process(self._release(req.next_turn, req.think_time_s))
         if self.on_progress is not None:
             self.on_progress(1)

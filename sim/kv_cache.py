@@ -254,15 +254,16 @@ class BlockManager:
             return keys
         bs = self.block_size
         keys = []
-        if request.prompt_token_ids is not None:
+        if request.segments is not None:
+            # prompt and output content: a finished request's output blocks are cached too (free());
+            # first, so a live turn whose token ids realise its segments keys them as the simulation does
+            keys = segment_block_keys(request.segments, bs, request.prompt_len + request.output_len - 1)
+        elif request.prompt_token_ids is not None:
             ids = request.prompt_token_ids
             parent = 0
             for i in range(len(ids) // bs):
                 parent = hash((parent, tuple(ids[i * bs : (i + 1) * bs])))
                 keys.append(parent)
-        elif request.segments is not None:
-            # prompt and output content: a finished request's output blocks are cached too (free())
-            keys = segment_block_keys(request.segments, bs, request.prompt_len + request.output_len - 1)
         elif request.prefix_id >= 0:
             for i in range(min(request.prefix_len, request.prompt_len) // bs):
                 keys.append(hash(("prefix", request.prefix_id, i)))

@@ -126,6 +126,7 @@ def run_replicas(
     progress: bool | None,
     fast_forward: bool = True,
     iterations: IterationsMode = "full",
+    on_turn=None,  # callable(answered turn, next turn) -> None: see Cluster.on_turn  # noqa: ANN001
 ) -> tuple[MetricsRecorder, list[Replica]]:
     """Drive ``requests`` through ``sc.cluster`` replicas on ``env`` and return the metrics.
 
@@ -137,7 +138,9 @@ def run_replicas(
         scheduler, executor = make_replica_parts(r)
         replicas.append(Replica(env, r, scheduler, executor, recorder,
                                 async_scheduling=sc.policy.async_scheduling, fast_forward=fast_forward))
-    drive(Cluster(env, replicas, config=sc.cluster, seed=sc.seed), sc.name, requests, recorder, progress)
+    cluster = Cluster(env, replicas, config=sc.cluster, seed=sc.seed)
+    cluster.on_turn = on_turn
+    drive(cluster, sc.name, requests, recorder, progress)
     return recorder, replicas
 
 

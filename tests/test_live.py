@@ -162,6 +162,25 @@ def test_a_live_run_that_cannot_fit_is_refused_before_anything_is_allocated(monk
         live.get_model("tiny"), 16, 4)), memory_bytes=2**30)  # 16 MB of KV and ~10 MB of weights fit
     with pytest.raises(ScenarioError, match="^cluster.disagg: live mode runs colocated replicas only"):
         live.run_live(load_scenario("scenarios/cluster/disagg.yaml", ["workload.num_requests=3"]))
-    with pytest.raises(ScenarioError, match="^workload.sessions: live mode does not run multi-turn sessions"):
-        live.run_live(load_scenario("scenarios/cluster/multi-turn-chat.yaml", ["workload.num_requests=3"]))
     assert built == []
+
+
+def test_live_sessions_carry_the_generated_reply_into_the_next_turn_and_hit_the_cache_as_simulated():
+    from servesim.sim.scenario import load_scenario
+
+    sc = load_scenario("scenarios/live-cpu-chunked.yaml", [
+        "workload.token_ids=false", "workload.num_requests=2", "kv_cache.enable_prefix_caching=true",
+        "workload.sessions={turns: 3, think_time_s: 0.05, system_prompt_len: 48}",
+        "workload.prompt_len={dist: uniform, min: 16, max: 64}", "workload.output_len={dist: uniform, min: 4, max: 12}",
+        "live.warmup_steps=0"])
+    res = live.run_live(sc, progress=False)
+    reqs = {r.request_id: r for r in res.requests}
+    assert len(reqs) == 6 and all(r.state == RequestState.FINISHED for r in reqs.values())
+    for r in reqs.values():
+        assert len(r.prompt_token_ids) == r.prompt_len
+        if r.next_turn is not None:  # the conversation so far, the reply as the model generated it
+            seen = r.prompt_len + r.output_len
+            assert r.next_turn.prompt_token_ids[:seen] == r.all_token_ids()
+    sim = sim_module.simulate(sc, progress=False)
+    assert res.requests_df["num_cached_tokens"].tolist() == sim.requests_df["num_cached_tokens"].tolist()
+    assert res.requests_df["num_cached_tokens"].iloc[1:].gt(0).all()  # every later turn and session hit
