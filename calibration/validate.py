@@ -45,6 +45,7 @@ from servesim.sim.metrics import to_json
 from servesim.sim.presets import get_hardware, get_model, kv_block_bytes
 from servesim.sim.request import Request, RequestState
 from servesim.sim.scenario import Scenario, ScenarioError
+from servesim.sim.sessions import later_turns
 from servesim.sim.simulate import GIB, KVPlan, RunResult, plan_kv, simulate, write_results
 from servesim.sim.workload import generate_requests
 
@@ -241,12 +242,6 @@ def sim_scenario(sc: Scenario, profile: str | Path | None, kv: KVPlan | None = N
         kvc = kvc.model_copy(update={"num_blocks": kv.num_blocks, "block_size": kv.block_size,
                                      "swap_space_gb": swap_gb})
     return sc.model_copy(update={"cost_model": cost, "kv_cache": kvc})
-
-
-def later_turns(requests: Sequence[Request]) -> set[int]:
-    """Request ids of the session turns sent only when the turn before them is answered: their
-    arrival (and, live, their prompt's token ids) is an outcome of the run, not part of the workload."""
-    return {r.next_turn.request_id for r in requests if r.next_turn is not None}
 
 
 def _signature(requests: Sequence[Request]) -> list[tuple]:

@@ -21,6 +21,7 @@ from servesim.sim.kv_cache import BlockManager
 from servesim.sim.presets import get_model
 from servesim.sim.request import Request, RequestState
 from servesim.sim.scenario import Scenario, ScenarioError
+from servesim.sim.sessions import later_turns
 from servesim.sim.simulate import KVPlan, RunResult, build_scheduler, finish_run, plan_kv, run_replicas
 from servesim.sim.workload import generate_requests
 
@@ -78,10 +79,10 @@ class SessionTokens:
     def __init__(self, seed: int, vocab: int) -> None:
         self.seed, self.vocab = seed, vocab
 
-    def first_turns(self, requests: list[Request]) -> None:
-        later = {id(r.next_turn) for r in requests if r.next_turn is not None}
+    def first_turns(self, requests: list[Request], later: set[int]) -> None:
+        """Token ids of every turn but the ``later`` ones (request ids), which ``__call__`` writes."""
         for r in requests:
-            if id(r) not in later:
+            if r.request_id not in later:
                 r.prompt_token_ids = [t for seg, n in list(r.segments)[:-1]
                                       for t in _segment_tokens(self.seed, seg, n, self.vocab)]
 
@@ -95,7 +96,7 @@ class SessionTokens:
         turn.prompt_token_ids = done[:seen] + _segment_tokens(self.seed, seg, n, self.vocab)
 
 
-def _prepare_requests(sc: Scenario, requests: list[Request] | None) -> list[Request]:
+def _prepare_requests(sc: Scenario, requests: list[Request] | None, tokens: SessionTokens) -> list[Request]:
     if requests is None:
         wl = sc.workload
         if not wl.token_ids and wl.sessions is None:
@@ -107,11 +108,11 @@ def _prepare_requests(sc: Scenario, requests: list[Request] | None) -> list[Requ
         for r in requests:
             r.reset_progress()
     vocab = get_model(sc.model).vocab_size
-    later = {id(r.next_turn) for r in requests if r.next_turn is not None}
+    later = later_turns(requests)
     if later:  # multi-turn sessions: first turns now, later ones as their previous turn is answered
-        SessionTokens(sc.seed, vocab).first_turns(requests)
+        tokens.first_turns(requests, later)
     for r in requests:
-        if id(r) in later:
+        if r.request_id in later:
             r.prompt_token_ids = None
             continue
         if r.prompt_token_ids is None or len(r.prompt_token_ids) != r.prompt_len:
@@ -203,15 +204,16 @@ def run_live(sc: Scenario, requests: list[Request] | None = None, progress: bool
     model_cfg = get_model(sc.model)
     kv = plan_kv(sc, KVCache.block_bytes(model_cfg, sc.kv_cache.block_size, DTYPES[sc.live.dtype]))
     check_live_fits(sc, kv)
-    requests = _prepare_requests(sc, requests)
+    tokens = SessionTokens(sc.seed, model_cfg.vocab_size)
+    requests = _prepare_requests(sc, requests, tokens)
     parts = [build_live_replica(sc, kv, seed=sc.seed) for _ in range(sc.cluster.num_replicas)]
     for _, executor in parts:
         _warm_up(executor, sc.live.warmup_steps, kv.block_size)
     env = simpy.rt.RealtimeEnvironment(factor=1.0, strict=False)
     t0 = time.perf_counter()
     env.sync()  # time zero is now, after model construction and warm-up
-    on_turn = SessionTokens(sc.seed, get_model(sc.model).vocab_size) if sc.workload.sessions is not None else None
-    recorder, _ = run_replicas(env, sc, requests, lambda r: parts[r], progress, on_turn=on_turn)
+    recorder, _ = run_replicas(env, sc, requests, lambda r: parts[r], progress,
+                               on_turn=tokens if sc.workload.sessions is not None else None)
     result = finish_run(sc, "live", requests, recorder, kv, time.perf_counter() - t0)
     if len(parts) == 1:
         result.step_shapes = parts[0][1].shapes

@@ -18,6 +18,7 @@ import simpy
 from .engine import Replica, check_conservation
 from .request import Request
 from .router import ClusterConfig, Router, RouterName
+from .sessions import later_turns
 from .workload import RequestArrays
 
 
@@ -93,11 +94,10 @@ class Cluster:
         env = self.env
         # a session's later turns are sent when the turn before them is answered (columns of
         # one-turn requests have none, and reading them twice would make every request twice)
-        later = set() if isinstance(requests, RequestArrays) else {
-            id(r.next_turn) for r in requests if r.next_turn is not None}
+        later = set() if isinstance(requests, RequestArrays) else later_turns(requests)
         self._unreleased = len(later)
         for req in requests:
-            if id(req) in later:
+            if req.request_id in later:
                 continue
             delay = req.arrival_time - env.now
             if delay > 0:

@@ -12,6 +12,8 @@ This module assembles requests from drawn numbers; ``workload.py`` draws them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from .prefix_keys import SegmentRuns
@@ -54,3 +56,9 @@ def build_sessions(
             prev = req
             t += 1
     return reqs
+
+
+def later_turns(requests: Iterable[Request]) -> set[int]:
+    """Request ids of the turns sent only when the turn before them is answered (think time
+    later): their arrival, and live their prompt's token ids, are outcomes of the run."""
+    return {r.next_turn.request_id for r in requests if r.next_turn is not None}
