@@ -49,6 +49,7 @@ _HF_MODELS = {
     "mistral-7b-v0.1": "mistral-7b",
     "mistral-7b-v0.3": "mistral-7b",
 }
+_TUNE_TAGS = re.compile(r"-(instruct|chat|hf)(?=-|$)")
 # a GPU name as runs spell it, lower-cased with only letters and digits kept -> hardware preset
 _GPUS = {
     "rtxpro6000": "rtx-pro-6000",
@@ -57,6 +58,14 @@ _GPUS = {
     "h200": "h200",
     "a100": "a100-80g",
     "l40s": "l40s",
+}
+# Variants of a family whose memory or bandwidth differ from the preset's: no preset, so the run must
+# name one (--set hardware=) rather than be simulated on the wrong card (an A100 40GB priced with
+# 80 GB of memory, an H100 PCIe at the SXM part's 3.35 TB/s, a GH200 as an H200).
+_OTHER_VARIANTS = {
+    "a100-80g": ("40g",),
+    "h100-sxm": ("pcie", "nvl", "h100l"),
+    "h200": ("gh200", "nvl"),
 }
 # LLMServingSim's summary rows -> servesim summary keys
 _REF_FAMILIES = {"TTFT": "ttft", "TPOT": "tpot", "ITL": "itl", "Latency": "e2el"}
@@ -102,8 +111,8 @@ def model_preset(name: str) -> str | None:
     ``meta-llama/Meta-Llama-3-8B-Instruct`` -> ``llama-3-8b`` (instruct tunes share the shapes).
     """
     base = str(name).rstrip("/").split("/")[-1].lower()
-    for suffix in ("-instruct", "-chat", "-hf"):
-        base = base.removesuffix(suffix)
+    # tune and format tags anywhere in the name: Llama-2-7b-chat-hf, Mistral-7B-Instruct-v0.3
+    base = _TUNE_TAGS.sub("", base)
     base = base.removeprefix("meta-")
     base = _HF_MODELS.get(base, base)
     return base if base in MODELS else None
@@ -115,7 +124,9 @@ def hardware_preset(name: str) -> str | None:
     if key in HARDWARE:
         return key
     hits = [preset for token, preset in _GPUS.items() if token in key]
-    return max(hits, key=len) if len(hits) == 1 else None
+    if len(hits) != 1 or any(marker in key for marker in _OTHER_VARIANTS.get(hits[0], ())):
+        return None
+    return hits[0]
 
 
 def unknown_model_message(where: str, name: str) -> str:

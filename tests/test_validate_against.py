@@ -71,7 +71,8 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
     ("meta-llama/Llama-3.1-8B", "llama-3.1-8b"), ("Qwen/Qwen3-32B", "qwen3-32b"),
     ("meta-llama/Meta-Llama-3-8B-Instruct", "llama-3-8b"), ("meta-llama/Llama-2-7b-hf", "llama-2-7b"),
     ("/models/Llama-3.1-8B/", "llama-3.1-8b"), ("mistralai/Mistral-7B-v0.3", "mistral-7b"),
-    ("google/gemma-2-9b", None),
+    ("google/gemma-2-9b", None), ("meta-llama/Llama-2-7b-chat-hf", "llama-2-7b"),
+    ("mistralai/Mistral-7B-Instruct-v0.3", "mistral-7b"), ("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b"),
 ])
 def test_hugging_face_ids_map_to_model_presets(name, preset):
     assert model_preset(name) == preset
@@ -80,6 +81,10 @@ def test_hugging_face_ids_map_to_model_presets(name, preset):
 @pytest.mark.parametrize("name, preset", [
     ("RTXPRO6000", "rtx-pro-6000"), ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "rtx-pro-6000"),
     ("RTX4090", "rtx-4090"), ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("h200", "h200"), ("TPUv5e", None),
+    ("NVIDIA A100-SXM4-80GB", "a100-80g"), ("A100", "a100-80g"), ("NVIDIA GeForce RTX 4090", "rtx-4090"),
+    # variants whose memory or bandwidth differ from the preset's have none: the user must name one
+    ("NVIDIA A100-SXM4-40GB", None), ("NVIDIA A100-PCIE-40GB", None), ("NVIDIA H100 PCIe", None),
+    ("NVIDIA H100 NVL", None), ("NVIDIA GH200 480GB", None),
 ])
 def test_gpu_names_map_to_hardware_presets(name, preset):
     assert hardware_preset(name) == preset
