@@ -49,7 +49,7 @@ from servesim.calibration.validate import (
     parse_max_error,
     servesim_commit,
 )
-from servesim.sim.cost_model import resolve_profile_path
+from servesim.sim.cost_model import ProfileError, resolve_profile_path
 from servesim.sim.metrics import summarize, to_json
 from servesim.sim.presets import default_activation_reserve_bytes, get_hardware, get_model, num_kv_blocks
 from servesim.sim.scenario import (
@@ -105,6 +105,17 @@ def async_by_default(vllm_version: str | None) -> bool:
     return m is not None and (int(m[1]), int(m[2])) >= ASYNC_DEFAULT_SINCE
 
 
+def shipped_profile(model: str, hardware: str, tensor_parallel: int) -> str | None:
+    """The name of the GPU profile servesim ships for this hardware x model x TP
+    (``calibration/profiles/HARDWARE-MODEL-tpN.json``), or None."""
+    name = f"{hardware}-{model}-tp{tensor_parallel}.json"
+    try:
+        resolve_profile_path(name)
+    except ProfileError:
+        return None
+    return name
+
+
 def scenario_dict(run: MeasuredRun, base: dict[str, Any] | None = None, profile: str | None = None,
                   overrides: Sequence[str] = ()) -> tuple[dict[str, Any], list[str]]:
     """The raw scenario (before validation) that simulates ``run``, and notes on what was filled in.
@@ -149,6 +160,15 @@ def scenario_dict(run: MeasuredRun, base: dict[str, Any] | None = None, profile:
         notes.append(f"model: the run's {run.model_source!r} has no preset; {raw['model']} used")
     if raw.get("hardware") is None:
         raise RunFileError(unknown_hardware_message(where, run.hardware_source))
+    if "cost_model" not in raw:
+        shipped = shipped_profile(str(raw["model"]), str(raw["hardware"]), int(raw.get("tensor_parallel") or 1))
+        if shipped is not None:
+            raw["cost_model"] = {"type": "profile", "path": shipped}
+            notes.append(f"cost model: the shipped profile {shipped} for this GPU, model and TP (no --profile "
+                         "given; --set cost_model.type=roofline for the roofline)")
+        else:
+            notes.append(f"cost model: the roofline (no shipped profile for {raw['hardware']} x {raw['model']} "
+                         f"tp{raw.get('tensor_parallel') or 1}; give one with --profile)")
     kv = raw["kv_cache"]
     if kv.get("num_blocks") is None:
         sched = raw["scheduler"]

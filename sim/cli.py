@@ -143,7 +143,8 @@ def cmd_validate_against(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("results") / f"{Path(args.against).stem}-against"
     print(f"servesim validate --against {args.against}"
           f"{f' (scenario {args.scenario})' if args.scenario else ''} | sim cost model: "
-          f"{'profile ' + args.profile if args.profile else 'the scenario/roofline default'}", flush=True)
+          f"{'profile ' + args.profile if args.profile else 'the scenario, or the shipped profile for the GPU and model, or the roofline'}",
+          flush=True)
     result = validate_against(args.against, out, fmt=args.format, profile=args.profile, scenario_file=args.scenario,
                               overrides=args.set, max_error=args.max_error, plots=not args.no_plots,
                               progress=False if args.quiet else None, log=lambda msg: print(msg, flush=True))

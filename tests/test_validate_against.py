@@ -385,3 +385,25 @@ def test_a_vllm_bench_json_needs_its_gpu_and_then_compares_itl_too(tmp_path):
     assert report["provenance"]["itl"] == "measured" and rows["mean_itl_ms"]["live"] == pytest.approx(16.0)
     assert rows["mean_itl_ms"]["sim"] == pytest.approx(STEP * 1e3)
     assert (tmp_path / "o" / "cdf_itl.png").is_file()
+
+
+@pytest.mark.parametrize("gpu, model, profile", [
+    ("RTXPRO6000", "meta-llama/Llama-3.1-8B", "rtx-pro-6000-llama-3.1-8b-tp1.json"),
+    ("RTX4090", "meta-llama/Llama-3.1-8B", "rtx-4090-llama-3.1-8b-tp1.json"),
+    ("L40S", "meta-llama/Llama-3.1-8B", None),  # nobody published L40S kernels: the roofline
+])
+def test_without_profile_the_shipped_profile_for_the_runs_gpu_model_and_tp_is_used(tmp_path, gpu, model, profile):
+    folder = write_run(tmp_path / "run", isolated_requests(), model=model, gpu=gpu)
+    from servesim.calibration.validate_against import scenario_dict
+    raw, notes = scenario_dict(read_run(folder))
+    if profile is None:
+        assert "cost_model" not in raw
+        assert any("cost model: the roofline" in n for n in notes)
+    else:
+        assert raw["cost_model"] == {"type": "profile", "path": profile}
+        assert any(f"shipped profile {profile}" in n for n in notes)
+    # the user's choice wins: --set, --profile
+    raw, _ = scenario_dict(read_run(folder), overrides=["cost_model.type=roofline"])
+    assert raw["cost_model"] == {"type": "roofline"}
+    raw, _ = scenario_dict(read_run(folder), profile="cpu-tiny.json")
+    assert raw["cost_model"]["path"] == "cpu-tiny.json"
