@@ -242,8 +242,9 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     hw_source, tp = _llmservingsim_gpu(root)
     hardware = meta.get("hardware") if isinstance(meta.get("hardware"), dict) else {}
     hw_source = hardware.get("device_name") or hw_source  # newer bench runs record torch's device name
-    if hw_source is None:  # the folder is named <GPU>-<model>
-        hw_source = root.name.split("-")[0] if "-" in root.name else None
+    if hw_source is None:  # a GPU named anywhere in the folder's name (<GPU>-<model>, <model>-<gpu>-tp1)
+        hw_source = root.name if hardware_preset(root.name) else (
+            root.name.split("-")[0] if "-" in root.name else None)
     tp = kwargs.get("tensor_parallel_size") or tp or 1
     dp = kwargs.get("data_parallel_size") or 1
     if not isinstance(dp, int) or dp < 1:
@@ -270,7 +271,10 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     if missing:
         notes.append(f"meta.json does not record {', '.join(missing)}: vLLM V1's defaults are used (block size 16, "
                      "prefix caching on) and the KV block count is derived from the GPU's memory")
-    ref_path = root / "llmservingsim_summary.txt"
+    # LLMServingSim's own error on the run: as copied here, or where its bench harness writes it
+    found = [root / "llmservingsim_summary.txt", root / "validation" / "summary.txt",
+             *sorted((root / "validation").glob("*summary.txt"))]
+    ref_path = next((p for p in found if p.is_file()), found[0])
     reference = read_llmservingsim_summary(ref_path) if ref_path.is_file() else {}
     return MeasuredRun(
         name=root.name, path=root, format="llmservingsim", model_source=str(model_source),

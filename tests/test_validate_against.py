@@ -161,6 +161,21 @@ def test_llmservingsim_summary_rows_become_servesim_keys(tmp_path):
                    "median_e2el_ms": {"real": 29615.6, "sim": 29248.8, "error_pct": -1.2}}
 
 
+
+@pytest.mark.parametrize("folder_name, summary", [
+    ("llama-3.1-8b-rtx4090-tp1", "validation/summary.txt"),
+    ("RTX4090-Llama-3.1-8B", "validation/rtx4090_summary.txt"),
+])
+def test_a_run_folder_in_the_bench_harness_layout_names_its_gpu_and_summary(tmp_path, folder_name, summary):
+    folder = write_run(tmp_path / folder_name, isolated_requests())
+    (folder / "llmservingsim_config.json").unlink()  # the GPU only in the folder's name
+    (folder / summary).parent.mkdir(parents=True, exist_ok=True)
+    (folder / summary).write_text("Metric   vLLM   Sim   Diff%\nTTFT Mean   70.0   63.0   -10.0%\n")
+    run = read_run(folder)
+    assert run.hardware == "rtx-4090"
+    assert run.reference == {"mean_ttft_ms": {"real": 70.0, "sim": 63.0, "error_pct": -10.0}}
+    assert run.reference_source == str(folder / summary)
+
 # ---- the vllm bench serve format ------------------------------------------------------------------------
 def bench_json(path: Path, **extra) -> Path:
     data = {"model_id": "meta-llama/Llama-3.1-8B", "request_rate": 4.0, "burstiness": 1.0, "max_concurrency": None,
