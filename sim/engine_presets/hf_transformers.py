@@ -74,4 +74,9 @@ class TransformersPreset(EnginePreset):
             requeue="tail",
             admit_after_preemption="not_until_a_finish",
             max_rows_per_step=self.max_requests_per_batch,
+            # Left as it was (no own blocks found again), in doubt: offloading_manager.py says a soft reset
+            # re-prefills from scratch, yet its blocks, hashed over prompt + generated tokens as they
+            # complete (mark_shareable_blocks_as_complete), stay initialized when freed with sharing on
+            # (cache_manager.py free_blocks), where the reset request's prefix match may find them.
+            cache_preempted_blocks="none",
         )

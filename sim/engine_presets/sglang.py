@@ -83,4 +83,5 @@ class SGLangPreset(EnginePreset):
             waiting_order=self.schedule_policy, max_prefill_tokens=self.max_prefill_tokens, chunked=chunked,
             conservativeness=self.schedule_conservativeness,
             context_length=self.context_length or get_model(model).max_position_embeddings,
+            cache_preempted_blocks="prompt",  # retract_decode keeps the radix-tree prefix, frees the rest
         )

@@ -73,4 +73,8 @@ class TensorRTLLMPreset(EnginePreset):
             victim="latest_arrival",
             requeue="head",
             admit_after_preemption="not_this_step",
+            # a paused request's blocks, prompt and generated, are stored for reuse as it is freed
+            # (py_executor _pause_requests -> free_resources -> BlockManager::releaseBlocks, which
+            # stores the blocks of all its tokens but the last when block reuse is on)
+            cache_preempted_blocks="all",
         )

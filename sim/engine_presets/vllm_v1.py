@@ -71,4 +71,5 @@ class VllmV1Preset(EnginePreset):
             max_num_seqs=self.max_num_seqs or 256, max_num_batched_tokens=self.max_num_batched_tokens or 2048,
             long_prefill_token_threshold=self.long_prefill_token_threshold, max_model_len=self.max_model_len,
             policy=self.policy, preemption_mode="recompute", async_scheduling=self.async_scheduling,
+            cache_preempted_blocks="all",
         )
