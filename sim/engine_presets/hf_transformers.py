@@ -26,7 +26,8 @@ class TransformersPreset(EnginePreset):
     admissions are open, the newest once they are blocked, and admissions stay blocked until a
     request finishes. 256-token blocks with prefix sharing. At most ``max_requests_per_batch``
     requests per step; the number holding KV is bounded only by the cache.
-    Not modelled: CPU offloading (``cpu_offload_space``, off by default), the v5 "stalled requests"
+    Not modelled: whether a soft-reset request finds its freed blocks again (here it does not; see
+    ``translate``), CPU offloading (``cpu_offload_space``, off by default), the v5 "stalled requests"
     offload path, the per-pass cache-read budget, CUDA-graph padding. transformers v4.56-4.57 used
     ``safety_margin`` 0.2 for fifo (set it to reproduce those releases).
     """
