@@ -10,6 +10,30 @@ its parent's key and its own tokens; without them (pure simulation), blocks insi
 shared prefix are keyed by ``(prefix_id, block index)``, which names the same chain. Cached blocks
 are ref-counted; a block whose last user leaves stays cached and becomes evictable, least
 recently used first.
+
+A request preempted by recompute can find its own blocks again (``cache_preempted``), as in
+vLLM V1: ``KVCacheManager.allocate_slots`` there publishes every full block, prompt and generated,
+as it fills, and ``free`` (called by ``Scheduler._preempt_request``) leaves them cached until
+evicted. Here they are published once, just before the victim's blocks are freed, which gives the
+same hits: past a shared prefix its blocks are its own, so nobody could have hit them earlier.
+Their keys continue the request's chain: a plain request's own blocks get keys of their own,
+with token ids the chain runs on over the generated ids when the request has them (live mode) and
+over the request id when it does not (simulation), and segments already key the generated tokens.
+Live and simulated runs of one workload therefore find the same blocks, unless two requests of a
+live run hold the same prompt and generated tokens, where live mode (as vLLM) may find the other's.
+When the victim is admitted again ``lookup_prefix`` looks it up to ``num_tokens - 1`` tokens
+(vLLM's ``get_computed_blocks``), so only an evicted tail is recomputed.
+
+Eviction follows vLLM's block pool where it can: a request frees its blocks tail first
+(``free_blocks(reversed(...))``), so its tail is evicted before its head, and cached blocks are
+evicted least recently freed first. One difference: vLLM keeps every free block in one queue in the
+order it was freed, hashed or not, while here blocks without a key (never used, or freed unkeyed)
+are handed out before any cached block is evicted. A plain request that finishes frees unkeyed
+blocks here, where vLLM would have hashed and queued them, so a victim's published blocks can
+outlive blocks that vLLM would have evicted after them. Likewise a queued request whose blocks were
+found but whose admission then failed gives them back at the recently used end
+(``blocks.drop_cached_prefix``), where vLLM's ``allocate_slots`` fails before it touches them. Both
+keep a waiting victim's blocks longer than vLLM would: its re-hits here are an upper bound on vLLM's.
 """
 
 from __future__ import annotations
@@ -20,6 +44,8 @@ from dataclasses import dataclass
 from .prefix_keys import segment_block_keys
 from .request import Request, RequestState
 
+_OWN = 0x0_0E1F  # tags the keys of blocks only their own request holds (past any shared prefix)
+
 
 @dataclass(slots=True)
 class KVStats:
@@ -28,8 +54,10 @@ class KVStats:
     num_cached_evictable: int
     num_host_blocks: int
     num_host_free: int
-    prefix_hits: int  # blocks served from the prefix cache
-    prefix_queries: int  # cacheable blocks looked up
+    prefix_hits: int  # blocks served from the prefix cache to requests never preempted
+    prefix_queries: int  # cacheable blocks those requests looked up
+    preempted_prefix_hits: int  # the same for requests coming back from a preemption (vLLM counts them apart)
+    preempted_prefix_queries: int
 
 
 def _take_free(table: list[int], free: list[int], need: int) -> None:
@@ -76,8 +104,14 @@ class BlockManager:
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self._keys: dict[int, list[int]] = {}  # request_id -> keys of its cacheable prompt blocks
         self._registered: dict[int, int] = {}  # request_id -> how many of those keys are in the cache
+        # request_id -> its own blocks were published at a preemption (cache_preempted): True with
+        # the generated tokens', False the prompt's only; its lookups reach past the prompt
+        self._rehit: dict[int, bool] = {}
+        # vLLM's PrefixCacheStats.record: a request's lookups after it was preempted count apart
         self.prefix_hits = 0
         self.prefix_queries = 0
+        self.preempted_prefix_hits = 0
+        self.preempted_prefix_queries = 0
         # host swap space
         self.num_host_blocks = num_host_blocks
         self._host_free: list[int] = list(range(num_host_blocks - 1, -1, -1))
@@ -130,6 +164,8 @@ class BlockManager:
             len(self._host_free),
             self.prefix_hits,
             self.prefix_queries,
+            self.preempted_prefix_hits,
+            self.preempted_prefix_queries,
         )
 
     # ---- allocation ----------------------------------------------------------------------
@@ -227,6 +263,8 @@ class BlockManager:
         table = self._tables.pop(request.request_id, None)
         self._keys.pop(request.request_id, None)
         self._registered.pop(request.request_id, None)
+        if request.state == RequestState.FINISHED:
+            self._rehit.pop(request.request_id, None)
         if not table:
             return 0
         if not self.enable_prefix_caching:
@@ -267,27 +305,67 @@ class BlockManager:
         elif request.prefix_id >= 0:
             for i in range(min(request.prefix_len, request.prompt_len) // bs):
                 keys.append(hash(("prefix", request.prefix_id, i)))
+        rehit = self._rehit.get(request.request_id)
+        if rehit is not None:
+            keys = self._own_keys(request, keys, request.num_tokens - 1 if rehit else request.num_prompt_tokens)
         self._keys[request.request_id] = keys
         self._registered[request.request_id] = 0
         return keys
 
-    def lookup_prefix(self, request: Request) -> int:
-        """Attach the longest run of cached prompt blocks to a request that holds none.
+    def _own_keys(self, request: Request, keys: list[int], num_tokens: int) -> list[int]:
+        """``keys`` continued over the request's full blocks among its first ``num_tokens`` tokens,
+        prompt and generated (segments already cover both)."""
+        bs = self.block_size
+        n = num_tokens // bs
+        if request.segments is not None or len(keys) >= n:
+            return keys
+        keys = list(keys)
+        rid = request.request_id
+        if request.prompt_token_ids is None:
+            # past the shared prefix the content is the request's own
+            keys.extend(hash((_OWN, rid, i)) for i in range(len(keys), n))
+            return keys
+        # vLLM's chain over prompt + output ids (Request.block_hashes grows as tokens are appended);
+        # a simulated request has no generated ids, and its generated blocks are its own
+        ids = request.all_token_ids() if request.output_token_ids else request.prompt_token_ids
+        parent = keys[-1] if keys else 0
+        for i in range(len(keys), n):
+            block = ids[i * bs : (i + 1) * bs]
+            parent = hash((parent, tuple(block))) if len(block) == bs else hash((parent, _OWN, rid, i))
+            keys.append(parent)
+        return keys
 
-        Returns the number of prompt tokens now served from the cache. At least one prompt token
-        is always left to compute, so the step that finishes the prompt can sample.
+    def _lookup_limit(self, request: Request, keys: list[int]) -> int:
+        """Blocks a lookup may serve: the request's tokens but one (vLLM's ``max_cache_hit_length =
+        num_tokens - 1``), its prompt's unless its own generated blocks were published."""
+        tokens = request.num_tokens if request.request_id in self._rehit else request.num_prompt_tokens
+        return min(len(keys), (tokens - 1) // self.block_size)
+
+    def lookup_prefix(self, request: Request) -> int:
+        """Attach the longest run of cached blocks to a request that holds none.
+
+        Returns the number of tokens now served from the cache: prompt tokens, and for a request
+        preempted after ``cache_preempted`` generated ones too. At least one token is always left
+        to compute, so the step that catches up can sample.
         """
         if not self.enable_prefix_caching or request.request_id in self._tables:
             return 0
         keys = self._prompt_keys(request)
-        limit = min(len(keys), (request.num_prompt_tokens - 1) // self.block_size)
-        self.prefix_queries += limit
+        limit = self._lookup_limit(request, keys)
         blocks: list[int] = []
         for key in keys[:limit]:
             block = self._key_block.get(key)
             if block is None:
                 break
             blocks.append(block)
+        # vLLM's PrefixCacheStats.record(preempted=request.num_preemptions > 0): the exported
+        # prefix_cache_queries / hits leave out the lookups of requests coming back
+        if request.num_preemptions:
+            self.preempted_prefix_queries += limit
+            self.preempted_prefix_hits += len(blocks)
+        else:
+            self.prefix_queries += limit
+            self.prefix_hits += len(blocks)
         if not blocks:
             return 0
         for block in blocks:
@@ -296,11 +374,10 @@ class BlockManager:
             self._ref[block] += 1
         self._tables[request.request_id] = blocks
         self._registered[request.request_id] = len(blocks)
-        self.prefix_hits += len(blocks)
         return len(blocks) * self.block_size
 
     def peek_prefix(self, request: Request) -> int:
-        """Prompt tokens a ``lookup_prefix`` would serve from the cache now, without attaching them.
+        """Tokens a ``lookup_prefix`` would serve from the cache now, without attaching them.
 
         For policies that rank the queue by cache hits (SGLang's longest-prefix-match); the
         hit/query counters are left alone.
@@ -308,7 +385,7 @@ class BlockManager:
         if not self.enable_prefix_caching or request.request_id in self._tables:
             return 0
         keys = self._prompt_keys(request)
-        limit = min(len(keys), (request.num_prompt_tokens - 1) // self.block_size)
+        limit = self._lookup_limit(request, keys)
         hits = 0
         for key in keys[:limit]:
             if key not in self._key_block:
@@ -321,7 +398,7 @@ class BlockManager:
         return self._prompt_keys(request) if self.enable_prefix_caching else []
 
     def cache_computed_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        """Publish the request's prompt blocks that are now fully computed to the prefix cache."""
+        """Publish the request's keyed blocks that are now fully computed to the prefix cache."""
         if not self.enable_prefix_caching:
             return
         keys = self._prompt_keys(request)
@@ -338,6 +415,25 @@ class BlockManager:
             self._key_block[key] = block
             self._block_key[block] = key
         self._registered[request.request_id] = upto
+
+    def cache_preempted(self, request: Request, generated: bool) -> None:
+        """Publish a request about to be preempted by recompute: its fully computed blocks, prompt
+        and (``generated``) generated ones, so that once freed they stay in the cache until evicted
+        and its readmission finds them. Call before ``free``; the request's ``num_computed_tokens``
+        must be current (synced from the running table).
+
+        ``generated`` False keeps the prompt's blocks only (SGLang's radix tree holds the prefilled
+        prompt, not the decoded tokens).
+        """
+        if not self.enable_prefix_caching or request.request_id not in self._tables:
+            return
+        rid = request.request_id
+        self._rehit[rid] = generated
+        computed = request.num_computed_tokens
+        upto = computed if generated else min(computed, request.num_prompt_tokens)
+        keys = self._prompt_keys(request)
+        self._keys[rid] = self._own_keys(request, keys, upto)
+        self.cache_computed_blocks(request, upto)
 
     # ---- swap ------------------------------------------------------------------------------
     def swap_out(self, request: Request) -> list[tuple[int, int]] | None:

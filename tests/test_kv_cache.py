@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from servesim.sim.kv_cache import BlockManager
-from servesim.sim.request import Request
+from servesim.sim.request import Request, RequestState
 
 
 def req(i: int, prompt: int = 40, **kw) -> Request:
@@ -101,6 +101,57 @@ def test_evictable_cached_blocks_are_reused_least_recently_used_first():
     c = req(2, prompt=9, prefix_id=1, prefix_len=8)
     kv.free(big)
     assert kv.lookup_prefix(c) == 0
+
+
+def preempt_after(kv: BlockManager, r: Request, outputs: int, generated: bool = True) -> None:
+    """Run ``r`` (admitted through a lookup) to ``outputs`` generated tokens, then preempt it by
+    recompute as a scheduler does: publish, free, forget what was computed."""
+    kv.lookup_prefix(r)
+    r.num_output_tokens = outputs
+    r.num_computed_tokens = r.num_tokens - 1  # decoding: all but the token just sampled
+    assert kv.allocate(r, r.num_computed_tokens)
+    kv.cache_computed_blocks(r, r.prompt_len)
+    r.num_preemptions += 1
+    kv.cache_preempted(r, generated=generated)
+    kv.free(r)
+    r.num_computed_tokens = 0
+
+
+def test_a_preempted_request_finds_its_own_prompt_and_generated_blocks_and_nobody_else_does():
+    kv = BlockManager(20, 4, enable_prefix_caching=True)
+    a = req(0, prompt=10, prefix_id=3, prefix_len=8)
+    preempt_after(kv, a, outputs=5)  # 15 tokens, 14 computed: 3 full blocks, 2 of them the shared prefix
+    assert kv.stats().num_cached_evictable == 3
+    same_prefix = req(1, prompt=20, prefix_id=3, prefix_len=8)
+    assert kv.lookup_prefix(same_prefix) == 8  # the shared prefix, not a's own third block
+    assert kv.lookup_prefix(a) == 12  # up to num_tokens - 1 = 14 tokens: 3 blocks
+    assert (kv.prefix_hits, kv.preempted_prefix_hits) == (2, 3)  # the comeback is counted apart
+    kv.free(same_prefix)
+    a.state = RequestState.FINISHED
+    kv.free(a)
+    kv.check_all_free()
+
+
+def test_publishing_the_prompt_only_leaves_the_generated_blocks_to_recompute():
+    kv = BlockManager(20, 4, enable_prefix_caching=True)
+    a = req(0, prompt=10)
+    preempt_after(kv, a, outputs=5, generated=False)  # SGLang: the radix tree keeps the prompt
+    assert kv.lookup_prefix(a) == 8  # the prompt's 2 full blocks of the 3 computed
+
+
+def test_generated_blocks_continue_the_hash_chain_over_the_generated_ids_when_there_are_any():
+    prompt = list(range(100, 110))
+    outputs = [7, 7, 8, 8, 9]
+    hits = {}
+    for live in (True, False):  # live mode has the generated ids, a simulation does not
+        kv = BlockManager(20, 4, enable_prefix_caching=True)
+        a = req(0, prompt=10, prompt_token_ids=prompt, output_token_ids=outputs if live else [])
+        preempt_after(kv, a, outputs=5)
+        # a later prompt that is a's prompt and replies: vLLM's content hash finds a's third block
+        follow_up = req(1, prompt=16, prompt_token_ids=prompt + outputs + [1])
+        hits[live] = kv.lookup_prefix(follow_up), kv.lookup_prefix(a)
+    assert hits[True] == (12, 12)
+    assert hits[False] == (8, 12)  # simulated generated blocks are a's alone; a finds them all the same
 
 
 def test_swap_out_and_in_round_trip_moves_blocks_through_host_memory():

@@ -79,6 +79,34 @@ def test_greedy_tokens_survive_heavy_preemption_unchanged(mode):
     assert pressured == reference
 
 
+def test_a_victim_rehits_its_own_blocks_live_with_unchanged_tokens_and_the_replay_takes_the_same_steps(
+        monkeypatch, reference_tokens):
+    from servesim.calibration.replay import StepTrace, check_dynamics
+
+    rehits = []
+    lookup = BlockManager.lookup_prefix
+
+    def spy(self, r):  # noqa: ANN001, ANN202
+        cached = lookup(self, r)
+        if r.num_preemptions:
+            rehits.append(cached)
+        return cached
+
+    monkeypatch.setattr(BlockManager, "lookup_prefix", spy)
+    d = tiny_scenario(num_blocks=10, n=4).model_dump(mode="json", exclude_none=True)
+    d["kv_cache"]["enable_prefix_caching"] = True
+    sc = scenario_from_dict(d)
+    pressured, res = _tokens(sc)
+    assert res.summary["num_preemptions"] > 0 and max(rehits) > 0, "no victim found its blocks; proves nothing"
+    assert pressured == reference_tokens  # the KV a victim finds again is the KV it computed
+    # the replay keys a victim's generated blocks by its id (it has no generated ids), live by the
+    # ids: the same blocks hit, so the simulation takes the live run's steps
+    live_rehits, rehits[:] = list(rehits), []
+    check = check_dynamics(sc, res.requests, StepTrace.of_run(res), res.requests_df)
+    assert check.passed and check.num_replayed == check.num_steps
+    assert rehits == live_rehits
+
+
 def test_live_run_conserves_requests_and_never_shares_cache_rows(monkeypatch):
     seen_overlap = []
     original = live.LiveExecutor.run

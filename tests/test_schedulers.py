@@ -183,6 +183,114 @@ def test_soft_reset_folds_generated_tokens_into_the_prompt():
     assert victim.num_output_tokens == victim.output_len  # and it still produced exactly its outputs
 
 
+# ---- a preempted request coming back to its own cached blocks ---------------------------------
+def preset_scheduler(preset: dict, num_blocks: int, block_size: int, caching: bool = True):
+    """The policy an engine preset translates to (H100, llama-3.1-8b), over a cache of ``num_blocks``."""
+    from servesim.sim.engine_presets import PRESETS
+    from servesim.sim.presets import get_hardware
+
+    hw, model = get_hardware("h100-sxm"), "llama-3.1-8b"
+    p = PRESETS[preset["preset"]].model_validate(preset).resolved(hw, model)
+    return make_scheduler(p.translate(hw, model), BlockManager(num_blocks, block_size, enable_prefix_caching=caching))
+
+
+def readmission(steps, victim: Request) -> tuple[int, int]:
+    """(tokens computed, tokens already in the cache) of the victim's first step after its preemption."""
+    preempted_at = next(t for t, b, _ in steps if victim in b.preempted)
+    for t, b, _ in steps:
+        if t > preempted_at and victim in b.requests:
+            i = b.requests.index(victim)
+            return int(b.num_new_tokens[i]), int(b.num_context_tokens[i])
+    raise AssertionError("the victim never came back")
+
+
+VLLM_V1 = {"preset": "vllm-v1", "max_num_seqs": 4, "max_num_batched_tokens": 64}
+
+
+def two_requests(a_output: int) -> tuple[Request, Request]:
+    return req(0, 40, a_output), req(1, 40, 30, t=0.5)
+
+
+def test_vllm_v1_readmits_a_preempted_request_on_its_own_cached_prompt_and_generated_blocks():
+    # Six 16-token blocks. a (40-token prompt) prefills in step 1 and holds 3 blocks; b joins in
+    # step 2 and takes the other 3. Each decodes a token a step; at step 10 a's 49th token needs a
+    # 4th block and none is free, so b, the newest, is preempted with 40 + 8 = 48 tokens, 47 of them
+    # computed: its 2 full blocks (32 tokens) are published before its blocks are freed, the
+    # third (partial) one goes to a. a finishes at step 12 (12 outputs) and frees its 4 blocks; b
+    # comes back, finds its 2 blocks (vLLM looks up to num_tokens - 1 = 47 tokens) and computes
+    # 48 - 32 = 16 tokens instead of all 48.
+    sched = preset_scheduler(VLLM_V1, num_blocks=6, block_size=16)
+    a, b = two_requests(a_output=12)
+    steps = drive(sched, [a, b])
+    assert b.num_preemptions == 1 and a.num_preemptions == 0
+    assert readmission(steps, b) == (16, 32)
+    assert b.num_cached_tokens == 0  # cached tokens count the first admission only, as vLLM's
+    # a returning request's lookups are counted apart (vLLM's PrefixCacheStats); b was looked up
+    # at steps 11 and 12 (no room yet, its blocks given back) and 13: 2 blocks each time
+    kv = sched.kv
+    assert (kv.prefix_queries, kv.prefix_hits) == (0, 0)
+    assert (kv.preempted_prefix_queries, kv.preempted_prefix_hits) == (6, 6)
+
+
+def test_a_victims_tail_is_evicted_before_its_head():
+    # As above, but a runs to 30 outputs: its 5th block (step 26) evicts one of b's two cached
+    # blocks while b waits. b freed them tail first, so the tail goes and the head still hits:
+    # b computes 48 - 16 = 32 tokens.
+    sched = preset_scheduler(VLLM_V1, num_blocks=6, block_size=16)
+    a, b = two_requests(a_output=30)
+    assert readmission(drive(sched, [a, b]), b) == (32, 16)
+
+
+def test_a_victim_whose_blocks_were_all_evicted_recomputes_everything():
+    # a runs to 45 outputs: its 5th and 6th blocks evict both of b's cached blocks before b is back.
+    sched = preset_scheduler(VLLM_V1, num_blocks=6, block_size=16)
+    a, b = two_requests(a_output=45)
+    assert readmission(drive(sched, [a, b]), b) == (48, 0)
+
+
+@pytest.mark.parametrize("preset, caching, victim, tokens", [
+    (VLLM_V1, False, 1, 48),  # no prefix caching: nothing to find
+    # V0's prefix caching is not modelled; its prefill-only steps put the preemption a step later
+    ({"preset": "vllm-v0", "max_num_batched_tokens": 64}, True, 1, 49),
+    # Transformers' soft reset (of the oldest request here), left as it was: not checked in its source
+    ({"preset": "hf-transformers", "max_batch_tokens": 64}, True, 0, 49),
+])
+def test_without_the_engines_prefix_cache_a_victim_recomputes_everything(preset, caching, victim, tokens):
+    sched = preset_scheduler(preset, num_blocks=6, block_size=16, caching=caching)
+    reqs = two_requests(a_output=12)
+    steps = drive(sched, list(reqs))
+    assert [r.num_preemptions for r in reqs] == [victim == 0, victim == 1]
+    assert readmission(steps, reqs[victim]) == (tokens, 0)
+
+
+def test_tensorrt_llm_max_utilization_resumes_a_paused_request_on_its_stored_blocks():
+    # The same run as vLLM V1's above: TensorRT-LLM stores a paused request's blocks, prompt and
+    # generated, for reuse (BlockManager::releaseBlocks); the pause folds b's 8 outputs into its
+    # prompt (48 tokens), of which the 2 full blocks hit.
+    sched = preset_scheduler({"preset": "tensorrt-llm", "capacity_scheduler_policy": "MAX_UTILIZATION",
+                              "max_num_tokens": 64, "enable_chunked_prefill": True}, num_blocks=6, block_size=16)
+    a, b = two_requests(a_output=12)
+    steps = drive(sched, [a, b])
+    assert b.num_prompt_tokens == 48
+    assert readmission(steps, b) == (16, 32)
+
+
+@pytest.mark.parametrize("mode, expected", [("prompt", (29, 24)), ("none", (53, 0))])
+def test_sglang_retracts_keeping_the_prompt_cached_and_recomputes_only_the_decoded_tokens(mode, expected):
+    # A 100-token pool at page size 1, no admission reserve (conservativeness 0). a (20-token prompt)
+    # and b (24) decode side by side until the pool is full; the decode step that cannot grow both
+    # retracts b (as many outputs as a, the longer prompt) with 24 + 29 = 53 tokens. SGLang's radix
+    # tree keeps the prefilled prompt and frees the decoded tokens (release_req), so b comes back
+    # once a finishes with its 24 prompt tokens cached and computes its 29 outputs again.
+    sched = preset_scheduler({"preset": "sglang", "chunked_prefill_size": 64, "max_running_requests": 4,
+                              "schedule_conservativeness": 0.0}, num_blocks=100, block_size=1)
+    sched.cache_preempted = mode  # "none": servesim before, for comparison
+    a, b = req(0, 20, 40), req(1, 24, 45, t=0.5)
+    steps = drive(sched, [a, b])
+    assert b.num_preemptions == 1 and a.num_preemptions == 0
+    assert readmission(steps, b) == expected
+
+
 def test_a_request_that_can_never_fit_is_rejected_with_a_reason_not_dropped():
     sched = make("chunked", num_blocks=4, block_size=4)
     big = req(0, 100, 5)

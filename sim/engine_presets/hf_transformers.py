@@ -26,7 +26,8 @@ class TransformersPreset(EnginePreset):
     admissions are open, the newest once they are blocked, and admissions stay blocked until a
     request finishes. 256-token blocks with prefix sharing. At most ``max_requests_per_batch``
     requests per step; the number holding KV is bounded only by the cache.
-    Not modelled: CPU offloading (``cpu_offload_space``, off by default), the v5 "stalled requests"
+    Not modelled: whether a soft-reset request finds its freed blocks again (here it does not; see
+    ``translate``), CPU offloading (``cpu_offload_space``, off by default), the v5 "stalled requests"
     offload path, the per-pass cache-read budget, CUDA-graph padding. transformers v4.56-4.57 used
     ``safety_margin`` 0.2 for fifo (set it to reproduce those releases).
     """
@@ -74,4 +75,9 @@ class TransformersPreset(EnginePreset):
             requeue="tail",
             admit_after_preemption="not_until_a_finish",
             max_rows_per_step=self.max_requests_per_batch,
+            # Left as it was (no own blocks found again), in doubt: offloading_manager.py says a soft reset
+            # re-prefills from scratch, yet its blocks, hashed over prompt + generated tokens as they
+            # complete (mark_shareable_blocks_as_complete), stay initialized when freed with sharing on
+            # (cache_manager.py free_blocks), where the reset request's prefix match may find them.
+            cache_preempted_blocks="none",
         )

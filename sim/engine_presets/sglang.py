@@ -35,8 +35,9 @@ class SGLangPreset(EnginePreset):
     KV estimate allow: free tokens minus ``min(outputs left, 4096) * new_token_ratio`` per running
     request must exceed a newcomer's prompt + ``min(max output, 4096)``. Decode out of KV: retract
     the requests with the fewest outputs (longest prompt among equals) until 20 tokens per request
-    are free; they are recomputed later from the back of the queue. Radix-cache prefix reuse (through
-    servesim's block hash chain) with page size 1. ``max_running_requests`` defaults to
+    are free; they are recomputed later from the back of the queue, their prompt still cached
+    (``release_req`` frees only what the radix tree does not hold: the decoded tokens). Radix-cache
+    prefix reuse (through servesim's block hash chain) with page size 1. ``max_running_requests`` defaults to
     ``min(max(pool tokens / context length * 512, 2048), 4096)``.
     Not modelled: ``--enable-mixed-chunk``, caching of generated tokens for later turns (the radix
     tree stores outputs too; servesim caches prompt blocks only), hierarchical cache, priority
@@ -83,4 +84,5 @@ class SGLangPreset(EnginePreset):
             waiting_order=self.schedule_policy, max_prefill_tokens=self.max_prefill_tokens, chunked=chunked,
             conservativeness=self.schedule_conservativeness,
             context_length=self.context_length or get_model(model).max_position_embeddings,
+            cache_preempted_blocks="prompt",  # retract_decode keeps the radix-tree prefix, frees the rest
         )

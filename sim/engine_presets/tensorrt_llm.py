@@ -23,8 +23,9 @@ class TensorRTLLMPreset(EnginePreset):
     ``GUARANTEED_NO_EVICT`` (default) starts a request only if the blocks for its prompt plus its
     whole output are free after every running request's own remaining need, in arrival order
     (head-of-line), and so never evicts. ``MAX_UTILIZATION`` admits whatever fits the next step
-    and, short of blocks, pauses the latest-arrived running request (its KV freed, its generated
-    tokens kept as prompt, back to the head of the queue); a step that paused admits nothing new.
+    and, short of blocks, pauses the latest-arrived running request (its KV freed but stored for
+    reuse, its generated tokens kept as prompt, back to the head of the queue, where it finds the
+    blocks not yet evicted); a step that paused admits nothing new.
     32-token blocks with block reuse.
     Not modelled: a paused request reclaiming its place ahead of newer running ones, the
     ``EQUAL_PROGRESS`` chunking policy, ``STATIC_BATCH``, KV-cache offload to host, beam width > 1.
@@ -73,4 +74,8 @@ class TensorRTLLMPreset(EnginePreset):
             victim="latest_arrival",
             requeue="head",
             admit_after_preemption="not_this_step",
+            # a paused request's blocks, prompt and generated, are stored for reuse as it is freed
+            # (py_executor _pause_requests -> free_resources -> BlockManager::releaseBlocks, which
+            # stores the blocks of all its tokens but the last when block reuse is on)
+            cache_preempted_blocks="all",
         )

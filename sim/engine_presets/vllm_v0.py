@@ -53,4 +53,6 @@ class VllmV0Preset(EnginePreset):
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens or 2048,
             max_model_len=self.max_model_len, policy=self.policy, preemption_mode=self.preemption_mode,
             schedule_order="prefill_first",
+            # V0's prefix caching (off by default) is not modelled: a victim finds only shared blocks
+            cache_preempted_blocks="none",
         )

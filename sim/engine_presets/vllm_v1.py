@@ -30,7 +30,9 @@ class VllmV1Preset(EnginePreset):
     requests first, then waiting ones, chunked prefill always on, ``long_prefill_token_threshold``
     caps one request's chunk; prefix caching on with 16-token blocks; under KV pressure the tail
     of the running queue (or the lowest priority under ``policy: priority``) is preempted by
-    recompute, and a step that preempted admits nothing new. No watermark (V1 has none).
+    recompute, its fully computed blocks, prompt and generated, left in the prefix cache
+    (``_preempt_request`` -> ``KVCacheManager.free``), so it comes back to those not yet evicted;
+    a step that preempted admits nothing new. No watermark (V1 has none).
     ``async_scheduling``: the Replica loop admits a step late and host time overlaps the device.
     Not modelled: vLLM walks its running list in admission order while servesim serves decodes
     before partial prefills (they differ only when several partial prefills exhaust the budget).
@@ -71,4 +73,5 @@ class VllmV1Preset(EnginePreset):
             max_num_seqs=self.max_num_seqs or 256, max_num_batched_tokens=self.max_num_batched_tokens or 2048,
             long_prefill_token_threshold=self.long_prefill_token_threshold, max_model_len=self.max_model_len,
             policy=self.policy, preemption_mode="recompute", async_scheduling=self.async_scheduling,
+            cache_preempted_blocks="all",
         )

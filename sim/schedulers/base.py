@@ -28,6 +28,8 @@ from ..request import Request, RequestState
 from .running import RunningTable, StepRows, _readonly
 
 PreemptionMode = Literal["recompute", "soft_reset", "swap"]
+# What a request preempted by recompute or soft reset leaves in the prefix cache (prefix caching on)
+CachePreempted = Literal["all", "prompt", "none"]
 
 
 class PolicyConfig(ConfigModel):
@@ -43,6 +45,14 @@ class PolicyConfig(ConfigModel):
     max_model_len: int | None = Field(None, ge=1, description="reject requests whose prompt+output exceed this")
     policy: Literal["fcfs", "priority"] = "fcfs"
     preemption_mode: PreemptionMode = "recompute"
+    # With prefix caching on, what a request preempted by recompute (or soft reset) finds of its own
+    # KV when it is admitted again. "all": vLLM V1, every fully computed block, prompt and generated,
+    # stays cached until evicted (scheduler.py _preempt_request -> KVCacheManager.free); "prompt":
+    # SGLang, whose radix tree keeps the prefilled prompt and frees the decoded tokens
+    # (schedule_batch.py retract_decode -> release_req); "none": only blocks the prompt shares with
+    # other requests (servesim before this knob).
+    cache_preempted_blocks: CachePreempted = Field(
+        "all", description="what a preempted request finds of its own KV when it comes back (prefix caching on)")
     # The engine loop, not the policy: the CPU chooses step n+1 while the device runs step n (vLLM's
     # --async-scheduling, vllm/v1/core/sched/async_scheduler.py), so a request arriving during step n
     # is first scheduled into step n+2 and host time overlaps device time (sim/engine.py).
@@ -81,6 +91,7 @@ class Scheduler:
         self.max_num_seqs = self.seats(config, block_manager)
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.preemption_mode = config.preemption_mode
+        self.cache_preempted = config.cache_preempted_blocks
         self.waiting: deque[Request] = deque()
         self.swapped: deque[Request] = deque()
         self.run = RunningTable(self.max_num_seqs)
@@ -202,7 +213,8 @@ class Scheduler:
         self.num_preemptions += 1
         self._preempted_this_step.append(req)
         # A request swapped in during this very step has no data on the device yet: recompute it.
-        if self.preemption_mode == "swap" and req.request_id not in self._swapped_in_now:
+        swapped_in_now = req.request_id in self._swapped_in_now
+        if self.preemption_mode == "swap" and not swapped_in_now:
             pairs = self.kv.swap_out(req)
             if pairs is not None:
                 self._swap_out.extend(pairs)
@@ -210,6 +222,8 @@ class Scheduler:
                 self.swapped.append(req)
                 return
             # host swap space is full: fall back to recompute, as the request cannot wait in host memory
+        if self.cache_preempted != "none" and not swapped_in_now:
+            self.kv.cache_preempted(req, generated=self.cache_preempted == "all")
         self.kv.free(req)
         if self.preemption_mode == "soft_reset":
             # Transformers' soft reset: what was generated becomes part of the prompt.

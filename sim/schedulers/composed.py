@@ -27,7 +27,7 @@ from pydantic import Field, model_validator
 from ..batch import Batch
 from ..kv_cache import BlockManager
 from ..request import Request
-from .base import PolicyConfig, Scheduler
+from .base import CachePreempted, PolicyConfig, Scheduler
 from .blocks import (
     attach_cached_prefix,
     blocks_to_completion,
@@ -59,6 +59,8 @@ class ComposedConfig(PolicyConfig):
     requeue: Literal["head", "tail"] = "head"  # where a preempted request goes back in the queue
     admit_after_preemption: Literal["yes", "not_this_step", "not_until_a_finish"] = "yes"
     max_rows_per_step: int = Field(0, ge=0)  # 0 = no cap beyond max_num_seqs
+    # the presets choose: TensorRT-LLM stores a paused request's blocks, Transformers is left as it was
+    cache_preempted_blocks: CachePreempted = "none"
 
     @model_validator(mode="after")
     def _no_swap(self) -> ComposedConfig:

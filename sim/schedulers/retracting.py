@@ -14,7 +14,8 @@ A step is a prefill step or a decode step, never both:
 - **decode** otherwise: every running request generates one token. If the pool cannot hold one
   more token each, running requests are retracted (fewest outputs first, the longest prompt among
   equals) until 20 tokens per remaining request are free; they go to the back of the queue and
-  are recomputed later.
+  are recomputed later. With prefix caching on (the radix cache), a retracted request's prompt
+  stays cached until evicted and only its decoded tokens are recomputed.
 
 ``new_token_ratio`` starts at ``0.7 * schedule_conservativeness``, drops by ``(init - 0.14 * init)
 / 600`` per decode step, jumps to ``(outputs so far + 20 * running) / max outputs`` after a
@@ -31,7 +32,7 @@ from pydantic import Field, model_validator
 
 from ..batch import Batch
 from ..kv_cache import BlockManager
-from .base import PolicyConfig, Scheduler
+from .base import CachePreempted, PolicyConfig, Scheduler
 from .blocks import (
     attach_cached_prefix,
     drop_cached_prefix,
@@ -61,6 +62,9 @@ class RetractingConfig(PolicyConfig):
     chunked: bool = True  # False: prompts are not chunked (SGLang's chunked_prefill_size -1)
     conservativeness: float = Field(1.0, ge=0.0, description="scales the new-token ratio of admission")
     context_length: int = Field(4096, ge=1, description="the model's context (sizes the max_num_seqs default)")
+    # a retracted request's prompt stays in the radix tree, its decoded tokens are freed
+    # (schedule_batch.py retract_decode -> release_req frees from len(prefix_indices) on)
+    cache_preempted_blocks: CachePreempted = "prompt"
 
     @model_validator(mode="after")
     def _recompute_only(self) -> RetractingConfig:
