@@ -397,6 +397,49 @@ def test_sglang_never_mixes_prefill_and_decode_and_retracts_fewest_outputs_first
     assert sched.num_retractions == retractions
 
 
+def drive_sglang(sched, pending: list[Request]) -> int:
+    """Run a scheduler over requests to the end (1 s steps); returns the retractions."""
+    now, retractions, idle = 0.0, 0, 0
+    while pending or sched.has_unfinished:
+        while pending and pending[0].arrival_time <= now:
+            sched.add(pending.pop(0))
+        batch = sched.schedule(now)
+        if batch.is_empty:
+            idle += 1
+            assert pending and idle < 10_000, "no progress with requests waiting on an idle replica"
+            now = pending[0].arrival_time
+            continue
+        retractions += len(batch.preempted)
+        now += 1.0
+        sched.update(batch, now)
+    return retractions
+
+
+def test_sglang_refuses_a_request_whose_output_it_would_cut_to_fit_the_pool():
+    # 100-token pool: max_req_len 99, so a 45-token prompt may ask for at most 53 outputs
+    sched = build({"preset": "sglang"}, num_blocks=100, block_size=1)
+    fits, cut = Request(0, 0.0, 45, 53), Request(1, 0.0, 45, 54)
+    assert sched.add(fits)
+    assert not sched.add(cut)
+    assert "caps max_new_tokens at max_req_len - prompt - 1 = 53" in cut.reject_reason
+    drive_sglang(sched, [])
+    assert fits.state == RequestState.FINISHED
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sglang_on_a_tight_pool_serves_every_request_it_accepts(seed):
+    # prefix caching off: a retracted request re-prefills its prompt and outputs; admission must
+    # count the outputs still to come (not its whole output again), or it can never return
+    rng = np.random.default_rng(seed)
+    sched = build({"preset": "sglang", "schedule_conservativeness": 0.0}, num_blocks=120, block_size=1)
+    pending = [Request(i, 0.3 * i, int(rng.integers(5, 15)), int(rng.integers(40, 70))) for i in range(30)]
+    reqs = list(pending)
+    retractions = drive_sglang(sched, pending)
+    sched.check_drained()
+    assert retractions > 0, "no retraction; the test proves nothing"
+    assert all(r.state in (RequestState.FINISHED, RequestState.REJECTED) for r in reqs)
+    assert sum(r.state == RequestState.FINISHED for r in reqs) >= 20
+
 def test_sglang_victim_is_fewest_outputs_then_longest_prompt_not_the_newest():
     run = RunningTable(4)
     for i, (prompt, out) in enumerate([(100, 3), (50, 1), (300, 1), (80, 9)]):

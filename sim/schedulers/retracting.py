@@ -32,6 +32,7 @@ from pydantic import Field, model_validator
 
 from ..batch import Batch
 from ..kv_cache import BlockManager
+from ..request import Request
 from .base import CachePreempted, PolicyConfig, Scheduler
 from .blocks import (
     attach_cached_prefix,
@@ -96,6 +97,23 @@ class RetractingScheduler(Scheduler):
         return min(max(int(pool / config.context_length * 512), 2048), 4096)
 
     # ---- interface ---------------------------------------------------------------------------
+    def reject_reason(self, request: Request) -> str | None:
+        """The base checks, then SGLang's cap on one request: ``max_new_tokens`` is cut to
+        ``max_req_len - prompt - 1`` with ``max_req_len = pool tokens - 1`` (scheduler.py
+        ``init_req_max_new_tokens``, tp_worker's ``max_req_len``). SGLang would stop such a request
+        early; its admission test (prompt + outputs to come < free tokens) could otherwise never
+        pass even on an idle replica, so the request is refused with the cut it would get."""
+        reason = super().reject_reason(request)
+        if reason is not None:
+            return reason
+        max_req_len = self.kv.num_blocks * self.block_size - 1
+        allowed = max_req_len - request.prompt_len - 1
+        if request.output_len > allowed:
+            return (f"request {request.request_id}: SGLang caps max_new_tokens at max_req_len - prompt - 1 = "
+                    f"{max(allowed, 0)} (max_req_len = {max_req_len}, the KV pool's tokens - 1) and this request "
+                    f"asks for {request.output_len} output tokens; raise kv_cache.num_blocks or shorten it")
+        return None
+
     def schedule(self, now: float) -> Batch:
         if self.run.n == 0:
             self.new_token_ratio = self.init_ratio  # SGLang resets the estimate whenever it idles
@@ -132,7 +150,8 @@ class RetractingScheduler(Scheduler):
             run.nblocks[i] = kv.num_blocks_of(req)
             rows.append(i)
             new.append(chunk)
-            rem_total -= chunk + (0 if chunk < remaining else min(int(run.out_len[i]), CLIP_MAX_NEW_TOKENS))
+            rem_total -= chunk + (0 if chunk < remaining else
+                                  min(max(int(run.out_len[i] - run.out[i]), 0), CLIP_MAX_NEW_TOKENS))
             rem_input -= chunk
             if rem_chunk is not None:
                 rem_chunk -= chunk
@@ -149,7 +168,9 @@ class RetractingScheduler(Scheduler):
                 break
             fresh, cached, computed = attach_cached_prefix(kv, req)
             extend = req.num_tokens - computed
-            max_new = min(req.output_len, CLIP_MAX_NEW_TOKENS)
+            # the outputs still to come, then clipped (add_one_req: max(max_new_tokens - len(output_ids),
+            # 0) before CLIP_MAX_NEW_TOKENS): a retracted request keeps what it generated
+            max_new = min(max(req.output_len - req.num_output_tokens, 0), CLIP_MAX_NEW_TOKENS)
             last = rem_chunk is None or extend <= rem_chunk
             tokens = extend if last else rem_chunk
             stop = extend + max_new >= rem_total or (extend > rem_input and rows) or tokens <= 0
