@@ -168,8 +168,7 @@ class Scenario(ConfigModel):
             blocks_scale = (2**20 / block_bytes, " MiB")
         else:
             try:
-                blocks = float(num_kv_blocks(model, get_hardware(self.hardware), self.tensor_parallel,
-                                             kv.gpu_memory_utilization, kv.block_size))
+                blocks = float(self.derived_kv_blocks())
             except ValueError:  # the model does not fit: simulate says so
                 blocks = 0.0
             blocks_field = "kv_cache.gpu_memory_utilization"
@@ -207,6 +206,19 @@ class Scenario(ConfigModel):
     def policy(self) -> PolicyConfig:
         """The policy config the replicas schedule with (an engine preset's translation)."""
         return resolve_policy(self.scheduler, get_hardware(self.hardware), self.model)
+
+    def derived_kv_blocks(self) -> int:
+        """KV blocks per replica from memory when ``kv_cache.num_blocks`` is not given (``num_kv_blocks``).
+
+        vLLM profiles a step of the policy's token budget over its seat cap; a policy that derives
+        its seats from the cache (SGLang's, TensorRT-LLM's without ``max_batch_size``) is profiled
+        at 256, servesim's default. Raises ``PresetError`` when the model does not fit.
+        """
+        policy = self.policy
+        seats = policy.max_num_seqs if policy.max_num_seqs is not None else 256
+        return num_kv_blocks(get_model(self.model), get_hardware(self.hardware), self.tensor_parallel,
+                             self.kv_cache.gpu_memory_utilization, self.kv_cache.block_size,
+                             max_num_seqs=seats, max_num_batched_tokens=policy.max_num_batched_tokens)
 
     @property
     def scheduler_name(self) -> str:

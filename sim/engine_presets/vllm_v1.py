@@ -11,7 +11,7 @@ from ..schedulers import ChunkedConfig
 from .base import EnginePreset
 
 
-def _vllm_batch_defaults(hardware: HardwareConfig) -> tuple[int, int]:
+def vllm_batch_defaults(hardware: HardwareConfig) -> tuple[int, int]:
     """vLLM's (max_num_batched_tokens, max_num_seqs) for the OpenAI server on this hardware class.
 
     ``EngineArgs.get_batch_defaults``: devices with >= 70 GiB that are not A100s get 8192 / 1024,
@@ -60,7 +60,7 @@ class VllmV1Preset(EnginePreset):
     async_scheduling: bool = False
 
     def resolved(self, hardware: HardwareConfig, model: str) -> VllmV1Preset:
-        tokens, seqs = _vllm_batch_defaults(hardware)
+        tokens, seqs = vllm_batch_defaults(hardware)
         return self.model_copy(update={
             "max_num_batched_tokens": self.max_num_batched_tokens or tokens,
             "max_num_seqs": self.max_num_seqs or seqs,
