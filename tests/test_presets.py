@@ -185,3 +185,22 @@ def test_did_you_mean_prefers_the_choice_a_name_begins_then_the_closest_then_not
     assert did_you_mean("max_num_seq", ["max_num_seqs", "policy"]) == " (did you mean 'max_num_seqs'?)"
     assert did_you_mean("zzz", ["max_num_seqs", "policy"]) == ""
 
+
+def test_shipped_sizing_constants_are_the_fit_of_the_logged_vllm_rows():
+    import importlib.util
+    from pathlib import Path
+
+    import pandas as pd
+    from servesim.sim.presets import FORWARD_HIDDEN_BUFFERS, SAMPLER_BYTES_PER_LOGIT
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "kv_sizing_vs_logs.py"
+    spec = importlib.util.spec_from_file_location("kv_sizing_vs_logs", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = pd.read_csv(bench.DATA)
+    fitted = bench.fit(rows[rows["vllm_version"] == bench.FIT_RELEASE])
+    h100 = get_hardware("h100-sxm")
+    assert fitted["sampler"] == pytest.approx(SAMPLER_BYTES_PER_LOGIT, abs=0.05)
+    assert fitted["hidden"] == pytest.approx(FORWARD_HIDDEN_BUFFERS, abs=0.05)
+    assert fitted["non_torch"] == pytest.approx(h100.non_torch_bytes, abs=0.01 * GiB)
+    assert fitted["tp_extra"] == pytest.approx(h100.tp_non_torch_bytes, abs=0.01 * GiB)
