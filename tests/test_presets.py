@@ -136,6 +136,23 @@ def test_scenario_blocks_follow_the_schedulers_seats_and_budget():
         m, hw, 1, 0.9, 16, max_num_seqs=64, max_num_batched_tokens=4096)
 
 
+def test_other_engine_presets_get_the_memory_a_default_vllm_server_leaves():
+    from servesim.sim.scenario import scenario_from_dict
+
+    def tokens(preset, **knobs):
+        sc = scenario_from_dict({"model": "llama-3.1-8b", "hardware": "h100-sxm",
+                                 "scheduler": {"preset": preset, **knobs},
+                                 "workload": {"num_requests": 1, "arrival": {"process": "poisson", "rate": 1},
+                                              "prompt_len": 1, "output_len": 1}})
+        return sc.derived_kv_blocks() * sc.kv_cache.block_size
+
+    # vLLM V1 on an H100 defaults to 1024 seats; TensorRT-LLM's 2048-row batch does not change its memory
+    vllm = tokens("vllm-v1")
+    for preset in ("tensorrt-llm", "sglang", "vllm-v0"):
+        assert abs(tokens(preset) - vllm) < 32  # whole blocks of each preset's own size
+    assert tokens("tensorrt-llm", max_batch_size=64) == tokens("tensorrt-llm")
+
+
 def test_more_memory_gives_more_blocks():
     m = get_model("llama-3.1-8b")
     b = {hw: num_kv_blocks(m, get_hardware(hw), 1, 0.9, 16) for hw in ("h200", "h100-sxm", "a100-80g", "l40s")}

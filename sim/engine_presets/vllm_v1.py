@@ -39,6 +39,7 @@ class VllmV1Preset(EnginePreset):
     ENGINE: ClassVar[str] = "vLLM V1"
     MODELLED: ClassVar[str] = "vLLM V1 engine (v0.8+; main @ 00024d3)"
     KV_DEFAULTS: ClassVar[dict[str, Any]] = {"block_size": 16, "enable_prefix_caching": True, "watermark": 0.0}
+    KV_PROFILED_AT_OWN_BATCH: ClassVar[bool] = True
     NOT_MODELLED: ClassVar[dict[str, str]] = {
         "enable_chunked_prefill": "V1 always chunks prefills in the version modelled; use preset vllm-v0 "
         "for whole-prompt scheduling",
