@@ -346,7 +346,8 @@ def kv_heads_per_rank(model: ModelConfig, tensor_parallel: int) -> int:
 # of each: logits of every vocabulary entry, sampled with temperature, top-k and top-p, while the
 # step's hidden states are still held. The torch peak increase is the larger of the two phases.
 # CUDA graphs are captured after the cache is allocated and are not charged to it up to 0.20
-# (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, off by default until 0.21); the block count is
+# (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS: on by default from 0.21 until vLLM PR #45197 turned
+# it off again; not modelled); the block count is
 # floor(KV bytes / (layers x per-layer page)) with no further rounding (kv_cache_utils.py).
 # Fitted on the vLLM 0.19 logs of calibration/data/vllm_memory_logs.csv (benchmarks/kv_sizing_vs_logs.py):
 SAMPLER_BYTES_PER_LOGIT = 14.8  # bf16 logits, their fp32 copy, probabilities and exponential noise
@@ -361,7 +362,7 @@ def default_activation_reserve_bytes(model: ModelConfig, tensor_parallel: int = 
 
     - Forward pass of ``max_num_batched_tokens`` tokens: the SwiGLU gate/up output and its product
       (3 x intermediate / TP values per token) next to ``hidden_buffers`` hidden-sized ones
-      (residual, normed input, attention output), at the model's dtype.
+      (a fitted count: the residual, the normed input and the like), at the model's dtype.
     - Dummy sampler over ``min(max_num_seqs, tokens)`` rows of the full vocabulary (every TP rank
       gathers all logits and samples): ``sampler_bytes_per_logit`` per row and vocabulary entry,
       plus the step's hidden states, still alive.
