@@ -8,8 +8,9 @@ so ``sim/scenario.yaml`` in the output repeats the simulated side with ``servesi
   run's engine arguments;
 - ``kv_cache``: the run's block size, prefix caching and block count where it records them, else
   vLLM V1's defaults (16-token blocks, prefix caching on) and the block count vLLM's memory
-  accounting gives on the hardware preset (``gpu_memory_utilization`` x memory - weights / TP - 1 GiB
-  runtime - the activation peak of a ``max_num_batched_tokens`` step);
+  accounting gives on the hardware preset (``gpu_memory_utilization`` x CUDA's total - weights / TP
+  - non-torch memory - the activation peak of its profile run at the run's ``max_num_batched_tokens``
+  and ``max_num_seqs``; ``presets.num_kv_blocks``);
 - ``workload: {trace: {format: csv, path: ../workload.csv}}``: the measured arrivals (on the engine
   clock, see measured_run's docstring) and lengths, written beside it;
 - model, hardware and TP from the run; ``--profile`` as the cost model.
@@ -50,8 +51,9 @@ from servesim.calibration.validate import (
     servesim_commit,
 )
 from servesim.sim.cost_model import ProfileError, resolve_profile_path
+from servesim.sim.engine_presets.vllm_v1 import vllm_batch_defaults
 from servesim.sim.metrics import summarize, to_json
-from servesim.sim.presets import default_activation_reserve_bytes, get_hardware, get_model, num_kv_blocks
+from servesim.sim.presets import get_hardware, get_model, num_kv_blocks
 from servesim.sim.scenario import (
     Scenario,
     apply_override,
@@ -87,12 +89,11 @@ class AgainstResult:
 
 # ---- the scenario ---------------------------------------------------------------------------------
 def vllm_kv_blocks(model: str, hardware: str, tp: int, block_size: int, max_num_batched_tokens: int,
-                   gpu_memory_utilization: float = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION) -> int:
+                   max_num_seqs: int, gpu_memory_utilization: float = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION) -> int:
     """KV blocks per GPU the way vLLM sizes its cache (see ``presets.num_kv_blocks``), for a run
-    whose files do not record the count: the activation reserve is that of the run's own budget."""
-    m = get_model(model)
-    reserve = default_activation_reserve_bytes(m, tp, max_num_batched_tokens)
-    return num_kv_blocks(m, get_hardware(hardware), tp, gpu_memory_utilization, block_size, reserve)
+    whose files do not record the count: the profile run is that of the run's own budget and seats."""
+    return num_kv_blocks(get_model(model), get_hardware(hardware), tp, gpu_memory_utilization, block_size,
+                         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
 
 
 def async_by_default(vllm_version: str | None) -> bool:
@@ -172,12 +173,15 @@ def scenario_dict(run: MeasuredRun, base: dict[str, Any] | None = None, profile:
     kv = raw["kv_cache"]
     if kv.get("num_blocks") is None:
         sched = raw["scheduler"]
-        budget = sched.get("max_num_batched_tokens") or 8192
+        default_budget, default_seats = vllm_batch_defaults(get_hardware(raw["hardware"]))
+        budget = sched.get("max_num_batched_tokens") or default_budget
+        seats = sched.get("max_num_seqs") or default_seats
         util = kv.get("gpu_memory_utilization", VLLM_DEFAULT_GPU_MEMORY_UTILIZATION)
         kv["num_blocks"] = vllm_kv_blocks(raw["model"], raw["hardware"], int(raw.get("tensor_parallel") or 1),
-                                          int(kv["block_size"]), int(budget), util)
-        notes.append(f"KV blocks not in the run: {kv['num_blocks']} derived as vLLM sizes them (memory x {util} "
-                     f"- weights / TP - 1 GiB runtime - the activation peak of a {budget}-token step)")
+                                          int(kv["block_size"]), int(budget), int(seats), util)
+        notes.append(f"KV blocks not in the run: {kv['num_blocks']} derived as vLLM sizes them (CUDA's memory "
+                     f"total x {util} - weights / TP - non-torch memory - the activation peak of its profile "
+                     f"run, a {budget}-token step over {seats} requests)")
     return raw, notes
 
 

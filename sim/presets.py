@@ -2,10 +2,11 @@
 
 Model shapes are the published Hugging Face ``config.json`` values (sources next to each entry).
 Hardware figures are datasheet peaks: dense (no 2:4 sparsity) BF16 tensor-core FLOP/s, HBM
-bandwidth, and the memory the driver reports (``nvidia-smi`` total), because that is what
-vLLM's ``gpu_memory_utilization`` multiplies. Next to the peaks, each GPU carries the fractions of
-them that real kernels reach (weight streaming, streaming passes, GEMM and attention FLOP/s) and
-its kernel floor, measured from public kernel timings and cited next to ``HARDWARE``.
+bandwidth, and the memory ``nvidia-smi`` reports, next to the smaller total CUDA reports
+(``torch.cuda.mem_get_info``), which is what vLLM's ``gpu_memory_utilization`` multiplies. Next to
+the peaks, each GPU carries the fractions of them that real kernels reach (weight streaming,
+streaming passes, GEMM and attention FLOP/s) and its kernel floor, measured from public kernel
+timings and cited next to ``HARDWARE``.
 """
 
 from __future__ import annotations
@@ -143,7 +144,11 @@ class HardwareConfig:
     name: str
     peak_flops: float = 989e12  # dense BF16 FLOP/s
     hbm_bandwidth: float = 3.35e12  # bytes/s
-    memory_bytes: float = 80 * GiB  # what the driver reports as total
+    memory_bytes: float = 80 * GiB  # what nvidia-smi reports as total
+    # What CUDA reports as total (torch.cuda.mem_get_info()[1]), the figure vLLM's
+    # gpu_memory_utilization multiplies; the driver keeps 300-900 MiB of the nvidia-smi total for
+    # itself (calibration/data/gpu_cuda_totals.csv). None: memory_bytes (the CPU, no driver).
+    cuda_memory_bytes: float | None = None
     pcie_bandwidth: float = 50e9  # host<->device, effective, one direction (KV swap)
     interconnect_bandwidth: float = 450e9  # GPU<->GPU for TP all-reduce, one direction per GPU
     # The TP all-reduce over that link (sim/allreduce.py): one call takes latency + hop latency x
@@ -156,8 +161,13 @@ class HardwareConfig:
     gpus_per_node: int = 8  # the largest TP group on one link (TP across nodes is not modelled)
     # On-demand $ per GPU-hour (approximate list prices, see HARDWARE); None: no price known.
     price_per_gpu_hour: float | None = None
-    # CUDA context, cuBLAS/NCCL workspaces, CUDA graphs: memory vLLM never gives to the KV cache.
-    runtime_reserve_bytes: float = 1 * GiB
+    # Device memory outside PyTorch's allocator that vLLM's profile run adds (its "non-torch
+    # forward increase": cuBLAS workspaces, NCCL and all-reduce buffers), per device; and what
+    # tensor parallelism adds to it. vLLM 0.19 logged 0.24-0.46 GiB at TP 1 (median 0.25) and
+    # 2.06-2.13 GiB at TP 2 and 4 on H100 NVSwitch nodes (calibration/data/vllm_memory_logs.csv).
+    # The CUDA context is not in it: vLLM's baseline snapshot is taken after the context exists.
+    non_torch_bytes: float = 0.25 * GiB
+    tp_non_torch_bytes: float = 0.0
     # Rows of a GEMM tile: a step's token count is padded up to a multiple of it (1 = no padding).
     gemm_tile_tokens: int = 64
     # What real kernels reach of the peaks above (fractions), for the roofline cost model. Measured
@@ -168,6 +178,11 @@ class HardwareConfig:
     gemm_flops_fraction: float = 0.75  # large bf16 GEMMs (thousands of rows)
     attention_flops_fraction: float = 0.6  # prefill flash attention, on the causal FLOPs
     kernel_floor_s: float = 4e-6  # the shortest a kernel takes: launch, ramp-up and tail (seconds)
+
+    @property
+    def cuda_total_bytes(self) -> float:
+        """Device memory as CUDA reports its total (bytes): what ``gpu_memory_utilization`` scales."""
+        return self.memory_bytes if self.cuda_memory_bytes is None else self.cuda_memory_bytes
 
 
 # Sources: NVIDIA A100 datasheet (nvidia.com/.../a100-80gb-datasheet-update-nvidia-us-1521051-r2-web.pdf),
@@ -184,6 +199,14 @@ class HardwareConfig:
 # RTX 4090 (Ada Lovelace whitepaper, appendix table): 24 GB GDDR6X (24564 MiB), 1008 GB/s,
 # 165.2 TFLOP/s dense BF16 with FP32 accumulate (GeForce runs FP32 accumulate at half rate);
 # PCIe Gen4, no NVLink (and no peer-to-peer), so TP all-reduces cross PCIe through the host.
+#
+# cuda_memory_bytes, the total CUDA reports (calibration/data/gpu_cuda_totals.csv): H100 SXM 79.19
+# GiB (vLLM 0.19's own snapshot), RTX PRO 6000 94.97 GiB, RTX 4090 23.64 GiB (torch messages on
+# those cards); L40S 44.43 GiB, read on an RTX 6000 Ada, the same AD102 board with the same 46068
+# MiB. A100 80GB and H200 are not measured: nvidia-smi's total less 512 MiB, about the median gap
+# of the six measured cards (317-637 MiB, median 490). tp_non_torch_bytes 1.85 GiB on the NVSwitch Hopper nodes:
+# vLLM 0.19 logged 2.06-2.13 GiB non-torch at TP 2 and 4 on H100s against 0.25 at TP 1; no
+# PCIe card is measured at TP > 1 (vLLM issue #29070: 0.09 GiB at TP 4 on NVLink-paired A30s).
 #
 # Achievable fractions, from the public kernel timings in ../shared/data/gpu (SOURCES.md there:
 # LLMServingSim, MIT (c) 2024 CASYS Lab at KAIST; Vidur, MIT (c) Microsoft Corporation;
@@ -239,27 +262,33 @@ H100_FRACTIONS = dict(weight_bandwidth_fraction=0.89, stream_bandwidth_fraction=
                       attention_flops_fraction=0.73, kernel_floor_s=4e-6)
 HARDWARE: dict[str, HardwareConfig] = {
     "a100-80g": HardwareConfig("a100-80g", peak_flops=312e12, hbm_bandwidth=2.039e12,
-                               memory_bytes=81920 * MiB, pcie_bandwidth=25e9, interconnect_bandwidth=300e9,
+                               memory_bytes=81920 * MiB, cuda_memory_bytes=(81920 - 512) * MiB,
+                               pcie_bandwidth=25e9, interconnect_bandwidth=300e9,
                                interconnect="nvlink3", allreduce_efficiency=0.514, allreduce_latency_s=31.1e-6,
                                allreduce_hop_latency_s=0.84e-6, price_per_gpu_hour=1.79,
                                weight_bandwidth_fraction=0.82, stream_bandwidth_fraction=0.88,
                                gemm_flops_fraction=0.70, attention_flops_fraction=0.6, kernel_floor_s=4.5e-6),
     "h100-sxm": HardwareConfig("h100-sxm", peak_flops=989e12, hbm_bandwidth=3.35e12,
-                               memory_bytes=81559 * MiB, pcie_bandwidth=50e9, interconnect_bandwidth=450e9,
+                               memory_bytes=81559 * MiB, cuda_memory_bytes=79.19 * GiB,
+                               tp_non_torch_bytes=1.85 * GiB, pcie_bandwidth=50e9, interconnect_bandwidth=450e9,
                                price_per_gpu_hour=2.99, **H100_LINK, **H100_FRACTIONS),
     "h200": HardwareConfig("h200", peak_flops=989e12, hbm_bandwidth=4.8e12,
-                           memory_bytes=143771 * MiB, pcie_bandwidth=50e9, interconnect_bandwidth=450e9,
+                           memory_bytes=143771 * MiB, cuda_memory_bytes=(143771 - 512) * MiB,
+                           tp_non_torch_bytes=1.85 * GiB, pcie_bandwidth=50e9, interconnect_bandwidth=450e9,
                            price_per_gpu_hour=3.59, **H100_LINK, **H100_FRACTIONS),
     "l40s": HardwareConfig("l40s", peak_flops=362e12, hbm_bandwidth=864e9,
-                           memory_bytes=46068 * MiB, pcie_bandwidth=25e9, interconnect_bandwidth=25e9,
+                           memory_bytes=46068 * MiB, cuda_memory_bytes=44.43 * GiB,
+                           pcie_bandwidth=25e9, interconnect_bandwidth=25e9,
                            interconnect="pcie4", price_per_gpu_hour=0.86),
     "rtx-pro-6000": HardwareConfig("rtx-pro-6000", peak_flops=503.8e12, hbm_bandwidth=1.792e12,
-                                   memory_bytes=97887 * MiB, pcie_bandwidth=50e9, interconnect_bandwidth=50e9,
+                                   memory_bytes=97887 * MiB, cuda_memory_bytes=94.97 * GiB,
+                                   pcie_bandwidth=50e9, interconnect_bandwidth=50e9,
                                    interconnect="pcie5", price_per_gpu_hour=1.79,
                                    weight_bandwidth_fraction=0.84, stream_bandwidth_fraction=0.84,
                                    gemm_flops_fraction=0.78, attention_flops_fraction=0.43, kernel_floor_s=3e-6),
     "rtx-4090": HardwareConfig("rtx-4090", peak_flops=165.2e12, hbm_bandwidth=1.008e12,
-                               memory_bytes=24564 * MiB, pcie_bandwidth=25e9, interconnect_bandwidth=25e9,
+                               memory_bytes=24564 * MiB, cuda_memory_bytes=23.64 * GiB,
+                               pcie_bandwidth=25e9, interconnect_bandwidth=25e9,
                                interconnect="pcie4", price_per_gpu_hour=0.69,
                                weight_bandwidth_fraction=0.95, stream_bandwidth_fraction=0.93,
                                gemm_flops_fraction=1.0, attention_flops_fraction=0.62, kernel_floor_s=3e-6),
@@ -270,7 +299,7 @@ HARDWARE: dict[str, HardwareConfig] = {
     "cpu-2core": HardwareConfig("cpu-2core", peak_flops=50e9, hbm_bandwidth=10e9, memory_bytes=4 * GiB,
                                 pcie_bandwidth=5e9, interconnect_bandwidth=5e9, interconnect="shared-memory",
                                 price_per_gpu_hour=0.10,
-                                runtime_reserve_bytes=256 * MiB, gemm_tile_tokens=1,
+                                non_torch_bytes=256 * MiB, gemm_tile_tokens=1,
                                 weight_bandwidth_fraction=0.8, stream_bandwidth_fraction=0.8,
                                 gemm_flops_fraction=0.6, attention_flops_fraction=0.6, kernel_floor_s=0.0),
 }
@@ -308,17 +337,50 @@ def kv_heads_per_rank(model: ModelConfig, tensor_parallel: int) -> int:
     return max(1, kv // tp)
 
 
-def default_activation_reserve_bytes(model: ModelConfig, tensor_parallel: int = 1,
-                                     max_num_batched_tokens: int = 8192) -> float:
-    """Peak activation memory of vLLM's profiling forward pass, per device (bytes).
+# vLLM V1 sizes its KV cache after a profile run (vllm/v1/worker/gpu_worker.py
+# determine_available_memory, vllm/utils/mem_utils.py memory_profiling, as stored at vllm-project/vllm
+# commits 35d5cda and a6d5c39; the 0.19 logs reproduce the sum to 0.01 GiB):
+#   KV bytes = CUDA total x gpu_memory_utilization - weights - torch peak increase - non-torch increase
+# The profile run (gpu_model_runner.py profile_run, commit 4e17906) is one _dummy_run of max_num_batched_tokens
+# tokens spread over min(max_num_seqs, tokens) requests, then _dummy_sampler_run on the last token
+# of each: logits of every vocabulary entry, sampled with temperature, top-k and top-p, while the
+# step's hidden states are still held. The torch peak increase is the larger of the two phases.
+# CUDA graphs are captured after the cache is allocated and are not charged to it up to 0.20
+# (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS: on by default from 0.21 until vLLM PR #45197 turned
+# it off again; not modelled); the block count is
+# floor(KV bytes / (layers x per-layer page)) with no further rounding (kv_cache_utils.py).
+# Fitted on the vLLM 0.19 logs of calibration/data/vllm_memory_logs.csv (benchmarks/kv_sizing_vs_logs.py):
+SAMPLER_BYTES_PER_LOGIT = 14.8  # bf16 logits, their fp32 copy, probabilities and exponential noise
+FORWARD_HIDDEN_BUFFERS = 4.25  # hidden-sized buffers live next to the SwiGLU's 3 x intermediate
 
-    The largest live tensors of a ``max_num_batched_tokens`` step are the SwiGLU gate/up output
-    (2 x intermediate per token) next to a few hidden-sized buffers (residual, normed input,
-    qkv, attention output): ~(2 I + 4 h) values per token, split across TP ranks. Llama-3.1-8B
-    at 8192 tokens gives ~0.7 GiB, in line with the 1-2 GiB vLLM logs as "activation peak".
+
+def default_activation_reserve_bytes(model: ModelConfig, tensor_parallel: int = 1,
+                                     max_num_batched_tokens: int = 8192, max_num_seqs: int = 256, *,
+                                     sampler_bytes_per_logit: float = SAMPLER_BYTES_PER_LOGIT,
+                                     hidden_buffers: float = FORWARD_HIDDEN_BUFFERS) -> float:
+    """Peak activation memory of vLLM V1's profile run, per device (bytes): the larger of its two phases.
+
+    - Forward pass of ``max_num_batched_tokens`` tokens: the SwiGLU gate/up output and its product
+      (3 x intermediate / TP values per token) next to ``hidden_buffers`` hidden-sized ones
+      (a fitted count: the residual, the normed input and the like), at the model's dtype.
+    - Dummy sampler over ``min(max_num_seqs, tokens)`` rows of the full vocabulary (every TP rank
+      gathers all logits and samples): ``sampler_bytes_per_logit`` per row and vocabulary entry,
+      plus the step's hidden states, still alive.
+
+    vLLM 0.19 on an H100 logged 1.89 GiB for Llama-3.1-8B at 1024 seqs / 8192 tokens (sampler) and
+    0.77 GiB for CodeLlama-7B, whose 32k vocabulary leaves the forward pass the larger; releases
+    whose sampler sorted the logits in PyTorch held ~38 bytes per entry (vLLM 0.11.0: 4.76 GiB).
     """
-    per_token = 2 * model.intermediate_size + 4 * model.hidden_size
-    return max_num_batched_tokens * per_token * model.dtype_bytes / tensor_parallel
+    tokens = max_num_batched_tokens
+    forward = tokens * (3 * model.intermediate_size / tensor_parallel + hidden_buffers * model.hidden_size)
+    rows = min(max_num_seqs, tokens)
+    sampler = rows * model.vocab_size * sampler_bytes_per_logit + tokens * model.hidden_size * model.dtype_bytes
+    return max(forward * model.dtype_bytes, sampler)
+
+
+def non_torch_reserve_bytes(hardware: HardwareConfig, tensor_parallel: int) -> float:
+    """What vLLM's profile run counts outside PyTorch's allocator on each device (bytes)."""
+    return hardware.non_torch_bytes + (hardware.tp_non_torch_bytes if tensor_parallel > 1 else 0.0)
 
 
 def kv_block_bytes(model: ModelConfig, tensor_parallel: int, block_size: int) -> int:
@@ -329,29 +391,32 @@ def kv_block_bytes(model: ModelConfig, tensor_parallel: int, block_size: int) ->
 
 def num_kv_blocks(model: ModelConfig, hardware: HardwareConfig, tensor_parallel: int,
                   gpu_memory_utilization: float, block_size: int,
-                  activation_reserve_bytes: float | None = None) -> int:
-    """KV blocks per device, vLLM style (every TP rank holds the same number of blocks).
+                  activation_reserve_bytes: float | None = None, *, max_num_seqs: int = 256,
+                  max_num_batched_tokens: int = 8192) -> int:
+    """KV blocks per device the way vLLM V1 sizes its cache (every TP rank holds the same number).
 
-    usable = memory * utilization - weights / tp - runtime reserve - activation reserve (bytes);
-    the runtime reserve is ``hardware.runtime_reserve_bytes`` (1 GiB on GPUs) and the activation
-    reserve defaults to ``default_activation_reserve_bytes``. Raises ``PresetError`` when the
-    weights and reserves leave no room for even one block.
+    usable = CUDA total x utilization - weights / tp - non-torch reserve - activation reserve (bytes),
+    floored to whole blocks: ``hardware.cuda_total_bytes``, ``non_torch_reserve_bytes`` and, unless
+    given, ``default_activation_reserve_bytes`` of a ``max_num_batched_tokens`` step over
+    ``max_num_seqs`` requests (see the comment above it for the vLLM code paths). Raises
+    ``PresetError`` when the weights and reserves leave no room for even one block.
     """
     if not 0.0 < gpu_memory_utilization <= 1.0:
         raise PresetError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     if block_size < 1:
         raise PresetError(f"block_size must be >= 1, got {block_size}")
     if activation_reserve_bytes is None:
-        activation_reserve_bytes = default_activation_reserve_bytes(model, tensor_parallel)
-    budget = hardware.memory_bytes * gpu_memory_utilization
+        activation_reserve_bytes = default_activation_reserve_bytes(model, tensor_parallel, max_num_batched_tokens,
+                                                                    max_num_seqs)
+    budget = hardware.cuda_total_bytes * gpu_memory_utilization
     weights = model.weight_bytes / tensor_parallel
-    usable = budget - weights - hardware.runtime_reserve_bytes - activation_reserve_bytes
+    reserves = non_torch_reserve_bytes(hardware, tensor_parallel) + activation_reserve_bytes
+    usable = budget - weights - reserves
     per_block = kv_block_bytes(model, tensor_parallel, block_size)
     if usable < per_block:
         raise PresetError(
             f"{model.name} does not fit on {hardware.name} with tensor_parallel={tensor_parallel}: "
-            f"weights {weights / GiB:.1f} GiB + reserves "
-            f"{(hardware.runtime_reserve_bytes + activation_reserve_bytes) / GiB:.1f} GiB per device vs "
+            f"weights {weights / GiB:.1f} GiB + reserves {reserves / GiB:.1f} GiB per device vs "
             f"{budget / GiB:.1f} GiB at gpu_memory_utilization={gpu_memory_utilization}; "
             "raise tensor_parallel or pick bigger hardware")
     return math.floor(usable / per_block)

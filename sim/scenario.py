@@ -26,6 +26,7 @@ from .engine_presets import (
     resolve_policy,
     scheduler_section,
 )
+from .engine_presets.vllm_v1 import vllm_batch_defaults
 from .errors import ScenarioError
 from .hints import did_you_mean
 from .host_memory import (
@@ -168,8 +169,7 @@ class Scenario(ConfigModel):
             blocks_scale = (2**20 / block_bytes, " MiB")
         else:
             try:
-                blocks = float(num_kv_blocks(model, get_hardware(self.hardware), self.tensor_parallel,
-                                             kv.gpu_memory_utilization, kv.block_size))
+                blocks = float(self.derived_kv_blocks())
             except ValueError:  # the model does not fit: simulate says so
                 blocks = 0.0
             blocks_field = "kv_cache.gpu_memory_utilization"
@@ -207,6 +207,24 @@ class Scenario(ConfigModel):
     def policy(self) -> PolicyConfig:
         """The policy config the replicas schedule with (an engine preset's translation)."""
         return resolve_policy(self.scheduler, get_hardware(self.hardware), self.model)
+
+    def derived_kv_blocks(self) -> int:
+        """KV blocks per replica from memory when ``kv_cache.num_blocks`` is not given (``num_kv_blocks``).
+
+        vLLM V1 profiles a step of its token budget over its seat cap: a plain policy's or the
+        ``vllm-v1`` preset's own (256 seats where a policy derives them from the cache); other engine
+        presets get the memory a vLLM V1 server with its defaults leaves on the hardware, the same
+        for every engine. Raises ``PresetError`` when the model does not fit.
+        """
+        hardware = get_hardware(self.hardware)
+        if isinstance(self.scheduler, EnginePreset) and not self.scheduler.KV_PROFILED_AT_OWN_BATCH:
+            tokens, seats = vllm_batch_defaults(hardware)
+        else:
+            policy = self.policy
+            tokens, seats = policy.max_num_batched_tokens, policy.max_num_seqs or 256
+        return num_kv_blocks(get_model(self.model), hardware, self.tensor_parallel,
+                             self.kv_cache.gpu_memory_utilization, self.kv_cache.block_size,
+                             max_num_seqs=seats, max_num_batched_tokens=tokens)
 
     @property
     def scheduler_name(self) -> str:

@@ -25,7 +25,7 @@ from .kv_cache import BlockManager
 from .metrics import IterationsMode, LogHistogram, MetricsRecorder, summarize, write_run
 from .outputs import begin_folder, write_text
 from .pools import pool_scenario
-from .presets import get_hardware, get_model, kv_block_bytes, num_kv_blocks
+from .presets import get_hardware, get_model, kv_block_bytes
 from .request import Request
 from .scenario import Scenario, ScenarioError, scenario_to_yaml
 from .schedulers import Scheduler, make_scheduler
@@ -56,8 +56,7 @@ def plan_kv(sc: Scenario, block_bytes: int | None = None) -> KVPlan:
         n, source = int(sc.live.kv_cache_memory_mb * 2**20 // bb), "kv_cache_memory_mb"
     else:
         try:
-            n = num_kv_blocks(model, get_hardware(sc.hardware), sc.tensor_parallel, kvc.gpu_memory_utilization,
-                              kvc.block_size)
+            n = sc.derived_kv_blocks()
         except ValueError as e:
             raise ScenarioError(f"kv_cache: {e}") from None
         source = "gpu_memory_utilization"

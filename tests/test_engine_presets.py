@@ -26,7 +26,7 @@ from servesim.sim.schedulers.blocks import (
     latest_arrival,
 )
 from servesim.sim.schedulers.running import RunningTable
-from servesim.sim.simulate import simulate
+from servesim.sim.simulate import plan_kv, simulate
 
 ENGINES_DIR = Path(__file__).resolve().parent.parent / "scenarios" / "engines"
 
@@ -473,8 +473,10 @@ def test_a_preset_schedules_exactly_as_the_policy_config_it_resolves_to(path: Pa
     sc = load_scenario(path, ["workload.num_requests=120"])
     written = yaml.safe_load(scenario_to_yaml(sc))
     assert written["scheduler"]["preset"] == sc.scheduler_name
-    # the same scenario with the resolved policy written out as a plain scheduler section
+    # the same scenario with the resolved policy written out as a plain scheduler section, on the
+    # preset's cache (derived KV blocks are sized per preset: Scenario.derived_kv_blocks)
     written["scheduler"] = written.pop("resolved_scheduler")
+    written["kv_cache"]["num_blocks"] = plan_kv(sc).num_blocks
     plain = scenario_from_dict(written)
     assert plain.policy == sc.policy
     a, b = simulate(sc, progress=False), simulate(plain, progress=False)

@@ -247,7 +247,7 @@ def test_a_run_the_cost_model_describes_exactly_validates_with_zero_error(tmp_pa
     assert abs(rows["median_ttft_ms"]["error_pct"]) < 1e-3
     assert rows["mean_itl_ms"]["live"] is None  # ITL is not in this format
     prov = report["provenance"]
-    assert prov["kv_num_blocks"] == vllm_kv_blocks("llama-3.1-8b", "rtx-pro-6000", 1, 16, 512)
+    assert prov["kv_num_blocks"] == vllm_kv_blocks("llama-3.1-8b", "rtx-pro-6000", 1, 16, 512, 8)
     # sim/scenario.yaml repeats the simulated side on its own
     sc = load_scenario(out / "sim" / "scenario.yaml")
     assert sc.scheduler.preset == "vllm-v1" and sc.scheduler.max_num_seqs == 8

@@ -49,6 +49,10 @@ class EnginePreset(ConfigModel):
     RENAMED: ClassVar[dict[str, str]] = {}
     NOT_MODELLED: ClassVar[dict[str, str]] = {}
     VARIANT_KNOB: ClassVar[str | None] = None  # the knob `servesim engines NAME:VALUE` sets
+    # Derived KV blocks model vLLM V1's memory profile (presets.num_kv_blocks). True: profiled at this
+    # preset's own seats and token budget; False: at vLLM V1's defaults for the hardware, the memory
+    # a vLLM server would leave, so every engine is compared on the same memory.
+    KV_PROFILED_AT_OWN_BATCH: ClassVar[bool] = False
 
     @model_validator(mode="before")
     @classmethod

@@ -11,7 +11,7 @@ from ..schedulers import ChunkedConfig
 from .base import EnginePreset
 
 
-def _vllm_batch_defaults(hardware: HardwareConfig) -> tuple[int, int]:
+def vllm_batch_defaults(hardware: HardwareConfig) -> tuple[int, int]:
     """vLLM's (max_num_batched_tokens, max_num_seqs) for the OpenAI server on this hardware class.
 
     ``EngineArgs.get_batch_defaults``: devices with >= 70 GiB that are not A100s get 8192 / 1024,
@@ -41,6 +41,7 @@ class VllmV1Preset(EnginePreset):
     ENGINE: ClassVar[str] = "vLLM V1"
     MODELLED: ClassVar[str] = "vLLM V1 engine (v0.8+; main @ 00024d3)"
     KV_DEFAULTS: ClassVar[dict[str, Any]] = {"block_size": 16, "enable_prefix_caching": True, "watermark": 0.0}
+    KV_PROFILED_AT_OWN_BATCH: ClassVar[bool] = True
     NOT_MODELLED: ClassVar[dict[str, str]] = {
         "enable_chunked_prefill": "V1 always chunks prefills in the version modelled; use preset vllm-v0 "
         "for whole-prompt scheduling",
@@ -62,7 +63,7 @@ class VllmV1Preset(EnginePreset):
     async_scheduling: bool = False
 
     def resolved(self, hardware: HardwareConfig, model: str) -> VllmV1Preset:
-        tokens, seqs = _vllm_batch_defaults(hardware)
+        tokens, seqs = vllm_batch_defaults(hardware)
         return self.model_copy(update={
             "max_num_batched_tokens": self.max_num_batched_tokens or tokens,
             "max_num_seqs": self.max_num_seqs or seqs,

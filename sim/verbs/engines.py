@@ -4,7 +4,8 @@ The scenario's workload is generated once and replayed through each preset (``sc
 replaced by the preset, except that knobs the scenario sets for that same preset are kept;
 everything else is kept). KV capacity is held equal in tokens: an explicit
 ``kv_cache.num_blocks`` is converted to tokens with the scenario's block size and back to blocks
-of each preset's own block size; without it every preset gets the same memory. KV-cache settings
+of each preset's own block size; without it every preset gets the same memory (what a vLLM V1
+server with its defaults leaves, ``Scenario.derived_kv_blocks``). KV-cache settings
 the scenario writes (prefix caching, swap space, ...) apply to every preset; the ones it leaves
 out take each engine's default. Outputs, in ``--out``:
 
