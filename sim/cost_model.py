@@ -92,6 +92,7 @@ from .config_model import ConfigModel
 from .errors import ProfileError
 from .layer_cost_model import GPU_PROFILE_FORMAT, LayerCostModel
 from .presets import HardwareConfig, ModelConfig, kv_heads_per_rank
+from .varlen_attention import FA2VarlenAttention
 
 PROFILE_FORMAT = "servesim-profile/2"
 BASE_FEATURE_NAMES: tuple[str, ...] = (
@@ -232,7 +233,12 @@ class RooflineCostModel:
       memory-bound passes over the activations.
     - attention: decode rows read their KV (ctx + 1 tokens each); prefill rows are compute-bound
       (4 * heads * head_dim FLOPs per query-key pair per layer, floored by their KV read); every
-      new token's K and V is written to the cache.
+      new token's K and V is written to the cache. On hardware where vLLM runs FlashAttention 2
+      (``HardwareConfig.flash_attention``), a step with a prefill row is instead priced as FA2's
+      varlen kernel runs it (``sim/varlen_attention.py``): thread blocks of 64 query rows per
+      sequence and query head on the SMs, no KV split, so each decode row next to a prefill chunk
+      is a block per query head walking its whole context alone. Decode-only steps keep the KV
+      read (FA2's split-KV decode path reaches it).
     - all_reduce: with tensor parallelism, two ring all-reduces of the hidden states per layer and
       one after the embedding, each a per-call latency plus the ring's bytes over the hardware's
       link (``sim/allreduce.py``).
@@ -303,6 +309,8 @@ class RooflineCostModel:
         self._kv_s = self._kv_bytes_per_token / self._stream_rate
         self._attn_fixed = 2 * L * floor
         self._pair_s = m.attention_flops_per_pair / tp / self._attn_rate
+        self._varlen = FA2VarlenAttention(m, hw, kv_per_rank, m.num_heads // tp, self._stream_rate) \
+            if hw.flash_attention == 2 and hw.sm_count else None
         self._pcie = hw.pcie_bandwidth
         # all-reduces of the hidden states: two per layer (after O and after down) and one after the
         # vocabulary-parallel embedding, as the GPU profiles' link spec counts them; 0 at tp 1
@@ -313,18 +321,34 @@ class RooflineCostModel:
         # tokens change from one decode step to the next
         self._decode_fixed: dict[int, tuple[float, float, float]] = {}
 
-    def iteration_time(self, q_lens: np.ndarray, ctx_lens: np.ndarray, swap_bytes: float = 0.0) -> float:
-        """Seconds for one step (see the class docstring); 0 for an empty step without swaps."""
+    @property
+    def mixed_needs_rows(self) -> bool:
+        """True when a step with both decode and prefill rows is priced better from its rows (the
+        FA2 varlen term reads the longest decode context): the engine then prices such steps with
+        ``iteration_time(q, ctx, sums=...)``, every other step with ``step_time``."""
+        return self._varlen is not None
+
+    def iteration_time(self, q_lens: np.ndarray, ctx_lens: np.ndarray, swap_bytes: float = 0.0,
+                       sums: StepSums | None = None) -> float:
+        """Seconds for one step (see the class docstring); 0 for an empty step without swaps.
+        ``sums``: the rows' ``step_sums`` when the caller has them already."""
         if q_lens.shape[0] == 0:
             return swap_bytes / self._pcie if swap_bytes else 0.0
-        return self.step_time(_step_sums(q_lens, ctx_lens), swap_bytes)
+        if sums is None:
+            sums = _step_sums(q_lens, ctx_lens)
+        longest = None
+        if self._varlen is not None and sums[3] and sums[1]:
+            longest = int(ctx_lens[q_lens == 1].max()) + 1
+        return self.step_time(sums, swap_bytes, longest)
 
-    def step_time(self, sums: tuple[int, int, int, int, int, int], swap_bytes: float = 0.0) -> float:
+    def step_time(self, sums: tuple[int, int, int, int, int, int], swap_bytes: float = 0.0,
+                  longest_decode_kv: int | None = None) -> float:
         """``iteration_time`` from a step's ``step_sums``: the sum of ``_terms``, added in the same
-        order, with a decode step's terms that depend only on its size looked up."""
+        order, with a decode step's terms that depend only on its size looked up.
+        ``longest_decode_kv``: the largest decode ctx + 1 of a mixed step (None: the mean)."""
         n, _, tokens, pairs, decode_kv, prefill_kv = sums
         if n == 0 or pairs:
-            return sum(self._terms(sums, swap_bytes))
+            return sum(self._terms(sums, swap_bytes, longest_decode_kv))
         fixed = self._decode_fixed.get(n) if n == tokens else None
         if fixed is None:
             linear, head, sampler, small, _, comm, _, host = self._terms((n, n, tokens, 0, 0, 0), 0.0)
@@ -335,13 +359,15 @@ class RooflineCostModel:
         swap = swap_bytes / self._pcie if swap_bytes else 0.0
         return lead + (self._attn_fixed + (decode_kv + tokens) * self._kv_s) + comm + swap + host
 
-    def breakdown(self, sums: tuple[int, int, int, int, int, int], swap_bytes: float = 0.0) -> dict[str, float]:
+    def breakdown(self, sums: tuple[int, int, int, int, int, int], swap_bytes: float = 0.0,
+                  longest_decode_kv: int | None = None) -> dict[str, float]:
         """``step_time`` split into its terms (seconds), named in ``ROOFLINE_TERMS``."""
-        return dict(zip(ROOFLINE_TERMS, self._terms(sums, swap_bytes), strict=True))
+        return dict(zip(ROOFLINE_TERMS, self._terms(sums, swap_bytes, longest_decode_kv), strict=True))
 
-    def _terms(self, sums: tuple[int, int, int, int, int, int], swap_bytes: float) -> tuple[float, ...]:
+    def _terms(self, sums: tuple[int, int, int, int, int, int], swap_bytes: float,
+               longest_decode_kv: int | None = None) -> tuple[float, ...]:
         swap = swap_bytes / self._pcie if swap_bytes else 0.0
-        n, _, tokens, pairs, decode_kv, prefill_kv = sums
+        n, n_dec, tokens, pairs, decode_kv, prefill_kv = sums
         if n == 0:
             return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, swap, 0.0
         mem = self._layer_weight_s + tokens * self._layer_act_s
@@ -351,9 +377,14 @@ class RooflineCostModel:
         head = (self._head_weight_s ** GEMM_BLEND + head_flop ** GEMM_BLEND) ** _INV_BLEND + self._head_floor
         sampler = self._sampler_fixed + n * self._sampler_per_seq
         small = self._small_fixed + tokens * self._small_per_token
-        attn = self._attn_fixed + (decode_kv + tokens) * self._kv_s
-        if pairs:
-            attn += max(pairs * self._pair_s, prefill_kv * self._kv_s)
+        if pairs and self._varlen is not None:
+            attn = self._attn_fixed + tokens * self._kv_s \
+                + self.model.num_layers * self._varlen.layer_s(n, n_dec, tokens, decode_kv, prefill_kv,
+                                                               longest_decode_kv)
+        else:
+            attn = self._attn_fixed + (decode_kv + tokens) * self._kv_s
+            if pairs:
+                attn += max(pairs * self._pair_s, prefill_kv * self._kv_s)
         comm = self._ar_fixed + tokens * self._ar_per_token
         host = self.step_overhead_s + n * self.per_seq_overhead_s
         return linear, head, sampler, small, attn, comm, swap, host
@@ -377,6 +408,9 @@ class RooflineCostModel:
             "tp_comm_efficiency": self.tp_comm_efficiency, "tp_comm_latency_s": self.tp_comm_latency_s,
             "tp_comm_hop_latency_s": self.link.hop_latency_s, "interconnect": hw.interconnect,
             "pcie_bandwidth": self._pcie,
+            "varlen_attention": None if self._varlen is None else {
+                "kernel": "flash-attention 2 varlen", "sm_count": self._varlen.sms,
+                "tile_s": self._varlen.tile_s, "empty_cta_s": self._varlen.empty_cta_s},
         }
 
 

@@ -61,6 +61,8 @@ class SimExecutor:
         # with needs_rows and takes the same aggregates beside the rows, so they are not summed twice
         self._needs_rows = getattr(cost_model, "needs_rows", False)
         self._step_time = None if self._needs_rows else getattr(cost_model, "step_time", None)
+        # a model priced from sums may still want the rows of a step with decode and prefill rows
+        self._mixed_rows = self._step_time is not None and getattr(cost_model, "mixed_needs_rows", False)
 
     def decode_time(self, n: int, context_tokens: int) -> float | None:
         """``run`` of a plain decode step (n rows computing one token each, ``context_tokens``
@@ -77,7 +79,9 @@ class SimExecutor:
     def run(self, batch: Batch) -> float:
         swap_blocks = len(batch.swap_out) + len(batch.swap_in)
         swap_bytes = swap_blocks * self.kv_block_bytes if swap_blocks else 0.0
-        if self._step_time is not None:
+        if self._mixed_rows and (sums := batch.sums).prefill_attn_pairs and sums.decode_seqs:
+            t = self.cost_model.iteration_time(batch.num_new_tokens, batch.num_context_tokens, swap_bytes, sums=sums)
+        elif self._step_time is not None:
             t = self._step_time(batch.sums, swap_bytes)
         elif self._needs_rows:
             t = self.cost_model.iteration_time(batch.num_new_tokens, batch.num_context_tokens, swap_bytes,

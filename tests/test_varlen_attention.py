@@ -1,0 +1,118 @@
+"""FA2's varlen attention as the roofline prices it (sim/varlen_attention.py)."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from servesim.sim.batch import step_sums
+from servesim.sim.cost_model import RooflineCostModel
+from servesim.sim.presets import get_hardware, get_model
+from servesim.sim.varlen_attention import (
+    EMPTY_CTA_S,
+    FA2VarlenAttention,
+    makespan,
+    prefill_iterations,
+    reference_tile_s,
+)
+
+I64 = np.int64
+
+
+def varlen(hardware: str = "rtx-4090", model: str = "llama-3.1-8b") -> FA2VarlenAttention:
+    return RooflineCostModel(get_model(model), get_hardware(hardware))._varlen
+
+
+def test_a_prefill_row_walks_its_query_tiles_causally():
+    # 128 new tokens over 1000 cached: tiles of 64 rows see 1064 and 1128 keys, 9 blocks of 128 each
+    # (8.3125 and 8.8125 plus half a block of rounding), the longest 9
+    its, tiles, longest = prefill_iterations(128, 1000, 128)
+    assert (tiles, longest) == (2, 9)
+    assert its == pytest.approx((1064 + 1128) / 128 + 2 / 2)
+
+
+def test_equal_blocks_take_whole_waves_and_one_wave_takes_the_longest():
+    assert makespan(10 * 300, 300, 10, 10 * 300, 300, 10, sms=128) == pytest.approx(30)  # ceil(300 / 128) waves
+    assert makespan(100, 20, 9, 90, 10, 9, sms=128) == 9
+    # a wave of long blocks beside many short ones is not two waves
+    assert makespan(128 * 10 + 32, 160, 10, 128 * 10, 128, 10, sms=128) == pytest.approx(10 + 32 / 128)
+
+
+def test_decode_rows_beside_a_chunk_run_in_waves_of_one_block_per_query_head_by_hand():
+    v = varlen()  # RTX 4090: 128 SMs; Llama-3.1-8B: 32 query heads, 8 KV heads, 128-key blocks
+    t = v.tile_s
+    # a 16-token chunk and 8 decodes at 16,383 cached tokens (16,384 keys each): 8 x 32 = 256 blocks of
+    # 128 iterations are two waves on 128 SMs; the chunk's 32 one-tile blocks (0.625 iterations each)
+    # fill in; the KV read (each KV head's once, the group's four heads in one wave) is shorter
+    kernel = v.layer_s(n=9, n_dec=8, tokens=24, decode_kv=8 * 16384, prefill_kv=16)
+    assert kernel == pytest.approx((2 * 128 + 32 * 0.625 / 128) * t)
+    assert (16 + 8 * 16384) * v.kv_token_s < kernel
+    # the same decodes beside a 2048-token chunk: 31 more blocks per decode row and head return at once
+    assert v.layer_s(9, 8, 2056, 8 * 16384, 2048) > kernel + 8 * 32 * 31 * EMPTY_CTA_S / 128
+
+
+def test_the_longest_decode_row_ends_the_schedule():
+    v = varlen()
+    # 7 short decodes and one at 16k: its 32 blocks of 128 iterations outlast everything else (the
+    # closed form adds a wave of mean-length blocks: 256 decode blocks on 128 SMs)
+    longest = v.layer_s(9, 8, 24, 7 * 513 + 16384, 16, longest_decode_kv=16384)
+    assert 128 * v.tile_s < longest < 1.2 * 128 * v.tile_s
+    assert v.layer_s(9, 8, 24, 7 * 513 + 16384, 16) < 0.5 * 128 * v.tile_s  # every row at the mean
+
+
+def test_the_reference_prefill_keeps_the_attention_fraction():
+    # a 2048-token prefill of 32 heads of 128 is what attention_flops_fraction was measured on
+    hw = get_hardware("rtx-pro-6000")
+    flops = 4 * 128 * 32 * 2048 * 2049 / 2
+    v = FA2VarlenAttention(get_model("llama-3.1-8b"), hw, kv_heads=8, heads=32, stream_rate=1e30)
+    assert v.layer_s(1, 0, 2048, 0, 2048) == pytest.approx(flops / (hw.peak_flops * hw.attention_flops_fraction))
+    assert v.tile_s == reference_tile_s(hw)
+
+
+def test_decode_only_steps_and_fa3_gpus_keep_the_kv_read_pricing():
+    model = get_model("llama-3.1-8b")
+    decode = step_sums(np.ones(64, dtype=I64), np.full(64, 4000, dtype=I64))
+    mixed = step_sums(np.array([512] + [1] * 64, dtype=I64), np.array([0] + [4000] * 64, dtype=I64))
+    for name in ("rtx-4090", "rtx-pro-6000", "a100-80g", "l40s"):
+        hw = get_hardware(name)
+        new, old = RooflineCostModel(model, hw), RooflineCostModel(model, replace(hw, flash_attention=None))
+        assert new.step_time(decode) == old.step_time(decode)
+        assert new.step_time(mixed) > old.step_time(mixed), name
+    for name in ("h100-sxm", "h200"):
+        assert get_hardware(name).flash_attention == 3 and RooflineCostModel(model, get_hardware(name))._varlen is None
+
+
+def test_iteration_time_reads_the_longest_decode_row_of_a_mixed_step():
+    cm = RooflineCostModel(get_model("llama-3.1-8b"), get_hardware("rtx-4090"))
+    q = np.array([16] + [1] * 8, dtype=I64)
+    ctx = np.array([0] + [512] * 7 + [16383], dtype=I64)
+    sums = step_sums(q, ctx)
+    assert cm.mixed_needs_rows
+    assert cm.iteration_time(q, ctx) == cm.step_time(sums, 0.0, 16384) > cm.step_time(sums)
+
+
+GPU_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gpu"
+RTX4090 = GPU_DATA / "llmservingsim" / "profiles" / "RTX4090" / "meta-llama" / "Llama-3.1-8B" / "tp1" / "attention.csv"
+
+
+@pytest.mark.skipif(not RTX4090.is_file(), reason="needs the shared GPU data (../shared/data/gpu)")
+def test_a_measured_rtx4090_mixed_step_is_within_the_held_out_error():
+    # a full 2048-token budget: a chunk over 2048 cached tokens beside 64 decodes at 2048 (LLMServingSim,
+    # vLLM 0.19 on an RTX 4090, one layer). EMPTY_CTA_S was fitted on the RTX PRO 6000 tables only; the
+    # RTX 4090's mixed shapes held out: median 8.0 %, p90 20.4 % (benchmarks/mixed_attention.py --fit)
+    with RTX4090.open() as f:
+        row = next(r for r in csv.DictReader(f) if (r["prefill_chunk"], r["kv_prefill"], r["n_decode"],
+                                                     r["kv_decode"]) == ("2048", "2048", "64", "2048"))
+    measured = float(row["time_us"]) * 1e-6
+    q = np.array([2048] + [1] * 64, dtype=I64)
+    ctx = np.array([2048] + [2048] * 64, dtype=I64)
+    hw, model = get_hardware("rtx-4090"), get_model("llama-3.1-8b")
+    per_layer = {}
+    for name, h in (("fa2", hw), ("before", replace(hw, flash_attention=None))):
+        per_layer[name] = RooflineCostModel(model, h).breakdown(step_sums(q, ctx))["attention"] / model.num_layers
+    assert abs(per_layer["fa2"] / measured - 1) <= 0.204
+    assert per_layer["before"] < 0.8 * measured  # a decode read plus a prefill: 25 % cheap here
