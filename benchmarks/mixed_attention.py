@@ -252,8 +252,7 @@ def exact(frame: pd.DataFrame, per_table: int) -> str:
                    for b in range(tiles)]
             dec = [tile_s * math.ceil((kd + 1) / v.block_n)] * n
             busy = exact_makespan((dec + pre) * v.heads, v.sms) + v.empty_cta_s * v.heads * n * (tiles - 1) / v.sms
-            rereads = min(v.group, max(1.0, v.group * (n + tiles) / v.sms))
-            kernel = max(busy, (kp + c + rereads * n * (kd + 1)) * v.kv_token_s)
+            kernel = max(busy, v.kv_read_s(n, tiles, n * (kd + 1), kp + c))
             pred.append((fixed + (c + n) * cm._kv_s) / layers + kernel)
         e = _med_p90(np.array(pred), g["seconds"].to_numpy())
         c = _med_p90(attention_s(g), g["seconds"].to_numpy())

@@ -178,8 +178,9 @@ class HardwareConfig:
     gemm_flops_fraction: float = 0.75  # large bf16 GEMMs (thousands of rows)
     attention_flops_fraction: float = 0.6  # prefill flash attention, on the causal FLOPs
     kernel_floor_s: float = 4e-6  # the shortest a kernel takes: launch, ramp-up and tail (seconds)
-    # Streaming multiprocessors (datasheet); None: not a GPU, or not known.
+    # Streaming multiprocessors and L2 cache (datasheets); None: not a GPU, or not known.
     sm_count: int | None = None
+    l2_bytes: float | None = None
     # The FlashAttention major version vLLM V1 runs on this GPU (sources next to HARDWARE): 2 on
     # Ampere, Ada and RTX Blackwell (sm80/86/89/120), 3 on Hopper (sm90); None: not known or no
     # FlashAttention (CPU). With 2 and an sm_count the roofline prices a step that has a prefill row
@@ -266,7 +267,8 @@ class HardwareConfig:
 # cpu-2core: 0.10, about two vCPUs of a cloud VM.
 #
 # SMs (datasheets / whitepapers above): A100 108, H100 SXM and H200 132, L40S 142, RTX PRO 6000
-# Blackwell Server Edition 188 (24,064 CUDA cores at 128 per SM), RTX 4090 128.
+# Blackwell Server Edition 188 (24,064 CUDA cores at 128 per SM), RTX 4090 128. L2, set where the
+# FA2 term reads it: A100 40 MB, L40S 96 MB, RTX 4090 72 MB, RTX PRO 6000 128 MB.
 # flash_attention: vLLM V1 picks the FLASH_ATTN backend first on every CUDA GPU but sm100 (B200,
 # FlashInfer first; vllm/platforms/cuda.py _get_backend_priorities), and within it FA3 on sm90 and
 # FA2 elsewhere but sm100 (vllm/v1/attention/backends/fa_utils.py get_flash_attn_version: "if
@@ -286,7 +288,7 @@ HARDWARE: dict[str, HardwareConfig] = {
                                allreduce_hop_latency_s=0.84e-6, price_per_gpu_hour=1.79,
                                weight_bandwidth_fraction=0.82, stream_bandwidth_fraction=0.88,
                                gemm_flops_fraction=0.70, attention_flops_fraction=0.6, kernel_floor_s=4.5e-6,
-                               sm_count=108, flash_attention=2),
+                               sm_count=108, l2_bytes=40 * MiB, flash_attention=2),
     "h100-sxm": HardwareConfig("h100-sxm", peak_flops=989e12, hbm_bandwidth=3.35e12,
                                memory_bytes=81559 * MiB, cuda_memory_bytes=79.19 * GiB,
                                tp_non_torch_bytes=1.85 * GiB, pcie_bandwidth=50e9, interconnect_bandwidth=450e9,
@@ -300,21 +302,22 @@ HARDWARE: dict[str, HardwareConfig] = {
     "l40s": HardwareConfig("l40s", peak_flops=362e12, hbm_bandwidth=864e9,
                            memory_bytes=46068 * MiB, cuda_memory_bytes=44.43 * GiB,
                            pcie_bandwidth=25e9, interconnect_bandwidth=25e9,
-                           interconnect="pcie4", price_per_gpu_hour=0.86, sm_count=142, flash_attention=2),
+                           interconnect="pcie4", price_per_gpu_hour=0.86, sm_count=142,
+                           l2_bytes=96 * MiB, flash_attention=2),
     "rtx-pro-6000": HardwareConfig("rtx-pro-6000", peak_flops=503.8e12, hbm_bandwidth=1.792e12,
                                    memory_bytes=97887 * MiB, cuda_memory_bytes=94.97 * GiB,
                                    pcie_bandwidth=50e9, interconnect_bandwidth=50e9,
                                    interconnect="pcie5", price_per_gpu_hour=1.79,
                                    weight_bandwidth_fraction=0.84, stream_bandwidth_fraction=0.84,
                                    gemm_flops_fraction=0.78, attention_flops_fraction=0.43, kernel_floor_s=3e-6,
-                                   sm_count=188, flash_attention=2),
+                                   sm_count=188, l2_bytes=128 * MiB, flash_attention=2),
     "rtx-4090": HardwareConfig("rtx-4090", peak_flops=165.2e12, hbm_bandwidth=1.008e12,
                                memory_bytes=24564 * MiB, cuda_memory_bytes=23.64 * GiB,
                                pcie_bandwidth=25e9, interconnect_bandwidth=25e9,
                                interconnect="pcie4", price_per_gpu_hour=0.69,
                                weight_bandwidth_fraction=0.95, stream_bandwidth_fraction=0.93,
                                gemm_flops_fraction=1.0, attention_flops_fraction=0.62, kernel_floor_s=3e-6,
-                               sm_count=128, flash_attention=2),
+                               sm_count=128, l2_bytes=72 * MiB, flash_attention=2),
     # This machine (2 AMD EPYC cores, AVX2 FMA): fp32 PyTorch matmuls reach a few tens of GFLOP/s
     # and a stream copy ~10 GB/s. Rough on purpose: calibration/profiles/cpu-tiny.json replaces it.
     # memory_bytes is the slice of host RAM live mode may use for weights + KV, not the whole RAM.

@@ -21,8 +21,10 @@ What the kernel does (read in vllm-project/flash-attention, the FA2 fork vLLM sh
 The model, per layer, in tile iterations of ``tile_s`` seconds (one SM on one 64 x ``block_n``
 tile): blocks are list-scheduled on ``sm_count`` SMs in launch order (heads outermost), which the
 closed form ``makespan`` follows; blocks that exit at once cost ``EMPTY_CTA_S`` of an SM each; the
-KV read is a floor (decode rows' KV re-read by the query heads of a group whose blocks do not run
-in the same wave). ``tile_s`` is not a new constant: it is set so that the hardware's
+KV read is a floor: the query heads of a KV head run one after the other (heads are the grid's
+slowest axis), so decode rows' KV is read once while one KV head's share of it fits in L2, and
+otherwise again for every wave the group's blocks span (an L2 that thrashes, as the RTX 4090's does
+from one shape to the next). ``tile_s`` is not a new constant: it is set so that the hardware's
 ``attention_flops_fraction`` keeps meaning what it was measured as, a 2048-token prefill of 32
 heads of 128 at that fraction of peak (``REFERENCE_*``). A step enters by its row sums
 (``StepSums``) and its longest decode context: decode rows' work at their mean context, the
@@ -91,6 +93,8 @@ class FA2VarlenAttention:
         self.block_n = block_n(model.head_dim)
         self.empty_cta_s = EMPTY_CTA_S if empty_cta_s is None else empty_cta_s
         self.kv_token_s = 2 * kv_heads * model.head_dim * model.dtype_bytes / stream_rate  # K and V, one layer
+        self.head_token_bytes = 2 * model.head_dim * model.dtype_bytes  # K and V of one KV head
+        self.l2_bytes = hardware.l2_bytes or 0.0
         self.tile_s = reference_tile_s(hardware) * self.block_n * model.head_dim / (128 * REFERENCE_HEAD_DIM)
 
     def layer_s(self, n: int, n_dec: int, tokens: int, decode_kv: int, prefill_kv: int,
@@ -116,9 +120,16 @@ class FA2VarlenAttention:
         busy = makespan(pre_work + dec_work, blocks, max(dec_longest, pre_longest) * t, *long, sms)
         # each decode row also launches tiles - 1 blocks per head that return at once
         busy += self.empty_cta_s * heads * n_dec * (tiles - 1) / sms
-        # KV read: prefill rows' once per KV head; decode rows' once per query-head wave the group spans
-        rereads = min(self.group, max(1.0, self.group * (n_dec + rows * tiles) / sms))
-        return max(busy, (prefill_kv + rereads * decode_kv) * self.kv_token_s)
+        return max(busy, self.kv_read_s(n_dec, rows * tiles, decode_kv, prefill_kv))
+
+    def kv_read_s(self, n_dec: int, prefill_tiles: float, decode_kv: int, prefill_kv: int) -> float:
+        """Seconds of the layer's KV read from memory: prefill rows' once per KV head; decode rows'
+        too while one KV head's decode KV fits in L2 (the group's query heads run one after the
+        other over it), else once per wave the group's blocks span."""
+        rereads = 1.0
+        if decode_kv * self.head_token_bytes > self.l2_bytes:
+            rereads = min(self.group, max(1.0, self.group * (n_dec + prefill_tiles) / self.sms))
+        return (prefill_kv + rereads * decode_kv) * self.kv_token_s
 
 
 def reference_tile_s(hardware: HardwareConfig) -> float:
