@@ -9,7 +9,7 @@ Two workloads on one llama-3.1-8b replica with the chunked scheduler:
   (lognormal prompts mean 1155, outputs mean 211) at 6 req/s on an a100-80g with 512-token chunks:
   low load, small batches, many steps per request as first set up; since the roofline prices the
   A100's chunk steps as FA2's varlen kernel runs them (sim/varlen_attention.py) the replica runs
-  near its capacity there (~3 steps per request, batches of ~60).
+  near its capacity there (~3 steps per request, mixed steps of ~77 rows).
 
 The run is ``simulate`` (the workload generated inside, as ``servesim run`` does) then
 ``write_results`` without plots into a temporary folder. Prints wall and CPU seconds (simulate +
