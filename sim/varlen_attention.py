@@ -72,7 +72,8 @@ def makespan(work: float, blocks: float, longest: float, long_work: float, long_
     block, the last one ending with the longest (equal blocks: ceil(blocks / sms) of them; one
     wave: the longest); (b) the long class alone in waves, the other blocks filling in as a fluid
     (a wave of long blocks beside many short ones does not become two waves). Against an exact
-    list schedule of the measured grid's shapes: median 2 %, p90 11 %.
+    list schedule of the same blocks (7,500 sampled shapes of the five measured grids, each tile
+    exact): median 2 %, p90 11 %.
     """
     waves = (work / blocks) * ((blocks - 1) // sms) + longest
     by_class = (long_work / long_blocks) * ((long_blocks - 1) // sms) + long_longest + (work - long_work) / sms
