@@ -42,7 +42,7 @@ from servesim.calibration.replay import (
 )
 from servesim.sim.cost_model import CostModelConfig, build_cost_model, resolve_profile_path
 from servesim.sim.metrics import to_json
-from servesim.sim.presets import get_hardware, get_model, kv_block_bytes
+from servesim.sim.presets import get_model, kv_block_bytes
 from servesim.sim.request import Request, RequestState
 from servesim.sim.scenario import Scenario, ScenarioError
 from servesim.sim.sessions import later_turns
@@ -391,7 +391,7 @@ def validate(
     thresholds = parse_max_error(max_error)  # bad syntax fails before the minute-long live run
     template = sim_scenario(sc, profile)
     # built now so a missing or bad profile fails before the live run; the step check reuses it
-    cost_model = build_cost_model(template.cost_model, get_model(sc.model), get_hardware(sc.hardware),
+    cost_model = build_cost_model(template.cost_model, get_model(sc.model), template.cost_hardware(),
                                   sc.tensor_parallel)
     try:
         from servesim.kernels.live import run_live

@@ -11,6 +11,7 @@ import math
 import re
 import types
 import typing
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,7 +39,7 @@ from .host_memory import (
     Demand,
     over_host_memory,
 )
-from .presets import HARDWARE, MODELS, get_hardware, get_model, kv_block_bytes, num_kv_blocks
+from .presets import HARDWARE, MODELS, HardwareConfig, get_hardware, get_model, kv_block_bytes, num_kv_blocks
 from .router import ClusterConfig
 from .schedulers import ChunkedConfig, ComposedConfig, PolicyConfig
 from .workload import WorkloadConfig, mean_floor
@@ -208,6 +209,14 @@ class Scenario(ConfigModel):
         """The policy config the replicas schedule with (an engine preset's translation)."""
         return resolve_policy(self.scheduler, get_hardware(self.hardware), self.model)
 
+    def cost_hardware(self) -> HardwareConfig:
+        """The hardware the step-cost model prices: the preset's, less FlashAttention's kernel
+        structure when the engine runs attention kernels of its own (``RUNS_FLASH_ATTENTION``)."""
+        hw = get_hardware(self.hardware)
+        if isinstance(self.scheduler, EnginePreset) and not self.scheduler.RUNS_FLASH_ATTENTION and hw.flash_attention:
+            return replace(hw, flash_attention=None)
+        return hw
+
     def derived_kv_blocks(self) -> int:
         """KV blocks per replica from memory when ``kv_cache.num_blocks`` is not given (``num_kv_blocks``).
 
@@ -271,7 +280,7 @@ def check_files(sc: Scenario) -> None:
     """Read the files the scenario names (traces, length CSVs, a cost-model profile) the way a run
     will, so every verb refuses a bad one before it starts: a ``WorkloadError`` or ``ProfileError``."""
     check_workload_files(sc.workload)
-    build_cost_model(sc.cost_model, get_model(sc.model), get_hardware(sc.hardware), sc.tensor_parallel)
+    build_cost_model(sc.cost_model, get_model(sc.model), sc.cost_hardware(), sc.tensor_parallel)
 
 
 def read_scenario_file(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:

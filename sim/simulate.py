@@ -25,7 +25,7 @@ from .kv_cache import BlockManager
 from .metrics import IterationsMode, LogHistogram, MetricsRecorder, summarize, write_run
 from .outputs import begin_folder, write_text
 from .pools import pool_scenario
-from .presets import get_hardware, get_model, kv_block_bytes
+from .presets import get_model, kv_block_bytes
 from .request import Request
 from .scenario import Scenario, ScenarioError, scenario_to_yaml
 from .schedulers import Scheduler, make_scheduler
@@ -168,9 +168,8 @@ def simulate(sc: Scenario, requests: Sequence[Request] | None = None, progress: 
     (``binned``) or nothing (``off``); the summary is the same in every mode."""
     t0 = time.perf_counter()
     model = get_model(sc.model)
-    hardware = get_hardware(sc.hardware)
     kv = plan_kv(sc)
-    cost = build_cost_model(sc.cost_model, model, hardware, sc.tensor_parallel)
+    cost = build_cost_model(sc.cost_model, model, sc.cost_hardware(), sc.tensor_parallel)
     if requests is None:
         # columns; each Request is made when it arrives and dropped once it is recorded
         requests = generate_workload(sc.workload, sc.seed).requests
@@ -209,7 +208,7 @@ def simulate_disagg(sc: Scenario, requests: Sequence[Request], env: simpy.Enviro
     kvs: dict[str, KVPlan] = {}
     for role, psc in pools.items():
         kvs[role] = kv = plan_kv(psc)
-        cost = build_cost_model(psc.cost_model, model, get_hardware(psc.hardware), psc.tensor_parallel)
+        cost = build_cost_model(psc.cost_model, model, psc.cost_hardware(), psc.tensor_parallel)
         rec = PrefillRecorder(recorder) if role == "prefill" else recorder
         first = 0 if role == "prefill" else n_pre
         reps[role] = [Replica(env, first + i, build_scheduler(psc, kv),

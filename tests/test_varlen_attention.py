@@ -123,3 +123,25 @@ def test_a_measured_rtx4090_mixed_step_is_within_the_held_out_error():
         per_layer[name] = RooflineCostModel(model, h).breakdown(step_sums(q, ctx))["attention"] / model.num_layers
     assert abs(per_layer["fa2"] / measured - 1) <= 0.186
     assert per_layer["before"] < 0.8 * measured  # a decode read plus a prefill: 25 % cheap here
+
+
+@pytest.mark.parametrize("scheduler, varlen", [
+    ({"preset": "vllm-v1"}, True), ({"type": "chunked"}, True), ({"preset": "sglang"}, True),
+    # TensorRT-LLM runs its own context FMHA and generation XQA kernels, not one FA2 varlen call
+    ({"preset": "tensorrt-llm", "enable_chunked_prefill": True}, False),
+])
+def test_the_fa2_term_follows_the_engines_attention_kernels(scheduler, varlen):
+    from servesim.sim.cost_model import build_cost_model
+    from servesim.sim.scenario import scenario_from_dict
+    sc = scenario_from_dict({"name": "fa", "model": "llama-3.1-8b", "hardware": "a100-80g", "scheduler": scheduler,
+                             "workload": {"num_requests": 1, "arrival": {"process": "poisson", "rate": 1},
+                                          "prompt_len": {"dist": "fixed", "value": 8},
+                                          "output_len": {"dist": "fixed", "value": 8}}})
+    cost = build_cost_model(sc.cost_model, get_model(sc.model), sc.cost_hardware(), sc.tensor_parallel)
+    assert (cost.describe()["varlen_attention"] is not None) is varlen
+    # a mixed step: 64 decodes at 2k context beside a 512-token chunk
+    q = np.array([1] * 64 + [512])
+    ctx = np.array([2048] * 64 + [0])
+    plain = RooflineCostModel(get_model("llama-3.1-8b"), replace(get_hardware("a100-80g"), flash_attention=None))
+    same = cost.iteration_time(q, ctx) == pytest.approx(plain.iteration_time(q, ctx), rel=1e-12)
+    assert same is (not varlen)

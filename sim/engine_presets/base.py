@@ -53,6 +53,11 @@ class EnginePreset(ConfigModel):
     # preset's own seats and token budget; False: at vLLM V1's defaults for the hardware, the memory
     # a vLLM server would leave, so every engine is compared on the same memory.
     KV_PROFILED_AT_OWN_BATCH: ClassVar[bool] = False
+    # Whether the engine's attention runs as FlashAttention, so the roofline prices it as the GPU's
+    # FlashAttention version does (HardwareConfig.flash_attention: FA2's varlen kernel on A100 / L40S
+    # / RTX parts). False: the engine ships its own attention kernels, and a step with prefill rows
+    # is priced as separate prefill and decode parts (Scenario.cost_hardware).
+    RUNS_FLASH_ATTENTION: ClassVar[bool] = True
 
     @model_validator(mode="before")
     @classmethod

@@ -45,6 +45,10 @@ class TensorRTLLMPreset(EnginePreset):
         "context_chunking_policy": "only FIRST_COME_FIRST_SERVED chunking is modelled (the default)",
     }
     VARIANT_KNOB: ClassVar[str | None] = "capacity_scheduler_policy"
+    # TensorRT-LLM's attention op runs a step's context requests through its own FMHA kernels and its
+    # generation requests through XQA / masked MHA (cpp/tensorrt_llm/common/attentionOp.cpp:
+    # enqueueContext, enqueueGeneration), not one FlashAttention varlen call over the whole step.
+    RUNS_FLASH_ATTENTION: ClassVar[bool] = False
 
     preset: Literal["tensorrt-llm"] = "tensorrt-llm"
     capacity_scheduler_policy: Literal["GUARANTEED_NO_EVICT", "MAX_UTILIZATION"] = "GUARANTEED_NO_EVICT"
