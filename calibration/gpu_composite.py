@@ -3,7 +3,8 @@
 Roles, in order of preference (every choice is written into ``provenance.assembly``):
 
 - GEMMs (qkv, o, gate_up, down) and the LM head: the LLMServingSim v0 ``layers.csv`` when it
-  measured the same model (its q/k/v and gate/up GEMMs summed), else Vidur's ``mlp.csv``;
+  measured the same model (its q/k/v and gate/up GEMMs summed), else Vidur's ``mlp.csv`` for the
+  GEMMs and the default roofline's LM-head term (``RooflineCostModel``), labelled;
 - small ops (norms, rotary, activation, embedding): Vidur's ``mlp.csv`` (vLLM-like fused kernels;
   its separate residual ``add`` is left out because vLLM fuses it into the RMSNorm; the
   activation scaled by intermediate size when Vidur measured another model), else the v0 file
@@ -11,8 +12,9 @@ Roles, in order of preference (every choice is written into ``provenance.assembl
 - attention: inference-sim decode grid (batch x KV length) and causal-prefill points; prefill with
   cached context and chunk sizes off the points come from a fit on query-key pairs; a mixed step
   adds its prefill and decode parts (less one shared launch), which LLMServingSim's RTX data
-  shows underestimates mixed steps (decode rows run in the prefill kernel there), so treat mixed
-  steps on these profiles as optimistic; without any attention source, a roofline (labelled);
+  shows underestimates mixed steps under FlashAttention 2 (decode rows run in the prefill kernel
+  there; the H100 runs FA3, unmeasured); without any attention source, the default roofline's
+  attention term (``RooflineCostModel``, its FA2 varlen term included) at every node, labelled;
 - TP all-reduce: Vidur's ``all_reduce.csv`` at the TP degree (NCCL on a DGX); else the link model;
 - sampler: no source measures it on these GPUs; a labelled estimate (launch + reading the logits).
 """
@@ -24,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from servesim.sim.cost_model import RooflineCostModel
 from servesim.sim.layer_cost_model import tail_slope
 from servesim.sim.presets import ModelConfig, get_hardware, kv_heads_per_rank
 
@@ -32,7 +35,8 @@ from .importers import SourceError, inference_sim, llmservingsim, vidur
 
 GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 SMALL = ("layernorm", "layernorm_post", "rotary_emb", "act_fn", "embedding")
-# roofline constants for what no source measured (the RooflineCostModel defaults of this commit)
+# roofline constants where one of decode / prefill attention was measured and the other not (no
+# shipped profile), and the sampler estimate
 FLOPS_EFF, BW_EFF, LAUNCH_S = 0.6, 0.8, 10e-6
 SAMPLER_LAUNCH_S = 20e-6
 
@@ -157,11 +161,11 @@ def assemble_composite(opts: Any, model: ModelConfig, link: dict[str, Any]) -> t
         lm = _on_grid(seqs, xs.astype(float), g["lm_head"].to_numpy())
         lm_src = "LLMServingSim v0 layers.csv lm_head at M = rows"
     else:
-        weights = model.vocab_size * model.hidden_size * model.dtype_bytes / tp
-        lm = LAUNCH_S + np.maximum(weights / (hw.hbm_bandwidth * BW_EFF),
-                                   2 * seqs * weights / model.dtype_bytes / (hw.peak_flops * FLOPS_EFF))
-        lm_src = (f"roofline (not measured in these sources): weights / ({BW_EFF:g} x HBM) or FLOPs / "
-                  f"({FLOPS_EFF:g} x peak), + {LAUNCH_S * 1e6:g} us")
+        roof = RooflineCostModel(model, hw, tp)
+        lm = np.array([roof.breakdown((n, n, n, 0, n, 0))["lm_head"] for n in seqs.astype(int).tolist()])
+        lm_src = (f"roofline (not measured in these sources): servesim's RooflineCostModel LM head term, the "
+                  f"weights at {roof.bandwidth_efficiency:g} x HBM and the FLOPs at {roof.flops_efficiency:g} x "
+                  f"peak blended, + a {hw.kernel_floor_s * 1e6:g} us kernel floor")
     sampler = SAMPLER_LAUNCH_S + 3 * seqs * model.vocab_size * 4 / (hw.hbm_bandwidth * BW_EFF)
     sampler_src = (f"estimate (no source measures the sampler on this GPU): {SAMPLER_LAUNCH_S * 1e6:g} us + reading "
                    f"the fp32 logits 3 times at {BW_EFF:g} x HBM bandwidth")
@@ -222,6 +226,8 @@ def _attention(model: ModelConfig, hw: Any, tp: int, decode: pd.DataFrame | None
     else:
         ns = np.array([0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512], dtype=float)
         kvs = np.array([0, 16, 64, 256, 1024, 4096, 16384, 65536, 131072], dtype=float)
+        if prefill is None:  # nothing measured: the default roofline's attention, cell by cell
+            return _roofline_attention(model, hw, tp, pcs, kps, ns, kvs, notes)
         dec = LAUNCH_S + ns[:, None] * kvs[None, :] * kv_bytes / (hw.hbm_bandwidth * BW_EFF)
         notes.append(f"Decode attention: ROOFLINE, no decode attention measured on this GPU in these sources: "
                      f"{LAUNCH_S * 1e6:g} us + KV read at {BW_EFF:g} x HBM bandwidth.")
@@ -276,6 +282,40 @@ def _attention(model: ModelConfig, hw: Any, tp: int, decode: pd.DataFrame | None
             "n_decode": ns.astype(int).tolist(), "kv_decode": kvs.astype(int).tolist()}
     measured = 0 if decode is None else int(decode.shape[0]) + (0 if prefill is None else len(prefill))
     return gp.Grid(axes, arr, measured, int(arr.size - measured)), check, src
+
+
+def _roofline_attention(model: ModelConfig, hw: Any, tp: int, pcs: np.ndarray, kps: np.ndarray, ns: np.ndarray,
+                        kvs: np.ndarray, notes: list[str]) -> tuple[gp.Grid, dict[str, Any], str]:
+    """The 4-D grid from ``RooflineCostModel``'s attention term (one layer: KV write, launch floors and
+    the kernel) at each node: one prefill chunk of ``pcs`` tokens over ``kps`` cached ones beside
+    ``ns`` decode rows of ``kvs`` context. Where vLLM runs FlashAttention 2 this is the FA2 varlen
+    term for every step with a prefill row (``sim/varlen_attention.py``), so the profile prices
+    attention as the default roofline does instead of as a decode read plus a prefill."""
+    roof = RooflineCostModel(model, hw, tp)
+    layers = model.num_layers
+    arr = np.full((len(pcs), len(kps), len(ns), len(kvs)), np.nan)
+    for i, pc in enumerate(pcs.astype(int).tolist()):
+        for j, kp in enumerate(kps.astype(int).tolist()):
+            if pc == 0 and j:
+                arr[0, j] = arr[0, 0]  # a decode-only step has no cached prefill context
+                continue
+            pairs = pc * kp + pc * (pc + 1) // 2
+            for k, nd in enumerate(ns.astype(int).tolist()):
+                if pc == 0 and nd == 0:
+                    continue  # the empty step: set by fill_gaps, never priced
+                for m, kv in enumerate(kvs.astype(int).tolist()):
+                    sums = (nd + (pc > 0), nd, pc + nd, pairs, nd * (kv + 1), kp + pc if pc else 0)
+                    arr[i, j, k, m] = roof.breakdown(sums)["attention"] / layers
+    arr = gp.fill_gaps(arr, [pcs, kps, ns, kvs])
+    varlen = "; steps with a prefill row as FlashAttention 2's varlen kernel (sim/varlen_attention.py)" \
+        if hw.flash_attention == 2 and hw.sm_count else "; a mixed step is its decode read plus its prefill"
+    notes.append(f"Attention: ROOFLINE, no attention measured on this GPU in these sources: servesim's "
+                 f"RooflineCostModel attention term per layer at every grid node (KV write, launch floors, KV read "
+                 f"at {hw.stream_bandwidth_fraction:g} x HBM, prefill at {hw.attention_flops_fraction:g} x peak "
+                 f"FLOP/s{varlen}).")
+    axes = {"prefill_chunk": pcs.astype(int).tolist(), "kv_prefill": kps.astype(int).tolist(),
+            "n_decode": ns.astype(int).tolist(), "kv_decode": kvs.astype(int).tolist()}
+    return gp.Grid(axes, arr, 0, int(arr.size)), {}, "roofline (RooflineCostModel attention term)"
 
 
 def _decode_holdout(d: pd.DataFrame) -> dict[str, Any]:

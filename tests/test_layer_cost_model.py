@@ -9,7 +9,13 @@ import pytest
 from servesim.calibration import gpu_profile as gp
 from servesim.calibration.gpu_import import ImportOptions, run_import
 from servesim.sim.cli import main
-from servesim.sim.cost_model import CostModelConfig, ProfileError, build_cost_model, load_profile
+from servesim.sim.cost_model import (
+    CostModelConfig,
+    ProfileError,
+    RooflineCostModel,
+    build_cost_model,
+    load_profile,
+)
 from servesim.sim.layer_cost_model import (
     GPU_PROFILE_FORMAT,
     AttentionGrid,
@@ -358,6 +364,39 @@ def test_composite_without_attention_labels_the_roofline(tmp_path):
     profile = run_import(ImportOptions("vidur", [str(mlp)], "llama-2-7b", "h100-sxm", 1, out=str(tmp_path / "a.json")))
     assert "ROOFLINE" in " ".join(profile["provenance"]["assembly"])
     assert "attention" not in profile["held_out_error"]  # nothing measured, nothing held out
+
+
+@pytest.mark.parametrize("hardware", ["a100-80g", "h100-sxm"])
+def test_composite_without_attention_is_the_roofline_attention_at_every_node(tmp_path, hardware):
+    mlp, _, _ = fabricate_composite(tmp_path)
+    profile = run_import(ImportOptions("vidur", [str(mlp)], "llama-2-7b", hardware, 1, out=str(tmp_path / "a.json")))
+    grid = load_profile(tmp_path / "a.json").attention
+    roof = RooflineCostModel(get_model("llama-2-7b"), get_hardware(hardware), 1)
+    layers = get_model("llama-2-7b").num_layers
+
+    def roofline(pc: int, kp: int, nd: int, kv: int) -> float:
+        pairs = pc * kp + pc * (pc + 1) // 2
+        sums = (nd + (pc > 0), nd, pc + nd, pairs, nd * (kv + 1), kp + pc if pc else 0)
+        return roof.breakdown(sums)["attention"] / layers
+
+    for node in [(0, 0, 64, 1024), (512, 0, 0, 0), (512, 1024, 128, 1024), (2048, 4096, 16, 16384)]:
+        assert grid(*node) == pytest.approx(roofline(*node), rel=1e-4), node  # the file keeps 5 digits
+    # FA2 (A100): steps with a prefill row as the varlen kernel runs them; FA3 (H100): decode + prefill
+    notes = " ".join(profile["provenance"]["assembly"])
+    assert "RooflineCostModel attention term" in notes
+    assert ("varlen kernel" in notes) == (hardware == "a100-80g")
+
+
+def test_shipped_a100_attention_is_todays_roofline():
+    """Rebuild the profile (benchmarks/gpu_profiles.sh) when the roofline's attention changes."""
+    grid = load_profile(PROFILES / "a100-80g-llama-3-8b-tp1.json").attention
+    model = get_model("llama-3-8b")
+    roof = RooflineCostModel(model, get_hardware("a100-80g"), 1)
+    for pc, kp, nd, kv in [(0, 0, 128, 1024), (512, 0, 128, 1024), (2048, 1024, 32, 4096)]:
+        sums = (nd + (pc > 0), nd, pc + nd, pc * kp + pc * (pc + 1) // 2, nd * (kv + 1), kp + pc if pc else 0)
+        assert grid(pc, kp, nd, kv) == pytest.approx(roof.breakdown(sums)["attention"] / model.num_layers, rel=1e-4)
+    # GQA under FA2: 128 decodes beside a chunk cost several times their own decode read
+    assert grid(512, 0, 128, 1024) > 3 * (grid(512, 0, 0, 0) + grid(0, 0, 128, 1024))
 
 
 def test_vidur_gemms_of_another_model_are_refused(tmp_path):
