@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 from servesim.calibration.measured_run import (
@@ -21,7 +22,7 @@ from servesim.calibration.measured_run import (
 )
 from servesim.calibration.validate_against import measured_summary, vllm_kv_blocks
 from servesim.sim.cli import main
-from servesim.sim.scenario import load_scenario
+from servesim.sim.scenario import load_scenario, scenario_from_dict
 from servesim.sim.simulate import simulate
 
 STEP = 0.010  # the constant cost model below: every step takes 10 ms
@@ -422,3 +423,35 @@ def test_without_profile_the_shipped_profile_for_the_runs_gpu_model_and_tp_is_us
     assert raw["cost_model"] == {"type": "roofline"}
     raw, _ = scenario_dict(read_run(folder), profile="cpu-tiny.json")
     assert raw["cost_model"]["path"] == "cpu-tiny.json"
+
+
+def test_a_kv_bound_run_simulated_by_servesim_validates_against_itself_exactly(tmp_path):
+    """Round trip: a vLLM-v1 run that preempts (KV short, async scheduling, prefix caching on) is
+    simulated, written as an LLMServingSim run folder (engine clock offset from the client's) and
+    validated against: the rebuilt workload and engine must reproduce every request's times."""
+    blocks = 160
+    sc = scenario_from_dict({
+        "name": "rt", "seed": 5, "model": "llama-3.1-8b", "hardware": "rtx-4090",
+        "cost_model": {"type": "profile", "path": "rtx-4090-llama-3.1-8b-tp1.json"},
+        "scheduler": {"preset": "vllm-v1", "max_num_seqs": 16, "max_num_batched_tokens": 512, "async_scheduling": True},
+        "kv_cache": {"block_size": 16, "num_blocks": blocks, "enable_prefix_caching": True},
+        "workload": {"num_requests": 40, "arrival": {"process": "poisson", "rate": 20.0},
+                     "prompt_len": {"dist": "uniform", "min": 64, "max": 600},
+                     "output_len": {"dist": "uniform", "min": 100, "max": 400}},
+    })
+    res = simulate(sc, progress=False)
+    assert res.summary["num_preemptions"] > 0  # the case this test is about
+    rows = [{"request_id": f"q{r.request_id}", "input_toks": r.prompt_len, "output_toks": r.output_len,
+             "arrival_time": 1.7e9 + r.arrival_time, "queued_ts": 5000.0 + r.arrival_time,
+             "scheduled_ts": 5000.0 + r.first_scheduled_time, "first_token_ts": 5000.0 + r.first_token_time,
+             "last_token_ts": 5000.0 + r.finish_time} for r in res.requests_df.itertuples()]
+    folder = write_run(tmp_path / "run", rows, gpu="RTX4090", meta_extra={
+        "engine_kwargs": {"model": "meta-llama/Llama-3.1-8B", "tensor_parallel_size": 1, "data_parallel_size": 1,
+                          "max_num_seqs": 16, "max_num_batched_tokens": 512, "max_model_len": None},
+        "kv_cache": {"num_gpu_blocks": blocks, "block_size": 16, "enable_prefix_caching": True}})
+    out = tmp_path / "out"
+    code, _, err = run_cli("validate", "--against", str(folder), "--out", str(out), "--no-plots", "--quiet")
+    assert code == 0, err
+    per = pd.read_csv(out / "per_request.csv")
+    for key in ("ttft", "e2e"):
+        np.testing.assert_allclose(per[f"sim_{key}"], per[f"measured_{key}"], rtol=1e-6, atol=1e-6, err_msg=key)
