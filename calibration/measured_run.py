@@ -101,6 +101,33 @@ class MeasuredRun:
     reference: dict[str, dict[str, float]] = field(default_factory=dict)  # metric -> LLMServingSim's figures
     reference_source: str | None = None
     arrivals_exact: bool = True  # False when arrivals were drawn from the run's rate (no start times)
+    kv_cache_dtype: str | None = None  # an 8-bit KV cache the run states (``fp8``...); None: 16-bit
+
+
+# what servesim's presets and profiles price: 16-bit weights, activations and KV cache
+_SIXTEEN_BIT = {None, "auto", "bfloat16", "bf16", "float16", "fp16", "half"}
+
+
+def _precision(kwargs: dict[str, Any], meta_path: Path, notes: list[str]) -> str | None:
+    """Refuse a run whose weights are not 16-bit (every step would be priced wrong); return its KV
+    cache dtype when that is 8-bit (the block count then needs the run's own, see ``scenario_dict``)."""
+    dtype, quant = kwargs.get("dtype"), kwargs.get("quantization")
+    if isinstance(dtype, str):
+        dtype = dtype.lower()
+    if dtype not in _SIXTEEN_BIT:
+        raise RunFileError(f"{meta_path}: engine_kwargs.dtype {kwargs['dtype']!r} is not modelled: servesim's model "
+                           "presets and GPU profiles price 16-bit (bfloat16/float16) weights and activations")
+    if quant not in (None, "", "none"):
+        raise RunFileError(f"{meta_path}: engine_kwargs.quantization {quant!r} is not modelled: servesim's model "
+                           "presets and GPU profiles price 16-bit weights (their bytes, GEMMs and the KV memory left)")
+    kv_dtype = kwargs.get("kv_cache_dtype")
+    if isinstance(kv_dtype, str):
+        kv_dtype = kv_dtype.lower()
+    if kv_dtype in _SIXTEEN_BIT:
+        return None
+    notes.append(f"engine_kwargs.kv_cache_dtype {kwargs['kv_cache_dtype']!r}: servesim prices a 16-bit KV cache, so "
+                 "attention's KV reads are priced at twice their bytes; the block count must be the run's own")
+    return str(kv_dtype)
 
 
 # ---- names ----------------------------------------------------------------------------------------
@@ -211,6 +238,7 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
         if not isinstance(kwargs.get(key), int):
             raise RunFileError(f"{meta_path}: missing field 'engine_kwargs.{key}' (an integer)")
     notes: list[str] = []
+    kv_cache_dtype = _precision(kwargs, meta_path, notes)
 
     rows, unrecorded = _read_jsonl(root / "requests.jsonl")
     if unrecorded:
@@ -282,7 +310,7 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
         hardware=hardware_preset(hw_source) if hw_source else None, tensor_parallel=int(tp), scheduler=scheduler,
         kv_cache=kv, requests=df, itl_hist=None, vllm_version=meta.get("vllm_version"), data_parallel=dp,
         clock=clock, notes=notes,
-        reference=reference, reference_source=str(ref_path) if reference else None,
+        reference=reference, reference_source=str(ref_path) if reference else None, kv_cache_dtype=kv_cache_dtype,
     )
 
 

@@ -171,6 +171,11 @@ def scenario_dict(run: MeasuredRun, base: dict[str, Any] | None = None, profile:
             notes.append(f"cost model: the roofline (no shipped profile for {raw['hardware']} x {raw['model']} "
                          f"tp{raw.get('tensor_parallel') or 1}; give one with --profile)")
     kv = raw["kv_cache"]
+    if kv.get("num_blocks") is None and run.kv_cache_dtype is not None:
+        raise RunFileError(f"{where}: the run's KV cache is {run.kv_cache_dtype} and it does not record its block "
+                           "count, which servesim would derive for a 16-bit cache (half the blocks): give the run's "
+                           "own with --set kv_cache.num_blocks=N (vLLM logs 'GPU KV cache size: T tokens': N = T / "
+                           "block size)")
     if kv.get("num_blocks") is None:
         sched = raw["scheduler"]
         default_budget, default_seats = vllm_batch_defaults(get_hardware(raw["hardware"]))

@@ -455,3 +455,27 @@ def test_a_kv_bound_run_simulated_by_servesim_validates_against_itself_exactly(t
     per = pd.read_csv(out / "per_request.csv")
     for key in ("ttft", "e2e"):
         np.testing.assert_allclose(per[f"sim_{key}"], per[f"measured_{key}"], rtol=1e-6, atol=1e-6, err_msg=key)
+
+
+ENGINE = {"model": "meta-llama/Llama-3.1-8B", "tensor_parallel_size": 1, "data_parallel_size": 1,
+          "max_num_seqs": 8, "max_num_batched_tokens": 512, "max_model_len": None}
+
+
+@pytest.mark.parametrize("kwarg, says", [
+    ({"dtype": "float32"}, "engine_kwargs.dtype 'float32' is not modelled"),
+    ({"quantization": "awq"}, "engine_kwargs.quantization 'awq' is not modelled"),
+    ({"kv_cache_dtype": "fp8"}, "the run's KV cache is fp8 and it does not record its block count"),
+])
+def test_a_run_in_another_precision_is_a_one_line_error(tmp_path, kwarg, says):
+    folder = write_run(tmp_path / "run", isolated_requests(), meta_extra={"engine_kwargs": {**ENGINE, **kwarg}})
+    code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots", *CONSTANT)
+    assert code == 2 and err.count("\n") == 1 and says in err, err
+
+
+def test_an_fp8_kv_cache_runs_with_its_own_block_count_and_says_what_is_not_modelled(tmp_path):
+    engine = {**ENGINE, "dtype": "bfloat16", "kv_cache_dtype": "fp8_e4m3"}
+    folder = write_run(tmp_path / "run", isolated_requests(), meta_extra={"engine_kwargs": engine})
+    code, out, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots",
+                             "--set", "kv_cache.num_blocks=900", *CONSTANT)
+    assert code == 0, err
+    assert "note: engine_kwargs.kv_cache_dtype 'fp8_e4m3': servesim prices a 16-bit KV cache" in out
