@@ -180,6 +180,21 @@ def test_vllm_v0_budget_is_the_context_length_without_chunking():
     assert sc.kv_cache.watermark == 0.01
 
 
+@pytest.mark.parametrize(("preset", "knob"), [("vllm-v1", "max_model_len"), ("tensorrt-llm", "max_seq_len")])
+def test_a_request_longer_than_the_models_context_is_rejected_unless_the_limit_is_raised(preset: str, knob: str):
+    """vLLM and TensorRT-LLM take the limit from the model's config when it is not given: Llama-3-8B's
+    8,192 tokens; prompt + output beyond it is refused (vLLM's API server answers 400)."""
+    d = small_scenario({"preset": preset}, model="llama-3-8b", kv_cache={"num_blocks": 2000, "block_size": 16})
+    d["workload"] = {"num_requests": 4, "arrival": {"process": "poisson", "rate": 1.0},
+                     "prompt_len": {"dist": "fixed", "value": 8000}, "output_len": {"dist": "fixed", "value": 300}}
+    sc = scenario_from_dict(d)
+    assert getattr(sc.scheduler, knob) == 8192
+    res = simulate(sc, progress=False)
+    assert res.summary["completed"] == 0 and res.summary["rejected"] == 4
+    d["scheduler"] = {"preset": preset, knob: 16384}
+    assert simulate(scenario_from_dict(d), progress=False).summary["completed"] == 4
+
+
 # ---- Transformers ----------------------------------------------------------------------------------
 def _hf_with_five_big_prompts(margin: float) -> tuple[ComposedScheduler, Request]:
     sched = build({"preset": "hf-transformers", "safety_margin": margin}, num_blocks=100, block_size=16)

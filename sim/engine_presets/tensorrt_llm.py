@@ -6,7 +6,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from ..presets import HardwareConfig
+from ..presets import HardwareConfig, get_model
 from ..schedulers import ComposedConfig
 from .base import EnginePreset
 
@@ -55,12 +55,16 @@ class TensorRTLLMPreset(EnginePreset):
     max_batch_size: int = Field(2048, ge=1)
     max_num_tokens: int = Field(8192, ge=1)
     enable_chunked_prefill: bool = False
-    max_seq_len: int | None = Field(None, ge=1)
+    max_seq_len: int | None = Field(None, ge=1, description="default: the model's context length")
 
     @property
     def preemption_mode(self) -> str:
         """MAX_UTILIZATION pauses by soft reset; GUARANTEED_NO_EVICT never preempts."""
         return "soft_reset" if self.capacity_scheduler_policy == "MAX_UTILIZATION" else "recompute"
+
+    def resolved(self, hardware: HardwareConfig, model: str) -> TensorRTLLMPreset:
+        # the LLM API takes max_seq_len from the model's config (max_position_embeddings) when not given
+        return self.model_copy(update={"max_seq_len": self.max_seq_len or get_model(model).max_position_embeddings})
 
     def translate(self, hardware: HardwareConfig, model: str) -> ComposedConfig:
         no_evict = self.capacity_scheduler_policy == "GUARANTEED_NO_EVICT"

@@ -6,7 +6,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from ..presets import GiB, HardwareConfig
+from ..presets import GiB, HardwareConfig, get_model
 from ..schedulers import ChunkedConfig
 from .base import EnginePreset
 
@@ -53,7 +53,7 @@ class VllmV1Preset(EnginePreset):
     max_num_seqs: int | None = Field(None, ge=1, description="default by hardware: 1024 (>= 70 GiB, not A100) else 256")
     max_num_batched_tokens: int | None = Field(None, ge=1, description="default by hardware: 8192 or 2048")
     long_prefill_token_threshold: int = Field(0, ge=0, description="cap on one request's prefill tokens per step")
-    max_model_len: int | None = Field(None, ge=1)
+    max_model_len: int | None = Field(None, ge=1, description="default: the model's context length")
     policy: Literal["fcfs", "priority"] = "fcfs"
     # vLLM's --async-scheduling (vllm/v1/core/sched/async_scheduler.py; EngineCore.step_with_batch_queue
     # keeps two batches in flight): the CPU schedules step n+1 while the GPU runs step n, so a request
@@ -64,9 +64,11 @@ class VllmV1Preset(EnginePreset):
 
     def resolved(self, hardware: HardwareConfig, model: str) -> VllmV1Preset:
         tokens, seqs = vllm_batch_defaults(hardware)
+        # ModelConfig._get_and_verify_max_len: the model's max_position_embeddings when not given
         return self.model_copy(update={
             "max_num_batched_tokens": self.max_num_batched_tokens or tokens,
             "max_num_seqs": self.max_num_seqs or seqs,
+            "max_model_len": self.max_model_len or get_model(model).max_position_embeddings,
         })
 
     def translate(self, hardware: HardwareConfig, model: str) -> ChunkedConfig:
