@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from servesim.sim.config_model import MAX_SIM_SECONDS
 from servesim.sim.hints import did_you_mean
 from servesim.sim.metrics import REQUEST_COLUMNS, LogHistogram
 from servesim.sim.presets import HARDWARE, MODELS
@@ -167,13 +168,50 @@ def unknown_hardware_message(where: str, name: str | None) -> str:
 
 
 # ---- shared helpers -------------------------------------------------------------------------------
-def _read_json(path: Path) -> Any:
+def _read_text(path: Path) -> str:
+    """A run file's text; ``RunFileError`` when it is missing or not UTF-8 (a UTF-16 or binary file)."""
     if not path.is_file():
         raise RunFileError(f"{path}: file not found")
+    data = path.read_bytes()
     try:
-        return json.loads(path.read_text())
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RunFileError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
+                           "save the run's files as UTF-8") from None
+
+
+def _parse_json(text: str, where: str, line: bool = True) -> Any:
+    """``text`` parsed; ``RunFileError`` naming ``where`` (and the line in it when ``line``) when it is not JSON."""
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as e:
-        raise RunFileError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+        raise RunFileError(f"{where}{f':{e.lineno}' if line else ''}: not valid JSON ({e.msg})") from None
+    except RecursionError:
+        raise RunFileError(f"{where}: not valid JSON (nested too deeply)") from None
+
+
+def _read_json(path: Path) -> Any:
+    return _parse_json(_read_text(path), str(path))
+
+
+def _object(parent: dict[str, Any], name: str, where: str) -> dict[str, Any]:
+    """``parent[name]`` when it is a JSON object, {} when absent or null; else ``RunFileError``."""
+    value = parent.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise RunFileError(f"{where}: field '{name}' must be a JSON object, got {value!r:.60}")
+    return value
+
+
+def _count(value: Any, where: str, name: str) -> int | None:
+    """An optional whole count >= 1 (a TP or DP degree, a context length); None when absent or null."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**32:
+        raise RunFileError(f"{where}: field '{name}' must be a whole number >= 1, got {value!r:.60}; "
+                           f"fix the file or give the value with --set")
+    return value
 
 
 def _number(value: Any, where: str, name: str) -> float:
@@ -196,7 +234,11 @@ def _gaps(value: Any, where: str) -> list[float]:
         return []
     if not isinstance(value, list):
         raise RunFileError(f"{where}: field 'itls' must be a list of seconds, got {value!r}")
-    return [_number(x, where, "itls") for x in value]
+    gaps = [_number(x, where, "itls") for x in value]
+    if not all(0 <= x <= MAX_SIM_SECONDS for x in gaps):
+        raise RunFileError(f"{where}: field 'itls' must hold seconds between 0 and {MAX_SIM_SECONDS:.0e}, "
+                           f"got {min(gaps) if min(gaps) < 0 else max(gaps)!r}")
+    return gaps
 
 
 def _requests_frame(arrival: np.ndarray, scheduled: np.ndarray, first: np.ndarray, finish: np.ndarray,
@@ -254,6 +296,13 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     arrival_engine = cols["arrival_time"] + offset
     t0 = float(arrival_engine[0])
     wait = offsets - offset
+    last = int(np.argmax(cols["last_token_ts"]))
+    if cols["last_token_ts"][last] - t0 > MAX_SIM_SECONDS:  # servesim's clock resolves steps up to there
+        raise RunFileError(
+            f"{root / 'requests.jsonl'}: the run spans {cols['last_token_ts'][last] - t0:.3g} s from the first "
+            f"arrival (line {rows[order[0]]['_line']}) to the last token (line {rows[order[last]]['_line']}), past "
+            f"the {MAX_SIM_SECONDS:.0e} s servesim simulates; arrival_time (the client's clock) and the engine "
+            "timestamps must each be seconds of one clock")
     clock = {
         "alignment": "client arrival + min(queued_ts - arrival_time); TTFT and E2E from that arrival",
         "offset_s": offset,
@@ -268,27 +317,32 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     df["source_line"] = [rows[i]["_line"] for i in order]
 
     hw_source, tp = _llmservingsim_gpu(root)
-    hardware = meta.get("hardware") if isinstance(meta.get("hardware"), dict) else {}
-    hw_source = hardware.get("device_name") or hw_source  # newer bench runs record torch's device name
+    if isinstance(meta.get("hardware"), str):  # the GPU's name
+        hw_source = meta["hardware"]
+    else:  # newer bench runs record torch's device name
+        hw_source = _object(meta, "hardware", str(meta_path)).get("device_name") or hw_source
     if hw_source is None:  # a GPU named anywhere in the folder's name (<GPU>-<model>, <model>-<gpu>-tp1)
         hw_source = root.name if hardware_preset(root.name) else (
             root.name.split("-")[0] if "-" in root.name else None)
-    tp = kwargs.get("tensor_parallel_size") or tp or 1
-    dp = kwargs.get("data_parallel_size") or 1
-    if not isinstance(dp, int) or dp < 1:
-        raise RunFileError(f"{meta_path}: engine_kwargs.data_parallel_size must be a positive integer, got {dp!r}")
+    tp = _count(kwargs.get("tensor_parallel_size"), str(meta_path), "engine_kwargs.tensor_parallel_size") or tp or 1
+    dp = _count(kwargs.get("data_parallel_size"), str(meta_path), "engine_kwargs.data_parallel_size") or 1
     # newer bench runs also record what vLLM resolved: the KV cache it allocated and its scheduler config
-    resolved = meta.get("resolved_config") if isinstance(meta.get("resolved_config"), dict) else {}
-    sched_cfg = resolved.get("scheduler_config") if isinstance(resolved.get("scheduler_config"), dict) else {}
-    model_cfg = resolved.get("model_config") if isinstance(resolved.get("model_config"), dict) else {}
+    resolved = _object(meta, "resolved_config", str(meta_path))
+    sched_cfg = _object(resolved, "scheduler_config", f"{meta_path}: resolved_config")
+    model_cfg = _object(resolved, "model_config", f"{meta_path}: resolved_config")
     scheduler = {"max_num_seqs": kwargs["max_num_seqs"], "max_num_batched_tokens": kwargs["max_num_batched_tokens"]}
-    max_len = kwargs.get("max_model_len") or model_cfg.get("max_model_len")
-    if isinstance(max_len, int):
+    max_len = (_count(kwargs.get("max_model_len"), str(meta_path), "engine_kwargs.max_model_len")
+               or _count(model_cfg.get("max_model_len"), str(meta_path), "resolved_config.model_config.max_model_len"))
+    if max_len is not None:
         scheduler["max_model_len"] = max_len
-    if isinstance(sched_cfg.get("async_scheduling"), bool):
-        scheduler["async_scheduling"] = sched_cfg["async_scheduling"]
+    async_scheduling = sched_cfg.get("async_scheduling")
+    if async_scheduling is not None and not isinstance(async_scheduling, bool):
+        raise RunFileError(f"{meta_path}: field 'resolved_config.scheduler_config.async_scheduling' must be true, "
+                           f"false or null, got {async_scheduling!r:.60}")
+    if async_scheduling is not None:
+        scheduler["async_scheduling"] = async_scheduling
     kv: dict[str, Any] = {}
-    cache = meta.get("kv_cache") if isinstance(meta.get("kv_cache"), dict) else {}
+    cache = _object(meta, "kv_cache", str(meta_path))
     for ours, theirs in (("num_blocks", "num_gpu_blocks"), ("block_size", "block_size"),
                          ("enable_prefix_caching", "enable_prefix_caching"),
                          ("gpu_memory_utilization", "gpu_memory_utilization")):
@@ -307,7 +361,7 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     return MeasuredRun(
         name=root.name, path=root, format="llmservingsim", model_source=str(model_source),
         model=model_preset(model_source), hardware_source=hw_source,
-        hardware=hardware_preset(hw_source) if hw_source else None, tensor_parallel=int(tp), scheduler=scheduler,
+        hardware=hardware_preset(hw_source) if hw_source else None, tensor_parallel=tp, scheduler=scheduler,
         kv_cache=kv, requests=df, itl_hist=None, vllm_version=meta.get("vllm_version"), data_parallel=dp,
         clock=clock, notes=notes,
         reference=reference, reference_source=str(ref_path) if reference else None, kv_cache_dtype=kv_cache_dtype,
@@ -320,32 +374,44 @@ def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
         raise RunFileError(f"{path}: file not found")
     rows = []
     unrecorded = 0
-    with path.open() as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise RunFileError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise RunFileError(f"{path}:{lineno}: expected a JSON object per line")
-            where = f"{path}:{lineno}"
-            if all(name in row and row[name] is None for name in LLMSERVINGSIM_FIELDS[2:]):
-                unrecorded += 1
-                continue
-            for name in LLMSERVINGSIM_FIELDS:
-                if name not in row:
-                    raise RunFileError(f"{where}: missing field '{name}'")
-                _number(row[name], where, name)
-            if row["input_toks"] < 1 or row["output_toks"] < 1:
-                raise RunFileError(f"{where}: input_toks and output_toks must be >= 1")
-            for name in ("input_toks", "output_toks"):
-                _tokens(row[name], where, name, 1)
-            if not row["queued_ts"] <= row["first_token_ts"] <= row["last_token_ts"]:
-                raise RunFileError(f"{where}: timestamps out of order (need queued_ts <= first_token_ts <= "
-                                   "last_token_ts)")
-            rows.append({**row, "_line": lineno})
+    seen: dict[str, int] = {}  # request_id -> its line
+    for lineno, line in enumerate(_read_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        row = _parse_json(line, where, line=False)
+        if not isinstance(row, dict):
+            raise RunFileError(f"{where}: expected a JSON object per line")
+        if all(name in row and row[name] is None for name in LLMSERVINGSIM_FIELDS[2:]):
+            unrecorded += 1
+            continue
+        for name in LLMSERVINGSIM_FIELDS:
+            if name not in row:
+                raise RunFileError(f"{where}: missing field '{name}'")
+            _number(row[name], where, name)
+        if row["input_toks"] < 1 or row["output_toks"] < 1:
+            raise RunFileError(f"{where}: input_toks and output_toks must be >= 1")
+        for name in ("input_toks", "output_toks"):
+            _tokens(row[name], where, name, 1)
+        if not row["queued_ts"] <= row["first_token_ts"] <= row["last_token_ts"]:
+            raise RunFileError(f"{where}: timestamps out of order (need queued_ts <= first_token_ts <= "
+                               "last_token_ts)")
+        if row.get("scheduled_ts") is not None:
+            _number(row["scheduled_ts"], where, "scheduled_ts")
+            if not row["queued_ts"] <= row["scheduled_ts"] <= row["first_token_ts"]:
+                raise RunFileError(f"{where}: timestamps out of order (need queued_ts <= scheduled_ts <= "
+                                   "first_token_ts)")
+        if row["last_token_ts"] - row["queued_ts"] > MAX_SIM_SECONDS:
+            raise RunFileError(f"{where}: the request took {row['last_token_ts'] - row['queued_ts']:.3g} s from "
+                               f"queued_ts to last_token_ts, past the {MAX_SIM_SECONDS:.0e} s servesim simulates; "
+                               "the engine timestamps must be seconds of one clock")
+        if "request_id" in row:  # a line written twice would count its request twice
+            rid = str(row["request_id"])
+            if rid in seen:
+                raise RunFileError(f"{where}: request_id {rid!r:.60} repeats line {seen[rid]}; each request is "
+                                   "one line: remove the duplicate")
+            seen[rid] = lineno
+        rows.append({**row, "_line": lineno})
     if not rows:
         raise RunFileError(f"{path}: no requests with timestamps")
     return rows, unrecorded
@@ -359,15 +425,16 @@ def _llmservingsim_gpu(root: Path) -> tuple[str | None, int | None]:
     cfg = _read_json(path)
     try:
         inst = cfg["nodes"][0]["instances"][0]
-        return inst.get("hardware"), inst.get("tp_size")
-    except (KeyError, IndexError, TypeError):
+        hardware, tp = inst.get("hardware"), inst.get("tp_size")
+    except (KeyError, IndexError, TypeError, AttributeError):
         return None, None
+    return hardware, _count(tp, str(path), "nodes[0].instances[0].tp_size")
 
 
 def read_llmservingsim_summary(path: str | Path) -> dict[str, dict[str, float]]:
     """LLMServingSim's error table (``llmservingsim_summary.txt``) as {servesim key: {real, sim, error_pct}}."""
     out: dict[str, dict[str, float]] = {}
-    for line in Path(path).read_text().splitlines():
+    for line in _read_text(Path(path)).splitlines():
         m = _REF_ROW.match(line.strip())
         if m is None:
             continue
@@ -400,6 +467,8 @@ def read_vllm_bench(path: str | Path, seed: int = 0) -> MeasuredRun:
     per_request = {k: data.get(k) for k in ("output_lens", "ttfts", "itls", "start_times", "errors")}
     per_request["latencies"] = latencies
     for k, v in per_request.items():
+        if v is not None and not isinstance(v, list):
+            raise RunFileError(f"{p}: field '{k}' must be a list with one entry per request, got {v!r:.60}")
         if v is not None and len(v) != n:
             raise RunFileError(f"{p}: field '{k}' has {len(v)} entries, input_lens has {n}")
     errors = per_request["errors"] or [""] * n
@@ -413,13 +482,22 @@ def read_vllm_bench(path: str | Path, seed: int = 0) -> MeasuredRun:
     def col(name: str, i: int) -> float:
         return _number(per_request[name][i], f"{p}: request {i}", name)
 
+    def seconds(name: str, i: int, least: float = 0.0) -> float:
+        """A duration of request i: at least ``least`` (its TTFT for its latency), at most MAX_SIM_SECONDS."""
+        v = col(name, i)
+        if not least <= v <= MAX_SIM_SECONDS:
+            bound = "its TTFT" if least else "0"
+            raise RunFileError(f"{p}: request {i}: field '{name}' must be seconds between {bound} and "
+                               f"{MAX_SIM_SECONDS:.0e}, got {v!r}")
+        return v
+
     prompt = np.array([_tokens(data["input_lens"][i], f"{p}: request {i}", "input_lens", 1) for i in ok])
     output = np.array([_tokens(per_request["output_lens"][i], f"{p}: request {i}", "output_lens", 0) for i in ok])
-    ttft = np.array([col("ttfts", i) for i in ok])
+    ttft = np.array([seconds("ttfts", i) for i in ok])
     itls = per_request["itls"]
     gaps_of = {i: _gaps(itls[i], f"{p}: request {i}") for i in ok} if isinstance(itls, list) else {}
     if latencies is not None:
-        e2e = np.array([col("latencies", i) for i in ok])
+        e2e = np.array([seconds("latencies", i, least=t) for i, t in zip(ok, ttft, strict=True)])
     else:
         e2e = ttft + np.array([float(sum(gaps_of[i])) for i in ok])
     hist = None
@@ -447,6 +525,12 @@ def read_vllm_bench(path: str | Path, seed: int = 0) -> MeasuredRun:
         exact = False
         notes.append(f"no start_times (vLLM before they were saved): arrivals drawn from gamma gaps, "
                      f"rate {rate:g}/s, burstiness {burst:g}, seed {seed}: the traffic, not each request")
+    if start.max() - start.min() > MAX_SIM_SECONDS:  # servesim's clock resolves steps up to there
+        first, last = ok[int(np.argmin(start))], ok[int(np.argmax(start))]
+        what = (f"field 'start_times' spans {start.max() - start.min():.3g} s (request {first} to request {last})"
+                if exact else f"field 'request_rate' {rate:g} spreads the arrivals over {start.max():.3g} s")
+        raise RunFileError(f"{p}: {what}, past the {MAX_SIM_SECONDS:.0e} s servesim simulates; "
+                           f"{'they must be seconds of one clock' if exact else 'the rate must be requests per second'}")
     if data.get("max_concurrency"):
         notes.append(f"max_concurrency {data['max_concurrency']}: the client's own queue is replayed as the "
                      "measured send times, not as a closed loop")

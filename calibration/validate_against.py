@@ -52,6 +52,7 @@ from servesim.calibration.validate import (
 )
 from servesim.sim.cost_model import ProfileError, resolve_profile_path
 from servesim.sim.engine_presets.vllm_v1 import vllm_batch_defaults
+from servesim.sim.errors import PresetError, ScenarioError
 from servesim.sim.metrics import summarize, to_json
 from servesim.sim.presets import get_hardware, get_model, num_kv_blocks
 from servesim.sim.scenario import (
@@ -161,15 +162,19 @@ def scenario_dict(run: MeasuredRun, base: dict[str, Any] | None = None, profile:
         notes.append(f"model: the run's {run.model_source!r} has no preset; {raw['model']} used")
     if raw.get("hardware") is None:
         raise RunFileError(unknown_hardware_message(where, run.hardware_source))
+    # what the run and --set give is checked before anything is derived from it: a bad value is an
+    # error naming its field, not a traceback of the block count's arithmetic
+    source = f"{where} (validate --against)"
+    sc = scenario_from_dict(raw, source=source)
     if "cost_model" not in raw:
-        shipped = shipped_profile(str(raw["model"]), str(raw["hardware"]), int(raw.get("tensor_parallel") or 1))
+        shipped = shipped_profile(sc.model, sc.hardware, sc.tensor_parallel)
         if shipped is not None:
             raw["cost_model"] = {"type": "profile", "path": shipped}
             notes.append(f"cost model: the shipped profile {shipped} for this GPU, model and TP (no --profile "
                          "given; --set cost_model.type=roofline for the roofline)")
         else:
-            notes.append(f"cost model: the roofline (no shipped profile for {raw['hardware']} x {raw['model']} "
-                         f"tp{raw.get('tensor_parallel') or 1}; give one with --profile)")
+            notes.append(f"cost model: the roofline (no shipped profile for {sc.hardware} x {sc.model} "
+                         f"tp{sc.tensor_parallel}; give one with --profile)")
     kv = raw["kv_cache"]
     if kv.get("num_blocks") is None and run.kv_cache_dtype is not None:
         raise RunFileError(f"{where}: the run's KV cache is {run.kv_cache_dtype} and it does not record its block "
@@ -177,13 +182,15 @@ def scenario_dict(run: MeasuredRun, base: dict[str, Any] | None = None, profile:
                            "own with --set kv_cache.num_blocks=N (vLLM logs 'GPU KV cache size: T tokens': N = T / "
                            "block size)")
     if kv.get("num_blocks") is None:
-        sched = raw["scheduler"]
-        default_budget, default_seats = vllm_batch_defaults(get_hardware(raw["hardware"]))
-        budget = sched.get("max_num_batched_tokens") or default_budget
-        seats = sched.get("max_num_seqs") or default_seats
-        util = kv.get("gpu_memory_utilization", VLLM_DEFAULT_GPU_MEMORY_UTILIZATION)
-        kv["num_blocks"] = vllm_kv_blocks(raw["model"], raw["hardware"], int(raw.get("tensor_parallel") or 1),
-                                          int(kv["block_size"]), int(budget), int(seats), util)
+        default_budget, default_seats = vllm_batch_defaults(get_hardware(sc.hardware))
+        budget = sc.scheduler.max_num_batched_tokens or default_budget
+        seats = sc.scheduler.max_num_seqs or default_seats
+        util = sc.kv_cache.gpu_memory_utilization
+        try:
+            kv["num_blocks"] = vllm_kv_blocks(sc.model, sc.hardware, sc.tensor_parallel, sc.kv_cache.block_size,
+                                              budget, seats, util)
+        except PresetError as e:  # the model does not fit the GPU
+            raise ScenarioError(f"{source}: kv_cache: {e}") from None
         notes.append(f"KV blocks not in the run: {kv['num_blocks']} derived as vLLM sizes them (CUDA's memory "
                      f"total x {util} - weights / TP - non-torch memory - the activation peak of its profile "
                      f"run, a {budget}-token step over {seats} requests)")
