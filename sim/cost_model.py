@@ -717,6 +717,8 @@ def read_profile_json(path: Path) -> Any:
                            f"{exc.start}); profiles are written by servesim calibrate") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise ProfileError(f"cannot read profile {str(path)!r}: {exc}") from None
+    except RecursionError:
+        raise ProfileError(f"cannot read profile {str(path)!r}: JSON nested too deeply") from None
 
 
 def load_profile(path: str | Path, swap_bandwidth: float | None = None) -> LayerCostModel | FittedCostModel:
@@ -748,6 +750,10 @@ def check_profile_matches(cost: Any, path: str | Path, model: ModelConfig, hardw
         if value is not None and value != ours[key]:
             raise ProfileError(f"profile {path} is for {key} {value!r} but the scenario runs {ours[key]!r}; "
                                f"use a profile for {ours[key]!r} or change the scenario's {key}")
+    layers = getattr(cost, "num_layers", None) if gpu else None
+    if layers is not None and layers != model.num_layers:  # its per-layer tables would be summed over the wrong depth
+        raise ProfileError(f"profile {path} gives num_layers {layers} but {model.name} has {model.num_layers}; "
+                           "the profile was not measured for this model: re-import it")
 
 
 def build_cost_model(cfg: CostModelConfig, model: ModelConfig, hardware: HardwareConfig,

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -51,6 +52,7 @@ import numpy as np
 from .allreduce import Link
 from .batch import StepSums
 from .batch import step_sums as _step_sums
+from .config_model import INT_MAX, MAX_SIM_SECONDS
 from .errors import ProfileError
 
 GPU_PROFILE_FORMAT = "servesim-gpu-profile/1"
@@ -67,20 +69,48 @@ EXTRAPOLATION = {
 }
 
 
-def _floats(name: str, values: Any, n: int | None = None) -> list[float]:
+def _floats(name: str, values: Any, n: int | None = None, most: float = MAX_SIM_SECONDS) -> list[float]:
+    """A list of numbers in [0, most] (seconds unless ``most`` says otherwise), ``n`` of them if given."""
     try:
+        if isinstance(values, str | bytes | Mapping) or any(isinstance(v, bool | str) for v in values):
+            raise TypeError(name)  # float() would take "1.5" and True
         out = [float(v) for v in values]
     except (TypeError, ValueError):
         raise ProfileError(f"{name} must be a list of numbers") from None
     if n is not None and len(out) != n:
         raise ProfileError(f"{name} has {len(out)} values, expected {n}")
-    if not all(math.isfinite(v) and v >= 0 for v in out):
-        raise ProfileError(f"{name} must hold finite numbers >= 0")
+    if not all(math.isfinite(v) and 0 <= v <= most for v in out):
+        raise ProfileError(f"{name} must hold finite numbers in [0, {most:.3g}]")
     return out
 
 
+def _number(name: str, value: Any, least: float = 0.0, most: float = MAX_SIM_SECONDS) -> float:
+    """One number in [least, most] (bounds inclusive), not a boolean or a string."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not least <= value <= most:
+        raise ProfileError(f"{name} must be a number in [{least:.3g}, {most:.3g}], got {value!r:.60}")
+    return float(value)
+
+
+def _whole(name: str, value: Any, most: int = INT_MAX) -> int:
+    """A whole count >= 1 (layers, TP degree)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= most:
+        raise ProfileError(f"{name} must be a whole number in [1, {most}], got {value!r:.60}")
+    return int(value)
+
+
+def _grid(name: str, values: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """A nested list of numbers of ``shape`` as a float array."""
+    try:
+        arr = np.asarray(values, dtype=float)
+    except (TypeError, ValueError):
+        raise ProfileError(f"{name} must be nested lists of numbers of shape {shape}") from None
+    if arr.shape != shape:
+        raise ProfileError(f"{name} has shape {arr.shape}, the axes need {shape}")
+    return arr
+
+
 def _axis(name: str, values: Any) -> list[float]:
-    xs = _floats(name, values)
+    xs = _floats(name, values, most=INT_MAX)  # tokens, sequences, contexts
     if len(xs) < 2 or any(b <= a for a, b in zip(xs, xs[1:], strict=False)):
         raise ProfileError(f"{name} must be at least two ascending numbers")
     return xs
@@ -131,11 +161,9 @@ class AttentionGrid:
         self._linear = interpolation == "linear"
         self.axes = [_axis(f"attention.axes.{a}", axes[a]) for a in ATTENTION_AXES]
         shape = tuple(len(a) for a in self.axes)
-        arr = np.asarray(seconds, dtype=float)
-        if arr.shape != shape:
-            raise ProfileError(f"attention.seconds has shape {arr.shape}, the axes need {shape}")
-        if not (np.isfinite(arr).all() and (arr > 0).all()):
-            raise ProfileError("attention.seconds must be finite and > 0")
+        arr = _grid("attention.seconds", seconds, shape)
+        if not (np.isfinite(arr).all() and (arr > 0).all() and (arr <= MAX_SIM_SECONDS).all()):
+            raise ProfileError(f"attention.seconds must be finite, > 0 and at most {MAX_SIM_SECONDS:.0e}")
         self.seconds = arr
         pc, kp, n, kv = self.axes
         if pc[0] != 0 or n[0] != 0 or kp[0] != 0:
@@ -232,10 +260,8 @@ class SkewAlpha:
         self.n_edges = _axis("skew.n_edges", section["n_edges"])
         self.ratio_edges = _axis("skew.ratio_edges", section["ratio_edges"])
         self.kv_edges = _axis("skew.kv_edges", section["kv_edges"])
-        arr = np.asarray(section["alpha"], dtype=float)
         shape = (2, len(self.n_edges), len(self.ratio_edges), len(self.kv_edges))
-        if arr.shape != shape:
-            raise ProfileError(f"skew.alpha has shape {arr.shape}, the edges need {shape}")
+        arr = _grid("skew.alpha", section["alpha"], shape)
         if not (np.isfinite(arr).all() and (arr >= -1).all() and (arr <= 2).all()):
             raise ProfileError("skew alphas must be finite numbers in [-1, 2]")
         self.alpha = arr.tolist()
@@ -263,9 +289,7 @@ class LayerCostModel:
                 raise ProfileError(f"GPU profile lacks {key!r}")
         self.profile = p
         self.model, self.hardware = str(p["model"]), str(p["hardware"])
-        self.tp, self.num_layers = int(p["tensor_parallel"]), int(p["num_layers"])
-        if self.num_layers < 1 or self.tp < 1:
-            raise ProfileError("num_layers and tensor_parallel must be >= 1")
+        self.tp, self.num_layers = _whole("tensor_parallel", p["tensor_parallel"], 64), _whole("num_layers", p["num_layers"])
         self.provenance = dict(p.get("provenance") or {})
         self.held_out_error = dict(p.get("held_out_error") or {})
         self.token_cost = self._token_curve(p["dense"], p.get("allreduce") or {"type": "none"})
@@ -280,11 +304,11 @@ class LayerCostModel:
         sk = p.get("skew")
         self.alpha = SkewAlpha(sk) if sk else None
         ov = dict(p.get("overhead") or {})
-        self._step_s = float(ov.get("step_s") or 0.0)
-        self._per_seq_s = float(ov.get("per_seq_s") or 0.0)
-        if self._step_s < 0 or self._per_seq_s < 0:
-            raise ProfileError("overhead.step_s and overhead.per_seq_s must be >= 0")
-        self._swap_bw = float(ov.get("swap_bandwidth") or swap_bandwidth or math.inf)
+        self._step_s = _number("overhead.step_s", ov.get("step_s") or 0.0)
+        self._per_seq_s = _number("overhead.per_seq_s", ov.get("per_seq_s") or 0.0)
+        bw = ov.get("swap_bandwidth")
+        self._swap_bw = (_number("overhead.swap_bandwidth", bw, least=1.0, most=math.inf) if bw is not None
+                         else float(swap_bandwidth or math.inf))
         self._layers = float(self.num_layers)
 
     def _token_curve(self, dense: Mapping[str, Any], allreduce: Mapping[str, Any]) -> Curve:
@@ -298,7 +322,8 @@ class LayerCostModel:
             per = op.get("per", "layer")
             if per not in ("layer", "step"):
                 raise ProfileError(f"dense.ops.{name}.per must be 'layer' or 'step', got {per!r}")
-            total += ys * float(op.get("count", 1)) * (self.num_layers if per == "layer" else 1)
+            count = _number(f"dense.ops.{name}.count", op.get("count", 1), most=INT_MAX)
+            total += ys * count * (self.num_layers if per == "layer" else 1)
         total += allreduce_seconds(allreduce, np.asarray(xs))
         return Curve(xs, total.tolist())
 
@@ -379,13 +404,19 @@ def allreduce_seconds(spec: Mapping[str, Any], tokens: np.ndarray) -> np.ndarray
     tokens = np.asarray(tokens, dtype=float)
     if kind == "none":
         return np.zeros_like(tokens)
-    count, per_token = float(spec["count"]), float(spec["bytes_per_token"])
+    count = _number("allreduce.count", spec["count"], most=INT_MAX)
+    per_token = _number("allreduce.bytes_per_token", spec["bytes_per_token"], most=math.inf)
     size = tokens * per_token
     if kind == "link":
-        link = Link(float(spec["bandwidth"]), 1.0, float(spec["latency_s"]), float(spec.get("hop_latency_s", 0.0)))
-        return count * link.seconds(size, int(spec["tp"]))
+        link = Link(_number("allreduce.bandwidth", spec["bandwidth"], least=1.0, most=math.inf), 1.0,
+                    _number("allreduce.latency_s", spec["latency_s"]),
+                    _number("allreduce.hop_latency_s", spec.get("hop_latency_s", 0.0)))
+        return count * link.seconds(size, _whole("allreduce.tp", spec["tp"], 64))
     if kind == "table":
-        xs, ys = np.asarray(spec["bytes"], dtype=float), np.asarray(spec["seconds"], dtype=float)
+        xs = np.asarray(_axis("allreduce.bytes", spec["bytes"]))
+        ys = np.asarray(_floats("allreduce.seconds", spec["seconds"], len(xs)))
+        if xs[0] <= 0 or ys.min() <= 0:  # interpolated in log-log
+            raise ProfileError("allreduce.bytes and allreduce.seconds must be > 0")
         inside = np.exp(np.interp(np.log(np.clip(size, xs[0], xs[-1])), np.log(xs), np.log(ys)))
         slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
         return count * (inside + np.maximum(size - xs[-1], 0.0) * max(slope, 0.0))

@@ -87,7 +87,7 @@ def read_mooncake(path: Path, time_scale: float = 1.0, start: int = 0, limit: in
                     raise ValueError(f"a JSON object per line, got {type(obj).__name__}")
                 row = (_number(obj, "timestamp"), _count(obj, "input_length"), _count(obj, "output_length"),
                        [_hash(h) for h in obj.get("hash_ids", [])])
-            except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
+            except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, RecursionError) as e:
                 raise WorkloadError(f"{where}: {path} line {lineno} is not a Mooncake record "
                                     f"(timestamp, input_length, output_length, hash_ids): {e}") from None
             if row[1] < 1 or row[2] < 1:

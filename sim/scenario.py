@@ -300,6 +300,8 @@ def read_scenario_file(path: str | Path, overrides: list[str] | None = None) -> 
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise ScenarioError(f"{p}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    except RecursionError:
+        raise ScenarioError(f"{p}: not valid YAML: nested too deeply for a scenario") from None
     if not isinstance(raw, dict):
         raise ScenarioError(f"{p}: a scenario is a mapping of fields (name, model, scheduler, workload, ...)")
     for item in overrides or []:
@@ -343,6 +345,8 @@ def parse_yaml_value(text: str, where: str) -> Any:
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ScenarioError(f"{where}: the value {text!r} is not valid YAML ({problem}); "
                             "quote text that holds YAML syntax, e.g. name='a: b'") from None
+    except RecursionError:
+        raise ScenarioError(f"{where}: the value is not valid YAML (nested too deeply)") from None
 
 
 def format_validation_error(err: ValidationError) -> str:
