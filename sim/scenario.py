@@ -150,10 +150,15 @@ class Scenario(ConfigModel):
 
     @model_validator(mode="after")
     def _fits_host_memory(self) -> Scenario:
-        over = over_host_memory(self._memory_demands())
+        over = self.over_host_memory()
         if over is not None:
             raise PydanticCustomError("host_memory", "{reason}", {"field": over[0], "reason": over[1]})
         return self
+
+    def over_host_memory(self) -> tuple[str, str] | None:
+        """(field, reason) when simulating this scenario would not fit the host's memory, else None.
+        Validation checks it; a copy made with ``model_copy(update=...)`` is not validated again."""
+        return over_host_memory(self._memory_demands())
 
     def _memory_demands(self) -> list[Demand]:
         """What simulating this scenario allocates on the host, by the field that sets each part."""

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..config_model import MAX_SIM_SECONDS
 from ..metrics import ITERATION_COLUMNS, LogHistogram, summarize, to_json
 from ..outputs import begin_folder, write_csv, write_text
 from ..scenario import Scenario, ScenarioError
@@ -78,10 +79,11 @@ class PlanSettings:
             raise ScenarioError(f"--seeds must be >= 1, got {self.seeds}")
         if not 0.0 < self.tolerance < 1.0:
             raise ScenarioError(f"--tolerance must be in (0, 1) (a fraction of the rate), got {self.tolerance}")
-        if self.window_s is not None and not self.window_s > 0:
-            raise ScenarioError(f"--duration must be > 0 seconds, got {self.window_s}")
-        if self.start_rate is not None and not self.start_rate > 0:
-            raise ScenarioError(f"--start-rate must be > 0, got {self.start_rate}")
+        if self.window_s is not None and not 0 < self.window_s <= MAX_SIM_SECONDS:
+            raise ScenarioError(f"--duration must be > 0 seconds and at most {MAX_SIM_SECONDS:.0e} (the simulated "
+                                f"clock's range), got {self.window_s}")
+        if self.start_rate is not None and not 0 < self.start_rate < math.inf:
+            raise ScenarioError(f"--start-rate must be a finite number > 0 requests/s, got {self.start_rate}")
         if not any(t.metric == "queueing_delay" and t.stat != "mean" for t in self.terms):
             self.terms = [*self.terms, STABILITY_TERM]
 
@@ -253,7 +255,16 @@ def evaluate_rate(runner: TaskRunner, sc: Scenario, st: PlanSettings, rate: floa
 def rate_tasks(sc: Scenario, st: PlanSettings, rate: float, replicas: int = 1) -> list[Scenario]:
     """The runs that judge ``rate`` on ``replicas``: one per seed, over the window ``st`` sets."""
     window = st.window_at(rate / replicas)
-    return [at_rate(sc, rate, window, sc.seed + i, replicas) for i in range(st.seeds)]
+    where = f"plan: {rate:g} req/s on {replicas} replica(s)"
+    if window > MAX_SIM_SECONDS:
+        raise ScenarioError(f"{where} needs a {window:.3g} s arrival window for {st.min_requests} requests, past the "
+                            f"{MAX_SIM_SECONDS:.0e} s servesim simulates; start from a higher --start-rate")
+    tasks = [at_rate(sc, rate, window, sc.seed + i, replicas) for i in range(st.seeds)]
+    over = tasks[0].over_host_memory()  # the copies skip validation: a huge rate would die allocating
+    if over is not None:
+        raise ScenarioError(f"{where} over a {window:.3g} s window is more than this machine can simulate "
+                            f"({over[0]}: {over[1]}); lower --target-rate, --start-rate or --duration")
+    return tasks
 
 
 def judge_rate(st: PlanSettings, rate: float, replicas: int, tasks: Sequence[Scenario],
@@ -338,8 +349,8 @@ def find_replicas(runner: TaskRunner, sc: Scenario, st: PlanSettings, capacity: 
 def plan(sc: Scenario, st: PlanSettings, target_rate: float | None = None, workers: int | None = None,
          progress: bool = True) -> PlanResult:
     """Capacity of one replica of ``sc`` under ``st``, and replicas for ``target_rate`` if given."""
-    if target_rate is not None and not target_rate > 0:
-        raise ScenarioError(f"--target-rate must be > 0 requests/s, got {target_rate}")
+    if target_rate is not None and not 0 < target_rate < math.inf:
+        raise ScenarioError(f"--target-rate must be a finite number > 0 requests/s, got {target_rate}")
     one = sc.model_copy(update={"cluster": sc.cluster.model_copy(update={"num_replicas": 1})})
     with TaskRunner("local", workers=min(workers or default_workers(), st.seeds), progress=progress,
                     desc="plan") as runner:

@@ -11,6 +11,7 @@ hurts in this model, so it would fail too).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,8 +64,8 @@ def plan_disagg(sc: Scenario, st: PlanSettings, target_rate: float, max_gpus: in
     """Fewest-GPU (prefill, decode) split of ``sc`` meeting ``st`` at ``target_rate`` requests/s."""
     if sc.cluster.disagg is None:
         raise ScenarioError("plan for a disaggregated deployment needs a cluster.disagg section")
-    if not target_rate > 0:
-        raise ScenarioError(f"--target-rate must be > 0 requests/s, got {target_rate}")
+    if not 0 < target_rate < math.inf:
+        raise ScenarioError(f"--target-rate must be a finite number > 0 requests/s, got {target_rate}")
     smallest, most = gpus_of(sc, 1, 1), MAX_GPUS
     if not smallest <= max_gpus <= most:
         raise ScenarioError(f"--max-gpus must be between {smallest} (one prefill and one decode instance) and {most}, "
