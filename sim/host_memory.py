@@ -28,6 +28,13 @@ REQUEST_BYTES = 12 * 1024
 # A replica's scheduler, block manager, SimPy process and metrics, besides the tables above.
 REPLICA_BYTES = 16 * 1024
 REPLICAS_FIELD = "cluster.num_replicas"
+# What a multi-seed verb (plan, compare) keeps of each run until it writes its results: the run's
+# scenario copy (measured 1.3 KB for compare's, 3.2 KB for plan's) and its summary (42 floats);
+# plan also pools each run's request rows (ten 8-byte columns, POOLED_REQUEST_BYTES each).
+SEED_RUN_BYTES = 2 * 1024
+POOLED_REQUEST_BYTES = 80
+# A sweep or search point: its validated scenario (measured 7.8 KiB for quickstart.yaml's) and its row.
+GRID_POINT_BYTES = 7 * 1024
 
 
 def host_memory_bytes() -> int | None:

@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from ..hints import did_you_mean
+from ..host_memory import SEED_RUN_BYTES, Demand, over_host_memory
 from ..outputs import begin_folder, write_csv, write_text
 from ..scenario import Scenario, ScenarioError, scenario_to_yaml
 from .parallel import TaskRunner
@@ -200,6 +201,11 @@ def compare(baseline: Scenario, candidate: Scenario, seeds: int = 10, fail_on: S
     """
     if seeds < 1:
         raise ScenarioError(f"--seeds must be >= 1, got {seeds}")
+    # both sides' runs of every seed are listed up front and their summaries kept
+    over = over_host_memory([Demand("--seeds", "runs (a baseline and a candidate per seed)", 2.0 * seeds,
+                                    SEED_RUN_BYTES, items_per_unit=2.0, unit=" seeds")])
+    if over is not None:
+        raise ScenarioError(f"{over[0]} {seeds}: {over[1]}")
     known = summary_keys()
     rules = {f.metric: f for f in parse_fail_on(fail_on, known)}  # checked before any run
     wanted = list(metrics) if metrics else [*DEFAULT_METRICS, *(SLO_METRICS if baseline.slo else ())]

@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 
 from ..config_model import MAX_SIM_SECONDS
+from ..host_memory import POOLED_REQUEST_BYTES, SEED_RUN_BYTES, Demand, over_host_memory
 from ..metrics import ITERATION_COLUMNS, LogHistogram, summarize, to_json
 from ..outputs import begin_folder, write_csv, write_text
 from ..scenario import Scenario, ScenarioError
@@ -77,6 +78,11 @@ class PlanSettings:
             raise ScenarioError(f"--attainment must be in (0, 1], got {self.attainment}")
         if self.seeds < 1:
             raise ScenarioError(f"--seeds must be >= 1, got {self.seeds}")
+        # every seed's run at a rate is kept until the rate is judged: a huge count would die allocating them
+        over = over_host_memory([Demand("--seeds", "seed runs", self.seeds,
+                                        SEED_RUN_BYTES + self.min_requests * POOLED_REQUEST_BYTES)])
+        if over is not None:
+            raise ScenarioError(f"{over[0]} {self.seeds}: {over[1]}")
         if not 0.0 < self.tolerance < 1.0:
             raise ScenarioError(f"--tolerance must be in (0, 1) (a fraction of the rate), got {self.tolerance}")
         if self.window_s is not None and not 0 < self.window_s <= MAX_SIM_SECONDS:

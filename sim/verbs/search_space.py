@@ -88,7 +88,7 @@ def build_points(raw: dict[str, Any], axes: Sequence[GridAxis], base_overrides: 
                  source: str, base_dir: Path) -> list[Point]:
     """One ``Point`` per combination; one that does not validate is infeasible with the reason."""
     points = []
-    for i, combo in enumerate(grid_points(axes)):
+    for i, combo in enumerate(grid_points(axes, "--space")):
         values = {a.key: a.values[j] for a, j in zip(axes, combo, strict=True)}
         d = copy.deepcopy(raw)
         try:

@@ -26,6 +26,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..host_memory import GRID_POINT_BYTES, Demand, over_host_memory
 from ..outputs import begin_folder, write_csv, write_parquet
 from ..scenario import Scenario, ScenarioError, apply_override, parse_yaml_value, scenario_from_dict
 from .parallel import TaskRunner
@@ -79,8 +80,12 @@ def _split_values(text: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
-def grid_points(axes: Sequence[GridAxis]) -> list[list[int]]:
-    """Every combination as value indices per axis, the first axis varying slowest."""
+def grid_points(axes: Sequence[GridAxis], flag: str = "--grid") -> list[list[int]]:
+    """Every combination as value indices per axis, the first axis varying slowest; ``ScenarioError``
+    naming ``flag`` when the points (a validated scenario each) would not fit the host's memory."""
+    over = over_host_memory([Demand(flag, "points", math.prod(len(a.values) for a in axes), GRID_POINT_BYTES)])
+    if over is not None:
+        raise ScenarioError(f"{over[0]}: {over[1]}; give fewer values")
     return [list(c) for c in itertools.product(*(range(len(a.values)) for a in axes))]
 
 
