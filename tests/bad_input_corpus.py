@@ -11,7 +11,9 @@ must contain (the field path or the file). ``tests/test_bad_inputs.py`` runs the
 
 from __future__ import annotations
 
+import copy
 import itertools
+import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,6 +164,8 @@ def corpus(tmp: Path) -> list[Case]:
     _verb_options(b)
     _out_of_range(b)
     _issue_cases(b)
+    _measured_runs(b)
+    _gpu_profiles(b)
     return b.cases
 
 
@@ -281,12 +285,18 @@ def _verb_options(b: _Builder) -> None:
     for flag, value, name in [("--attainment", "2", "attainment"), ("--attainment", "0", "attainment"),
                               ("--seeds", "0", "seeds"), ("--tolerance", "0", "tolerance"),
                               ("--target-rate", "-1", "target"),
-                              ("--duration", "-5", "duration"), ("--start-rate", "0", "start")]:
+                              ("--duration", "-5", "duration"), ("--start-rate", "0", "start"),
+                              # each once a traceback, a failure inside every run or minutes of work
+                              ("--target-rate", "inf", "--target-rate"), ("--target-rate", "1e30", "--target-rate"),
+                              ("--duration", "inf", "--duration"), ("--duration", "1e30", "--duration"),
+                              ("--start-rate", "inf", "--start-rate"), ("--start-rate", "1e30", "--start-rate"),
+                              ("--start-rate", "1e-20", "--start-rate"), ("--seeds", "100000000", "--seeds")]:
         b.raw("verb_options", ["plan", q, flag, value, "--slo", "p99_ttft_ms=500", "--quiet", "--no-plots",
                                "--workers", "1"], (name,))
     for extra, name in [(["--candidate-set", "scheduler.max_num_seq=1"], "max_num_seq"),
                         (["--candidate-set", "workload.arrival.rate=true"], "rate"),
                         (["--fail-on", "nonsense"], "fail-on"), (["--seeds", "0"], "seeds"),
+                        (["--seeds", "100000000"], "--seeds"),
                         (["--metrics", "no_such_metric"], "no_such_metric")]:
         b.raw("verb_options", ["compare", q, q, *extra, "--quiet", "--workers", "1"], (name,))
     b.raw("verb_options", ["validate", q, "--max-error", "ttft=abc", "--quiet", "--no-plots"], ("abc",))
@@ -397,6 +407,155 @@ def _issue_cases(b: _Builder) -> None:
         "workload:\n  num_requests: 5\n  arrival: {process: poisson, rate: 1}\n"
         f"  prompt_len: {{dist: empirical, path: {trace.name}, column: prompt_len}}\n  output_len: 5\n").encode())
     b.scenario("issue_15", empirical, [], ("trace-1e30.csv", "line 3"), verb="run")
+
+
+RUN_REQUEST = {"input_toks": 100, "output_toks": 5, "arrival_time": 1.7e9, "queued_ts": 5000.0,
+               "scheduled_ts": 5000.0, "first_token_ts": 5000.01, "last_token_ts": 5000.05}
+RUN_TIMES = ("arrival_time", "queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")
+RUN_META = {"model": "meta-llama/Llama-3.1-8B", "vllm_version": "0.19.0",
+            "engine_kwargs": {"tensor_parallel_size": 1, "data_parallel_size": 1, "max_num_seqs": 8,
+                              "max_num_batched_tokens": 512}}
+
+
+def _run_folder(b: _Builder, name: str, rows: list[dict[str, Any]] | None = None, meta: dict[str, Any] | None = None,
+                files: dict[str, bytes] | None = None) -> Path:
+    """An LLMServingSim run folder (calibration/measured_run.py) of three requests 2 s apart."""
+    folder = b.tmp / name
+    folder.mkdir()
+    if rows is None:
+        rows = [{**RUN_REQUEST, "request_id": f"r{i}", **{k: RUN_REQUEST[k] + 2.0 * i for k in RUN_TIMES}}
+                for i in range(3)]
+    (folder / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "meta.json").write_text(json.dumps(RUN_META if meta is None else meta))
+    (folder / "llmservingsim_config.json").write_text(json.dumps(
+        {"nodes": [{"instances": [{"hardware": "RTXPRO6000", "tp_size": 1}]}]}))
+    for file, data in (files or {}).items():
+        (folder / file).write_bytes(data)
+    return folder
+
+
+def _measured_runs(b: _Builder) -> None:
+    """Hostile measured runs for ``validate --against``: each was a traceback, a value silently
+    replaced or a wrong result."""
+    def edit_meta(change: Any) -> dict[str, Any]:
+        meta = copy.deepcopy(RUN_META)
+        change(meta)
+        return meta
+
+    def edit_row(line: int, **values: Any) -> list[dict[str, Any]]:
+        rows = [{**RUN_REQUEST, "request_id": f"r{i}", **{k: RUN_REQUEST[k] + 2.0 * i for k in RUN_TIMES}}
+                for i in range(3)]
+        rows[line - 1].update(values)
+        return rows
+
+    kwargs = lambda **kw: edit_meta(lambda m: m["engine_kwargs"].update(kw))  # noqa: E731
+    runs: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
+        ("utf16-meta", {"files": {"meta.json": json.dumps(RUN_META).encode("utf-16")}}, ("meta.json", "UTF-8")),
+        ("binary-requests", {"files": {"requests.jsonl": b"\xff\xfe\x00garbage\n"}}, ("requests.jsonl", "UTF-8")),
+        ("binary-summary", {"files": {"llmservingsim_summary.txt": b"\xff\xfe\x00"}}, ("llmservingsim_summary.txt",)),
+        ("deep-meta", {"files": {"meta.json": b"[" * 100000 + b"]" * 100000}}, ("meta.json",)),
+        ("tp-zero", {"meta": kwargs(tensor_parallel_size=0)}, ("meta.json", "tensor_parallel_size")),
+        ("tp-text", {"meta": kwargs(tensor_parallel_size="two")}, ("meta.json", "tensor_parallel_size")),
+        ("tp-fraction", {"meta": kwargs(tensor_parallel_size=2.5)}, ("meta.json", "tensor_parallel_size")),
+        ("tp-three", {"meta": kwargs(tensor_parallel_size=3)}, ("tensor_parallel",)),
+        ("dp-zero", {"meta": kwargs(data_parallel_size=0)}, ("meta.json", "data_parallel_size")),
+        ("dp-true", {"meta": kwargs(data_parallel_size=True)}, ("meta.json", "data_parallel_size")),
+        ("dp-huge", {"meta": kwargs(data_parallel_size=10**9)}, ("cluster.num_replicas",)),
+        ("max-model-len-zero", {"meta": kwargs(max_model_len=0)}, ("meta.json", "max_model_len")),
+        ("max-model-len-text", {"meta": kwargs(max_model_len="4096")}, ("meta.json", "max_model_len")),
+        ("utilization-text", {"meta": kwargs(gpu_memory_utilization="nan")}, ("kv_cache.gpu_memory_utilization",)),
+        ("utilization-tiny", {"meta": kwargs(gpu_memory_utilization=0.01)}, ("kv_cache", "does not fit")),
+        ("block-size-text", {"meta": edit_meta(lambda m: m.update(kv_cache={"block_size": "abc"}))},
+         ("kv_cache.block_size",)),
+        ("kv-cache-list", {"meta": edit_meta(lambda m: m.update(kv_cache=[1]))}, ("meta.json", "kv_cache")),
+        ("async-text", {"meta": edit_meta(lambda m: m.update(
+            resolved_config={"scheduler_config": {"async_scheduling": "yes"}}))}, ("meta.json", "async_scheduling")),
+        ("no-engine-kwargs", {"meta": edit_meta(lambda m: m.pop("engine_kwargs"))}, ("meta.json", "engine_kwargs")),
+        ("meta-list", {"files": {"meta.json": b"[1, 2]"}}, ("meta.json",)),
+        ("no-requests", {"files": {"requests.jsonl": b""}}, ("requests.jsonl",)),
+        ("scheduled-text", {"rows": edit_row(2, scheduled_ts="abc")}, ("requests.jsonl:2", "scheduled_ts")),
+        ("scheduled-after-first-token", {"rows": edit_row(2, scheduled_ts=6000.0)}, ("requests.jsonl:2", "scheduled_ts")),
+        ("queued-1e300-early", {"rows": edit_row(1, queued_ts=-1e300)}, ("requests.jsonl:1",)),
+        ("arrival-1e12-late", {"rows": edit_row(3, arrival_time=1e12)}, ("requests.jsonl", "line 3")),
+        ("duplicate-id", {"rows": edit_row(3, request_id="r0")}, ("requests.jsonl:3", "request_id")),
+        ("no-model-preset", {"meta": edit_meta(lambda m: m.update(model="google/gemma-2-9b"))}, ("--set model=",)),
+    ]
+    for name, parts, names in runs:
+        folder = _run_folder(b, f"run-{name}", **parts)
+        b.raw("bad_run", ["validate", "--against", str(folder), "--no-plots", "--quiet"], names)
+    b.raw("bad_run", ["validate", "--against", str(_run_folder(b, "run-ok-set-tp")), "--set", "tensor_parallel=abc",
+                      "--no-plots", "--quiet"], ("tensor_parallel",))
+    b.raw("bad_run", ["validate", "--against", str(_run_folder(b, "run-ok-set-hw")), "--set", "hardware=tpu-v9",
+                      "--no-plots", "--quiet"], ("hardware",))
+    bench = {"model_id": "meta-llama/Llama-3.1-8B", "request_rate": 4.0, "input_lens": [100, 200],
+             "output_lens": [3, 4], "ttfts": [0.05, 0.06], "latencies": [0.1, 0.2], "start_times": [0.0, 0.5]}
+    benches: list[tuple[str, dict[str, Any] | bytes, tuple[str, ...]]] = [
+        ("bench-utf16", json.dumps(bench).encode("utf-16"), ("bench-utf16.json", "UTF-8")),
+        ("bench-errors-number", {**bench, "errors": 5}, ("errors",)),
+        ("bench-latencies-number", {**bench, "latencies": 5}, ("latencies",)),
+        ("bench-negative-ttft", {**bench, "ttfts": [-5.0, 0.06]}, ("request 0", "ttfts")),
+        ("bench-latency-below-ttft", {**bench, "latencies": [0.01, 0.2]}, ("request 0", "latencies")),
+        ("bench-negative-itl", {**bench, "itls": [[-0.5, 0.02], [0.01, 0.01, 0.03]]}, ("request 0", "itls")),
+        ("bench-ttft-1e300", {**bench, "ttfts": [1e300, 0.06]}, ("request 0", "ttfts")),
+        ("bench-start-1e12", {**bench, "start_times": [1e12, 0.5]}, ("start_times",)),
+        ("bench-tiny-rate", {**bench, "start_times": None, "request_rate": 1e-300}, ("request_rate",)),
+        ("bench-list", [1, 2], ("bench-list.json",)),  # type: ignore[list-item]
+    ]
+    for name, data, names in benches:
+        path = b.file(f"{name}.json", data if isinstance(data, bytes) else json.dumps(data).encode())
+        b.raw("bad_run", ["validate", "--against", str(path), "--format", "vllm-bench", "--set", "hardware=h100-sxm",
+                          "--no-plots", "--quiet"], names)
+
+
+def _gpu_profiles(b: _Builder) -> None:
+    """A shipped GPU profile (servesim-gpu-profile/1) with one field broken; each was a traceback, a
+    value truncated or a wrong result."""
+    base = json.loads((ROOT / "calibration" / "profiles" / "h100-sxm-llama-3.1-8b-tp1.json").read_text())
+
+    def seconds(d: dict[str, Any], value: Any) -> None:
+        d["dense"]["ops"]["qkv_proj"]["seconds"][3] = value
+
+    def cell(d: dict[str, Any], value: Any) -> None:
+        d["attention"]["seconds"][1][1][1][1] = value
+
+    broken: list[tuple[str, Any, tuple[str, ...]]] = [
+        ("tp-text", lambda d: d.update(tensor_parallel="abc"), ("tensor_parallel",)),
+        ("tp-fraction", lambda d: d.update(tensor_parallel=1.7), ("tensor_parallel",)),
+        ("tp-true", lambda d: d.update(tensor_parallel=True), ("tensor_parallel",)),
+        ("layers-text", lambda d: d.update(num_layers="x"), ("num_layers",)),
+        ("layers-other-model", lambda d: d.update(num_layers=80), ("num_layers", "llama-3.1-8b")),
+        ("count-text", lambda d: d["dense"]["ops"]["qkv_proj"].update(count="x"), ("dense.ops.qkv_proj.count",)),
+        ("count-negative", lambda d: d["dense"]["ops"]["qkv_proj"].update(count=-3), ("dense.ops.qkv_proj.count",)),
+        ("seconds-true", lambda d: seconds(d, True), ("dense.ops.qkv_proj.seconds",)),
+        ("seconds-1e300", lambda d: seconds(d, 1e300), ("dense.ops.qkv_proj.seconds",)),
+        ("tokens-1e300", lambda d: d["dense"]["tokens"].__setitem__(-1, 1e300), ("dense.tokens",)),
+        ("attention-ragged", lambda d: d["attention"]["seconds"][1][1].__setitem__(1, [1.0]), ("attention.seconds",)),
+        ("attention-text", lambda d: cell(d, "x"), ("attention.seconds",)),
+        ("step-text", lambda d: d.update(overhead={"step_s": "x"}), ("overhead.step_s",)),
+        ("step-inf", lambda d: d.update(overhead={"step_s": float("inf")}), ("overhead.step_s",)),
+        ("swap-negative", lambda d: d.update(overhead={"swap_bandwidth": -1}), ("overhead.swap_bandwidth",)),
+        ("allreduce-text", lambda d: d.update(allreduce={"type": "link", "count": 2, "bytes_per_token": "x",
+                                                          "latency_s": 0, "bandwidth": 1e9, "tp": 1}),
+         ("allreduce.bytes_per_token",)),
+    ]
+    for name, change, names in broken:
+        data = copy.deepcopy(base)
+        change(data)
+        path = b.file(f"gpu-profile-{name}.json", json.dumps(data).encode())
+        b.scenario("bad_data_file", QUICKSTART, ["cost_model.type=profile", f"cost_model.path={path}"],
+                   (path.name, *names))
+    deep = b.file("gpu-profile-deep.json", b"[" * 100000 + b"]" * 100000)
+    b.scenario("bad_data_file", QUICKSTART, ["cost_model.type=profile", f"cost_model.path={deep}"], (deep.name,))
+    moon = b.file("mooncake-deep.jsonl", b"[" * 100000 + b"]" * 100000 + b"\n")
+    b.scenario("bad_data_file", b.file("uses-mooncake-deep.yaml", f"workload:\n  trace: {{format: mooncake, path: "
+                                       f"{moon.name}}}\n".encode()), [], (moon.name,))
+    b.scenario("bad_file", b.file("deep.yaml", b"name: " + b"[" * 100000 + b"]" * 100000 + b"\n"), [], ("deep.yaml",))
+    b.raw("set_syntax", ["run", str(QUICKSTART), "--set", "name=" + "[" * 50000 + "]" * 50000, "--no-plots", "--quiet"],
+          ("--set",))
+    b.raw("grid_syntax", ["sweep", str(QUICKSTART), "--grid", f"seed={','.join(map(str, range(1000)))}", "--grid",
+                          f"kv_cache.block_size={','.join(map(str, range(1, 1000)))}", "--grid",
+                          f"workload.num_requests={','.join(map(str, range(1, 1000)))}", "--quiet", "--no-plots",
+                          "--workers", "1"], ("--grid",))
 
 
 def counts(cases: list[Case]) -> Counter[str]:

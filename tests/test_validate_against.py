@@ -479,3 +479,19 @@ def test_an_fp8_kv_cache_runs_with_its_own_block_count_and_says_what_is_not_mode
                              "--set", "kv_cache.num_blocks=900", *CONSTANT)
     assert code == 0, err
     assert "note: engine_kwargs.kv_cache_dtype 'fp8_e4m3': servesim prices a 16-bit KV cache" in out
+def test_a_gpu_named_as_text_in_meta_json_is_used(tmp_path):
+    # meta.json's 'hardware' as a string was ignored; a mapping holds torch's device_name
+    folder = write_run(tmp_path / "run", isolated_requests(), gpu="TPUv9", meta_extra={"hardware": "NVIDIA H100 80GB HBM3"})
+    assert read_run(folder).hardware == "h100-sxm"
+
+
+def test_a_run_setting_of_the_wrong_type_names_its_field_instead_of_being_replaced(tmp_path):
+    # tensor_parallel_size 0 ran as TP 1 and max_model_len '4096' was dropped
+    for change, field in (({"tensor_parallel_size": 0}, "engine_kwargs.tensor_parallel_size"),
+                          ({"max_model_len": "4096"}, "engine_kwargs.max_model_len")):
+        folder = write_run(tmp_path / field / str(change), isolated_requests())
+        meta = json.loads((folder / "meta.json").read_text())
+        meta["engine_kwargs"].update(change)
+        (folder / "meta.json").write_text(json.dumps(meta))
+        with pytest.raises(RunFileError, match=re.escape(f"field '{field}' must be a whole number >= 1")):
+            read_run(folder)
