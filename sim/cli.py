@@ -11,6 +11,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from .errors import USER_ERRORS, UserError, one_line_error
 from .outputs import Interrupted
@@ -248,8 +249,15 @@ def _out_help(sp: argparse.ArgumentParser, text: str) -> None:
             action.help = text
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its own errors (a flag's bad value, a missing argument) on one line, like servesim's."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="servesim", description="Simulate and measure LLM serving schedulers.")
+    p = _Parser(prog="servesim", description="Simulate and measure LLM serving schedulers.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def scenario_cmd(name: str, help_: str, fn: Callable[[argparse.Namespace], int],

@@ -300,6 +300,11 @@ def _verb_options(b: _Builder) -> None:
                         (["--metrics", "no_such_metric"], "no_such_metric")]:
         b.raw("verb_options", ["compare", q, q, *extra, "--quiet", "--workers", "1"], (name,))
     b.raw("verb_options", ["validate", q, "--max-error", "ttft=abc", "--quiet", "--no-plots"], ("abc",))
+    # argparse's own errors: its usage block made them several lines
+    for argv, name in [(["plan", q, "--seeds", "abc"], "--seeds"), (["plan", q, "--target-rate", "fast"], "--target-rate"),
+                       (["search", q, "--space", "seed=0,1"], "--target-rate"), (["run", q, "--frobnicate"], "--frobnicate"),
+                       (["compare", q], "CANDIDATE")]:
+        b.raw("verb_options", argv, (name,))
     b.raw("verb_options", ["validate", "--against", str(b.tmp / "no-run"), "--quiet", "--no-plots"], ("no-run",))
     b.raw("verb_options", ["validate", "--quiet", "--no-plots"], ("--against",))
     imp = ["calibrate", "import", "--format", "vidur", "--model", "llama-3.1-8b", "--hardware", "h100-sxm"]
