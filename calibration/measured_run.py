@@ -115,13 +115,16 @@ def _precision(kwargs: dict[str, Any], meta_path: Path, notes: list[str]) -> str
     dtype, quant = kwargs.get("dtype"), kwargs.get("quantization")
     if isinstance(dtype, str):
         dtype = dtype.lower()
-    if dtype not in _SIXTEEN_BIT:
+    if not isinstance(dtype, str | None) or dtype not in _SIXTEEN_BIT:
         raise RunFileError(f"{meta_path}: engine_kwargs.dtype {kwargs['dtype']!r} is not modelled: servesim's model "
                            "presets and GPU profiles price 16-bit (bfloat16/float16) weights and activations")
     if quant not in (None, "", "none"):
         raise RunFileError(f"{meta_path}: engine_kwargs.quantization {quant!r} is not modelled: servesim's model "
                            "presets and GPU profiles price 16-bit weights (their bytes, GEMMs and the KV memory left)")
     kv_dtype = kwargs.get("kv_cache_dtype")
+    if not isinstance(kv_dtype, str | None):
+        raise RunFileError(f"{meta_path}: engine_kwargs.kv_cache_dtype must be a name like 'auto' or 'fp8', "
+                           f"got {kv_dtype!r:.60}")
     if isinstance(kv_dtype, str):
         kv_dtype = kv_dtype.lower()
     if kv_dtype in _SIXTEEN_BIT:
