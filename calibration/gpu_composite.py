@@ -21,6 +21,7 @@ Roles, in order of preference (every choice is written into ``provenance.assembl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,15 @@ from . import gpu_profile as gp
 from .importers import SourceError, inference_sim, llmservingsim, vidur
 
 GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+SMALL_OPS = ("layernorm", "layernorm_post", "rotary_emb", "act_fn", "embedding", "final_layernorm")
+
+
+def _need_ops(table: pd.DataFrame, path: Any, ops: Sequence[str]) -> None:
+    """A source table (op per column) holds every op the profile is built from; else ``SourceError``."""
+    missing = [op for op in ops if op not in table.columns]
+    if missing:
+        raise SourceError(f"{path}: no rows for op {missing[0]!r} (has: {', '.join(map(str, table.columns))}); "
+                          "give the source's complete table")
 SMALL = ("layernorm", "layernorm_post", "rotary_emb", "act_fn", "embedding")
 # roofline constants where one of decode / prefill attention was measured and the other not (no
 # shipped profile), and the sampler estimate
@@ -65,6 +75,7 @@ def assemble_composite(opts: Any, model: ModelConfig, link: dict[str, Any]) -> t
     hw = get_hardware(opts.hardware)
     tp = opts.tp
     v0 = mlp = allreduce = None
+    v0_path = mlp_path = None
     decode = prefill = None
     provs, notes = [], []
     for fmt, path in _sources(opts):
@@ -72,7 +83,7 @@ def assemble_composite(opts: Any, model: ModelConfig, link: dict[str, Any]) -> t
             if path.is_dir():
                 raise SourceError(f"{path}: an LLMServingSim profile folder is a whole profile; import it alone")
             df, prov = llmservingsim.read_v0_layers(path)
-            v0 = df[df["tp"] == tp]
+            v0, v0_path = df[df["tp"] == tp], path
             if v0.empty:
                 raise SourceError(f"{path}: no rows for tp {tp}")
             provs.append(prov)
@@ -119,12 +130,15 @@ def assemble_composite(opts: Any, model: ModelConfig, link: dict[str, Any]) -> t
     # ---- token ops ----
     if v0_same_model:
         g = v0.pivot_table(index="tokens", columns="op", values="seconds", aggfunc="median").sort_index()
+        _need_ops(g, v0_path, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head",
+                               *(() if mlp is not None else SMALL_OPS)))
         xs = g.index.to_numpy()
         gemm = {"qkv_proj": g["q_proj"] + g["k_proj"] + g["v_proj"], "o_proj": g["o_proj"],
                 "gate_up_proj": g["gate_proj"] + g["up_proj"], "down_proj": g["down_proj"]}
         gemm_src = "LLMServingSim v0 H100 layers.csv (q+k+v and gate+up summed)"
     else:
         g = mlp.pivot_table(index="tokens", columns="op", values="seconds", aggfunc="median").sort_index()
+        _need_ops(g, mlp_path, GEMMS)
         xs = g.index.to_numpy()
         gemm = {k: g[k] for k in GEMMS}
         gemm_src = "Vidur mlp.csv"
@@ -133,6 +147,7 @@ def assemble_composite(opts: Any, model: ModelConfig, link: dict[str, Any]) -> t
         for k, v in gemm.items()}
     if mlp is not None:
         s = mlp.pivot_table(index="tokens", columns="op", values="seconds", aggfunc="median").sort_index()
+        _need_ops(s, mlp_path, ("layernorm", "layernorm_post", "rotary_emb", "act_fn", "embedding"))
         sx = s.index.to_numpy()
         act_scale = (model.intermediate_size / tp) / (float(mlp_dims["n_expanded_embd"]) / tp)
         for op, per, count, scale in (("layernorm", "layer", 1, 1.0), ("layernorm_post", "layer", 1, 1.0),

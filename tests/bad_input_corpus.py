@@ -551,6 +551,11 @@ def _gpu_profiles(b: _Builder) -> None:
         path = b.file(f"gpu-profile-{name}.json", json.dumps(data).encode())
         b.scenario("bad_data_file", QUICKSTART, ["cost_model.type=profile", f"cost_model.path={path}"],
                    (path.name, *names))
+    header = b"layer_name,input,kv_cache,tp_size,latency(ns)\n"
+    for name, data, names in [("layers-inf.csv", header + b"q_proj,1,0,1,inf\n", ("layers-inf.csv", "latency(ns)")),
+                              ("layers-no-k-proj.csv", header + b"q_proj,1,0,1,5\n", ("layers-no-k-proj.csv", "k_proj"))]:
+        b.raw("calibrate_import", ["calibrate", "import", "--format", "llmservingsim", str(b.file(name, data)),
+                                   "--model", "llama-3.1-8b", "--hardware", "h100-sxm"], names)
     deep = b.file("gpu-profile-deep.json", b"[" * 100000 + b"]" * 100000)
     b.scenario("bad_data_file", QUICKSTART, ["cost_model.type=profile", f"cost_model.path={deep}"], (deep.name,))
     moon = b.file("mooncake-deep.jsonl", b"[" * 100000 + b"]" * 100000 + b"\n")

@@ -82,15 +82,15 @@ def read_csv(path: str | Path, columns: list[str] | tuple[str, ...]) -> pd.DataF
 
 
 def numeric(df: pd.DataFrame, path: str | Path, columns: list[str] | tuple[str, ...]) -> pd.DataFrame:
-    """``df`` with ``columns`` as floats; a non-numeric or negative cell is a ``SourceError``."""
+    """``df`` with ``columns`` as floats; a non-numeric, infinite or negative cell is a ``SourceError``."""
     out = df.copy()
     for c in columns:
         values = pd.to_numeric(out[c], errors="coerce")
-        bad = values.isna() | (values < 0)
+        bad = values.isna() | (values < 0) | (values == float("inf"))
         if bad.any():
             row = int(bad.to_numpy().nonzero()[0][0])
             raise SourceError(f"{path}: column {c!r} row {row + 2} is {out[c].iloc[row]!r}, "
-                              "expected a number >= 0")
+                              "expected a finite number >= 0")
         out[c] = values.astype(float)
     return out
 
