@@ -140,6 +140,9 @@ def scenario_dict(run: MeasuredRun, base: dict[str, Any] | None = None, profile:
             raw[key] = value
     sched = raw.get("scheduler") if isinstance(raw.get("scheduler"), dict) else {}
     if sched.get("preset") != "vllm-v1":
+        if sched:
+            notes.append(f"the scenario's scheduler ({sched.get('preset') or sched.get('type')}) is not used: the run "
+                         "was served by vLLM, simulated with the vllm-v1 preset")
         sched = {}
     raw["scheduler"] = {**sched, "preset": "vllm-v1", **run.scheduler}
     if "async_scheduling" not in raw["scheduler"]:
@@ -154,6 +157,10 @@ def scenario_dict(run: MeasuredRun, base: dict[str, Any] | None = None, profile:
     if profile:
         raw["cost_model"] = {"type": "profile", "path": str(profile)}
     for item in overrides:
+        key = item.partition("=")[0].strip()
+        if key.split(".")[0] == "workload":  # the run's own requests are what is compared
+            raise ScenarioError(f"--set {item!r}: validate --against replays the run's requests as measured, so "
+                                "the workload cannot be changed; leave workload.* out")
         apply_override(raw, item)
     where = str(run.path)
     if raw.get("model") is None:

@@ -494,6 +494,9 @@ def _measured_runs(b: _Builder) -> None:
                       "--no-plots", "--quiet"], ("tensor_parallel",))
     b.raw("bad_run", ["validate", "--against", str(_run_folder(b, "run-ok-set-hw")), "--set", "hardware=tpu-v9",
                       "--no-plots", "--quiet"], ("hardware",))
+    for item in ("workload.num_requests=2", "workload.trace.time_scale=2"):  # a RuntimeError; a replay at 2x
+        b.raw("bad_run", ["validate", "--against", str(_run_folder(b, f"run-ok-set-{item[-1]}{len(b.cases)}")), "--set",
+                          item, "--no-plots", "--quiet"], (item.partition("=")[0],))
     bench = {"model_id": "meta-llama/Llama-3.1-8B", "request_rate": 4.0, "input_lens": [100, 200],
              "output_lens": [3, 4], "ttfts": [0.05, 0.06], "latencies": [0.1, 0.2], "start_times": [0.0, 0.5]}
     benches: list[tuple[str, dict[str, Any] | bytes, tuple[str, ...]]] = [

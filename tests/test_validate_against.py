@@ -495,3 +495,11 @@ def test_a_run_setting_of_the_wrong_type_names_its_field_instead_of_being_replac
         (folder / "meta.json").write_text(json.dumps(meta))
         with pytest.raises(RunFileError, match=re.escape(f"field '{field}' must be a whole number >= 1")):
             read_run(folder)
+
+
+def test_a_scenario_scheduler_of_another_engine_is_left_out_with_a_note(tmp_path):
+    from servesim.calibration.validate_against import scenario_dict
+
+    raw, notes = scenario_dict(read_run(write_run(tmp_path / "run", isolated_requests())),
+                               base={"scheduler": {"preset": "sglang"}})
+    assert raw["scheduler"]["preset"] == "vllm-v1" and any("sglang" in n for n in notes)
