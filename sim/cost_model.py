@@ -338,7 +338,7 @@ class RooflineCostModel:
             sums = _step_sums(q_lens, ctx_lens)
         longest = None
         if self._varlen is not None and sums[3] and sums[1]:
-            longest = int(ctx_lens[q_lens == 1].max()) + 1
+            longest = int(np.maximum.reduce(ctx_lens[q_lens == 1])) + 1
         return self.step_time(sums, swap_bytes, longest)
 
     def step_time(self, sums: tuple[int, int, int, int, int, int], swap_bytes: float = 0.0,

@@ -217,7 +217,7 @@ class Replica:
             # two steps fits, and trying would only cost time)
             if (self.fast_forward and not pending_prefill and not self._arrived and self.next_arrival is not None
                     and self.next_arrival() - env.now > last_dt):
-                k = sched.decode_stretch(MAX_STRETCH)
+                k = sched.decode_stretch(MAX_STRETCH, MIN_STRETCH)
                 if k >= MIN_STRETCH:
                     stretch = self._fast_forward(k)
                     if stretch is not None:
@@ -252,8 +252,9 @@ class Replica:
                 overhead += clock() - t_sched
             start = env.now
             dt = last_dt = self.executor.run(batch)
+            # (count_nonzero: a bool array's cheapest reduction; ndarray.all goes through a Python wrapper)
             pending_prefill = (self.fast_forward and batch.decode_rows != len(batch.num_new_tokens)
-                               and not batch.samples.all())
+                               and np.count_nonzero(batch.samples) != len(batch.samples))
             if realtime:
                 # the clock advances by what the step really took, scheduling included
                 dt = max(dt, self._wall_now() - start)

@@ -237,20 +237,22 @@ class RunningTable:
         return itl, first, done
 
     # ---- a stretch of plain decode steps ---------------------------------------------------
-    def decode_horizon(self, block_size: int, free_blocks: int, max_steps: int) -> int:
+    def decode_horizon(self, block_size: int, free_blocks: int, max_steps: int, min_steps: int = 1) -> int:
         """Plain decode steps (every row computes its one pending token and samples) the rows can
         take in a row up to the first step that finishes one of them, without needing more than
-        ``free_blocks`` new KV blocks; at most ``max_steps``, 0 when a row is not a plain decode."""
+        ``free_blocks`` new KV blocks; at most ``max_steps``, 0 when a row is not a plain decode
+        or fewer than ``min_steps`` would be."""
         n = self.n
         if n == 0 or max_steps <= 0:
             return 0
-        computed = self.computed[:n]
         out = self.out[:n]
-        if np.count_nonzero(self.tokens[:n] - computed != 1) or np.count_nonzero(out) != n:
+        # the step that emits a row's last token retires it: the stretch ends with that step (checked
+        # first: with many rows a finish is usually a step or two away)
+        k = min(int(np.minimum.reduce(self.out_len[:n] - out)), max_steps)
+        if k <= 0 or k < min_steps:
             return 0
-        # the step that emits a row's last token retires it: the stretch ends with that step
-        k = min(int((self.out_len[:n] - out).min()), max_steps)
-        if k <= 0:
+        computed = self.computed[:n]
+        if np.count_nonzero(self.tokens[:n] - computed != 1) or np.count_nonzero(out) != n:
             return 0
         first = self.nblocks[:n] * block_size - computed  # step at which each row takes a new block
         if _blocks_by_step(first, block_size, k) > free_blocks:
@@ -261,7 +263,7 @@ class RunningTable:
                     lo = mid
                 else:
                     hi = mid - 1
-            k = lo
+            k = lo if lo >= min_steps else 0
         return k
 
     def advance_decodes(self, kv: BlockManager, ends: list[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -302,4 +304,4 @@ def _blocks_by_step(first: np.ndarray, block_size: int, k: int) -> int:
     """New KV blocks rows take over steps 0..k-1 when row i takes one at ``first[i]`` and every
     ``block_size`` steps after."""
     c = (k - 1 - first) // block_size + 1
-    return int(c[c > 0].sum())
+    return int(np.add.reduce(c[c > 0]))
