@@ -213,27 +213,65 @@ class RunningTable:
 
     def _advance_leading(self, k: int, decode_rows: int, new: np.ndarray, s: np.ndarray,
                          now: float) -> tuple[np.ndarray, list[int], np.ndarray]:
-        """``advance`` for rows 0..k-1: whole-table slices, no fancy indexing."""
+        """``advance`` for rows 0..k-1: whole-table slices, no fancy indexing. The leading
+        ``decode_rows`` plain decodes take the slices; a few rows after them (prefill chunks, the
+        rows just admitted) are done one by one, which costs less than masks over every row."""
+        m = decode_rows
+        if m >= k or k - m > _FEW_TAIL:  # (more than k: a count from before preempted rows left)
+            return self._advance_masked(k, m, new, s, now)
+        itl, first, done = self._advance_decodes_step(m, now)
+        tail_itl: list[float] = []
+        tail_done: list[int] = []
+        computed, tokens, out, out_len, last = self.computed, self.tokens, self.out, self.out_len, self.last_tok
+        for i, q, sample in zip(range(m, k), new[m:k].tolist(), s[m:k].tolist(), strict=True):
+            c = int(computed[i]) + q
+            computed[i] = c
+            if sample:
+                o = int(out[i])
+                if o:
+                    tail_itl.append(now - float(last[i]))
+                else:
+                    first.append(i)
+                out[i] = o + 1
+                tokens[i] += 1
+                last[i] = now
+                if o + 1 >= out_len[i]:
+                    tail_done.append(i)
+        if tail_itl:
+            itl = np.concatenate([itl, tail_itl])
+        if tail_done:
+            done = np.concatenate([done, np.asarray(tail_done, dtype=np.int64)])
+        return itl, first, done
+
+    def _advance_decodes_step(self, m: int, now: float) -> tuple[np.ndarray, list[int], np.ndarray]:
+        """One step of rows 0..m-1, each computing one token and sampling: ITLs, first-token rows
+        and finished rows."""
+        out = self.out[:m]
+        last = self.last_tok[:m]
+        had = out > 0
+        if np.count_nonzero(had) == m:
+            itl = now - last
+            first: list[int] = []
+        else:
+            itl = now - last[had]
+            first = (~had).nonzero()[0].tolist()
+        self.ints[:3, :m] += 1  # computed, tokens and out, one op
+        last.fill(now)
+        return itl, first, (out >= self.out_len[:m]).nonzero()[0]
+
+    def _advance_masked(self, k: int, decode_rows: int, new: np.ndarray, s: np.ndarray,
+                        now: float) -> tuple[np.ndarray, list[int], np.ndarray]:
+        if decode_rows == k:  # every row computes one token and samples
+            return self._advance_decodes_step(k, now)
         out = self.out[:k]
         last = self.last_tok[:k]
         had = out > 0
-        if decode_rows == k:  # every row computes one token and samples
-            if np.count_nonzero(had) == k:
-                itl = now - last
-                first: list[int] = []
-            else:
-                itl = now - last[had]
-                first = (~had).nonzero()[0].tolist()
-            self.ints[:3, :k] += 1  # computed, tokens and out, one op
-            last.fill(now)
-            done = (out >= self.out_len[:k]).nonzero()[0]
-        else:
-            itl = now - last[had & s]
-            first = (s > had).nonzero()[0].tolist()  # sampling rows without an earlier output
-            self.computed[:k] += new
-            self.ints[1:3, :k] += s  # tokens and out
-            last[s] = now
-            done = (s & (out >= self.out_len[:k])).nonzero()[0]
+        itl = now - last[had & s]
+        first = (s > had).nonzero()[0].tolist()  # sampling rows without an earlier output
+        self.computed[:k] += new
+        self.ints[1:3, :k] += s  # tokens and out
+        last[s] = now
+        done = (s & (out >= self.out_len[:k])).nonzero()[0]
         return itl, first, done
 
     # ---- a stretch of plain decode steps ---------------------------------------------------
@@ -298,6 +336,9 @@ class RunningTable:
         self.ints[:3, :n] += k  # computed, tokens and out
         self.last_tok[:n] = ends[-1]
         return itl0, taken
+
+
+_FEW_TAIL = 8  # up to this many rows after a step's leading decodes are advanced one by one
 
 
 def _blocks_by_step(first: np.ndarray, block_size: int, k: int) -> int:
