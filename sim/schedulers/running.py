@@ -162,22 +162,23 @@ class RunningTable:
             return None
         rows = todo.tolist()
         tokens = want[todo].tolist()
-        blocks = [-(-t // bs) for t in tokens]
         held = nb[todo].tolist()
+        counts = [-(-t // bs) - h for t, h in zip(tokens, held, strict=True)]
         preempted = None
-        if sum(blocks) - sum(held) > kv.num_free_blocks:
+        if sum(counts) > kv.num_free_blocks:
             preempted = np.zeros(n, dtype=bool)
             need_by_row = np.zeros(n, dtype=np.int64)
-            need_by_row[todo] = [b - h for b, h in zip(blocks, held, strict=True)]
+            need_by_row[todo] = counts
             make_room(need_by_row, preempted, protect)
         reqs = self.reqs
         if preempted is None:
-            failed = kv.allocate_each([reqs[i] for i in rows], tokens)
+            failed = kv.extend_each([reqs[i] for i in rows], counts)
             if failed >= 0:
                 req = reqs[rows[failed]]
                 raise AssertionError(f"request {req.request_id}: allocation failed after preemption freed space")
-            self.nblocks[todo] = blocks
+            nb[todo] += counts
             return None
+        blocks = [h + c for h, c in zip(held, counts, strict=True)]
         alloc = kv.allocate
         nblocks = self.nblocks
         for i, t, b in zip(rows, tokens, blocks, strict=True):
