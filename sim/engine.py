@@ -80,7 +80,8 @@ class SimExecutor:
         swap_blocks = len(batch.swap_out) + len(batch.swap_in)
         swap_bytes = swap_blocks * self.kv_block_bytes if swap_blocks else 0.0
         if self._mixed_rows and (sums := batch.sums).prefill_attn_pairs and sums.decode_seqs:
-            t = self.cost_model.iteration_time(batch.num_new_tokens, batch.num_context_tokens, swap_bytes, sums=sums)
+            t = self.cost_model.iteration_time(batch.num_new_tokens, batch.num_context_tokens, swap_bytes, sums=sums,
+                                               longest_decode_kv=batch.longest_decode_kv)
         elif self._step_time is not None:
             t = self._step_time(batch.sums, swap_bytes)
         elif self._needs_rows:
