@@ -161,9 +161,9 @@ class RunningTable:
         if len(todo) == 0:
             return None
         rows = todo.tolist()
-        tokens = want[todo].tolist()
-        held = nb[todo].tolist()
-        counts = [-(-t // bs) - h for t, h in zip(tokens, held, strict=True)]
+        wanted = want[todo]
+        blocks = (wanted + (bs - 1)) // bs
+        counts = (blocks - nb[todo]).tolist()
         preempted = None
         if sum(counts) > kv.num_free_blocks:
             preempted = np.zeros(n, dtype=bool)
@@ -176,12 +176,11 @@ class RunningTable:
             if failed >= 0:
                 req = reqs[rows[failed]]
                 raise AssertionError(f"request {req.request_id}: allocation failed after preemption freed space")
-            nb[todo] += counts
+            nb[todo] = blocks
             return None
-        blocks = [h + c for h, c in zip(held, counts, strict=True)]
         alloc = kv.allocate
         nblocks = self.nblocks
-        for i, t, b in zip(rows, tokens, blocks, strict=True):
+        for i, t, b in zip(rows, wanted.tolist(), blocks.tolist(), strict=True):
             if preempted[i]:
                 continue
             if not alloc(reqs[i], t):
