@@ -43,7 +43,8 @@ class StepRows:
 class RunningTable:
     """Running requests as a structure of arrays, in admission order (oldest first).
 
-    The int columns are rows of one 2-D array, so removing rows moves them all in one operation.
+    The columns are rows of one 2-D int64 array, so removing rows moves them all in one
+    operation; the float column (``last_tok``) is its last row's bits read as float64.
     """
 
     __slots__ = ("reqs", "n", "ints", "computed", "tokens", "out", "out_len", "nblocks", "prio", "last_tok")
@@ -52,9 +53,9 @@ class RunningTable:
         cap = max(capacity, 1)
         self.reqs: list[Request] = []
         self.n = 0
-        self._bind(np.zeros((6, cap), dtype=np.int64), np.zeros(cap, dtype=np.float64))
+        self._bind(np.zeros((7, cap), dtype=np.int64))  # all-zero bits are 0.0 in the float row
 
-    def _bind(self, ints: np.ndarray, last_tok: np.ndarray) -> None:
+    def _bind(self, ints: np.ndarray) -> None:
         self.ints = ints
         self.computed = ints[0]  # tokens with KV in the cache
         self.tokens = ints[1]  # tokens that exist (prompt + outputs)
@@ -62,15 +63,14 @@ class RunningTable:
         self.out_len = ints[3]  # outputs wanted
         self.nblocks = ints[4]  # device blocks held
         self.prio = ints[5]
-        self.last_tok = last_tok  # time of the last output token
+        self.last_tok = ints[6].view(np.float64)  # time of the last output token
 
     def append(self, req: Request, nblocks: int) -> int:
         i = self.n
         if i == self.ints.shape[1]:
-            self._bind(np.concatenate([self.ints, np.zeros_like(self.ints)], axis=1),
-                       np.concatenate([self.last_tok, np.zeros_like(self.last_tok)]))
+            self._bind(np.concatenate([self.ints, np.zeros_like(self.ints)], axis=1))
         self.reqs.append(req)
-        self.ints[:, i] = (req.num_computed_tokens, req.num_tokens, req.num_output_tokens, req.output_len,
+        self.ints[:6, i] = (req.num_computed_tokens, req.num_tokens, req.num_output_tokens, req.output_len,
                             nblocks, req.priority)
         self.last_tok[i] = req.last_token_time
         self.n = i + 1
@@ -94,15 +94,13 @@ class RunningTable:
         k = n - len(gone)
         if len(gone) == 1:  # the common case: shift the tail down by one
             i = gone[0]
-            self.ints[:, i : n - 1] = self.ints[:, i + 1 : n]
-            self.last_tok[i : n - 1] = self.last_tok[i + 1 : n]
+            self.ints[:, i : n - 1] = self.ints[:, i + 1 : n]  # last_tok's bits too
         else:
             if drop is None:
                 drop = np.zeros(n, dtype=bool)
                 drop[gone] = True
             keep = ~drop
             self.ints[:, :k] = self.ints[:, :n][:, keep]
-            self.last_tok[:k] = self.last_tok[:n][keep]
         # A new list, never an in-place edit: a Batch handed out earlier still indexes the old one.
         reqs = list(self.reqs)
         for i in reversed(gone):
