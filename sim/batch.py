@@ -138,6 +138,23 @@ class Batch:
         return sums
 
     @property
+    def longest_decode_kv(self) -> int | None:
+        """The largest ctx + 1 over rows with q == 1 (KV tokens a decode row reads), None without such
+        rows. The leading ``decode_rows`` take one reduction, the few rows after them a loop."""
+        q = self.num_new_tokens
+        ctx = self.num_context_tokens
+        m = self.decode_rows
+        n = len(q)
+        if 0 < m <= n and n - m <= _FEW:
+            longest = int(np.maximum.reduce(ctx[:m]))
+            for qi, ci in zip(q[m:].tolist(), ctx[m:].tolist(), strict=True):
+                if qi == 1 and ci > longest:
+                    longest = ci
+            return longest + 1
+        dec = q == 1
+        return int(np.maximum.reduce(ctx[dec])) + 1 if np.count_nonzero(dec) else None
+
+    @property
     def num_tokens(self) -> int:
         return self.sums.tokens
 

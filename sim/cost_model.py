@@ -329,16 +329,19 @@ class RooflineCostModel:
         return self._varlen is not None
 
     def iteration_time(self, q_lens: np.ndarray, ctx_lens: np.ndarray, swap_bytes: float = 0.0,
-                       sums: StepSums | None = None) -> float:
+                       sums: StepSums | None = None, longest_decode_kv: int | None = None) -> float:
         """Seconds for one step (see the class docstring); 0 for an empty step without swaps.
-        ``sums``: the rows' ``step_sums`` when the caller has them already."""
+        ``sums``: the rows' ``step_sums`` when the caller has them already; ``longest_decode_kv``:
+        likewise the largest ctx + 1 of a row with q == 1 (``Batch.longest_decode_kv``)."""
         if q_lens.shape[0] == 0:
             return swap_bytes / self._pcie if swap_bytes else 0.0
         if sums is None:
             sums = _step_sums(q_lens, ctx_lens)
         longest = None
         if self._varlen is not None and sums[3] and sums[1]:
-            longest = int(ctx_lens[q_lens == 1].max()) + 1
+            longest = longest_decode_kv
+            if longest is None:
+                longest = int(np.maximum.reduce(ctx_lens[q_lens == 1])) + 1
         return self.step_time(sums, swap_bytes, longest)
 
     def step_time(self, sums: tuple[int, int, int, int, int, int], swap_bytes: float = 0.0,

@@ -80,7 +80,8 @@ class SimExecutor:
         swap_blocks = len(batch.swap_out) + len(batch.swap_in)
         swap_bytes = swap_blocks * self.kv_block_bytes if swap_blocks else 0.0
         if self._mixed_rows and (sums := batch.sums).prefill_attn_pairs and sums.decode_seqs:
-            t = self.cost_model.iteration_time(batch.num_new_tokens, batch.num_context_tokens, swap_bytes, sums=sums)
+            t = self.cost_model.iteration_time(batch.num_new_tokens, batch.num_context_tokens, swap_bytes, sums=sums,
+                                               longest_decode_kv=batch.longest_decode_kv)
         elif self._step_time is not None:
             t = self._step_time(batch.sums, swap_bytes)
         elif self._needs_rows:
@@ -217,7 +218,7 @@ class Replica:
             # two steps fits, and trying would only cost time)
             if (self.fast_forward and not pending_prefill and not self._arrived and self.next_arrival is not None
                     and self.next_arrival() - env.now > last_dt):
-                k = sched.decode_stretch(MAX_STRETCH)
+                k = sched.decode_stretch(MAX_STRETCH, MIN_STRETCH)
                 if k >= MIN_STRETCH:
                     stretch = self._fast_forward(k)
                     if stretch is not None:
@@ -252,8 +253,9 @@ class Replica:
                 overhead += clock() - t_sched
             start = env.now
             dt = last_dt = self.executor.run(batch)
+            # (count_nonzero: a bool array's cheapest reduction; ndarray.all goes through a Python wrapper)
             pending_prefill = (self.fast_forward and batch.decode_rows != len(batch.num_new_tokens)
-                               and not batch.samples.all())
+                               and np.count_nonzero(batch.samples) != len(batch.samples))
             if realtime:
                 # the clock advances by what the step really took, scheduling included
                 dt = max(dt, self._wall_now() - start)

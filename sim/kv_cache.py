@@ -225,6 +225,30 @@ class BlockManager:
             j += 1
         return -1
 
+    def extend_each(self, requests: list[Request], counts: list[int]) -> int:
+        """``counts[i]`` (>= 1) more blocks for ``requests[i]``, for each i in order: the blocks
+        ``allocate_each`` takes for requests whose tables hold that many blocks fewer than their
+        tokens need. Returns -1 when all succeeded, else the index of the first that failed (the
+        ones before it keep their blocks). For callers that track each table's length already."""
+        free = self._free
+        if self.enable_prefix_caching or sum(counts) > len(free):
+            bs = self.block_size
+            for j, (req, c) in enumerate(zip(requests, counts, strict=True)):
+                if not self.allocate(req, (self.num_blocks_of(req) + c) * bs):
+                    return j
+            return -1
+        tables = self._tables
+        pop = free.pop
+        for req, c in zip(requests, counts, strict=True):
+            table = tables.get(req.request_id)
+            if table is None:
+                table = tables[req.request_id] = []
+            if c == 1:  # the common case: a decode crossing into a new block
+                table.append(pop())
+            else:
+                _take_free(table, free, c)
+        return -1
+
     def append_blocks(self, requests: list[Request]) -> bool:
         """One more block for each of ``requests`` (a request may appear more than once), taken in
         that order, as ``allocate`` one block at a time would take them. ``False`` (and no change)

@@ -60,6 +60,8 @@ class LogHistogram:
         self._m2 = 0.0  # sum of squared deviations from the running mean
         self.min = math.inf
         self.max = -math.inf
+        self._f = np.empty(0, dtype=np.float64)  # add's scratch
+        self._i = np.empty(0, dtype=np.int64)
 
     @property
     def max_relative_error(self) -> float:
@@ -72,18 +74,34 @@ class LogHistogram:
         n = v.size
         if n == 0:
             return
-        if not np.isfinite(v).all():  # a nan would index a bin at random
+        s = float(np.add.reduce(v))
+        # a nan would index a bin at random; any nan or inf makes the sum non-finite
+        if not math.isfinite(s) and not np.isfinite(v).all():
             raise ValueError("LogHistogram.add: values must be finite")
-        idx = np.log(np.maximum(v, self.lo) * (1.0 / self.lo))
-        idx *= self._inv_log_ratio
-        bins = np.minimum(idx.astype(np.int64), self.num_bins - 1)
+        # the temporaries live in scratch arrays: fresh ones of a 64k-value batch cost more in page
+        # faults than the arithmetic
+        f, bins = self._scratch(n)
+        np.maximum(v, self.lo, out=f)
+        f *= 1.0 / self.lo
+        np.log(f, out=f)
+        f *= self._inv_log_ratio
+        np.copyto(bins, f, casting="unsafe")  # truncates, as astype(np.int64)
+        np.minimum(bins, self.num_bins - 1, out=bins)
         if n < 4096:  # np.add.at avoids allocating a full-length bincount for small batches
             np.add.at(self.counts, bins, 1)
         else:
             self.counts += np.bincount(bins, minlength=self.num_bins)
-        s = float(v.sum())
-        m2 = float(np.square(v - s / n).sum())
-        self._combine(n, s, m2, float(v.min()), float(v.max()))
+        np.subtract(v, s / n, out=f)
+        np.square(f, out=f)
+        m2 = float(np.add.reduce(f))
+        self._combine(n, s, m2, float(np.minimum.reduce(v)), float(np.maximum.reduce(v)))
+
+    def _scratch(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """A float64 and an int64 array of length n, reused from one ``add`` to the next."""
+        if self._f.size < n:
+            self._f = np.empty(n, dtype=np.float64)
+            self._i = np.empty(n, dtype=np.int64)
+        return self._f[:n], self._i[:n]
 
     def _combine(self, n: int, s: float, m2: float, vmin: float, vmax: float) -> None:
         if self.count:

@@ -116,6 +116,23 @@ def test_step_sums_with_a_known_decode_head_match_the_reference():
             assert step_sums(q, ctx, head) == step_sums(q, ctx)
 
 
+def test_a_batch_knows_its_longest_decode_context_as_the_rows_say():
+    # Batch.longest_decode_kv reads the known decode head with one reduction, the tail row by row
+    from servesim.sim.batch import Batch
+
+    rng = np.random.default_rng(4)
+    for tail in (0, 1, 5, 64, 65):
+        for _ in range(10):
+            head = int(rng.integers(0, 50))
+            q = np.concatenate([np.ones(head, dtype=I64), rng.integers(1, 4, tail)])
+            ctx = rng.integers(0, 5000, head + tail)
+            want = int(ctx[q == 1].max()) + 1 if (q == 1).any() else None
+            for known in (head, 0):
+                b = Batch(num_new_tokens=q, num_context_tokens=ctx, samples=np.ones(len(q), dtype=bool),
+                          decode_rows=known)
+                assert b.longest_decode_kv == want
+
+
 def test_step_time_from_sums_equals_iteration_time(llama8b_h100):
     q, ctx = arr(1, 1, 300, 7), arr(500, 20, 0, 33)
     base_only = {r: body["coef"][:7] + [0.0] * 6 for r, body in example_profile()["regimes"].items()}

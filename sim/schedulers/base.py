@@ -355,13 +355,13 @@ class Scheduler:
         that says True lets the engine take such steps without calling ``schedule``/``update``."""
         return False
 
-    def decode_stretch(self, max_steps: int) -> int:
+    def decode_stretch(self, max_steps: int, min_steps: int = 1) -> int:
         """How many next steps (at most ``max_steps``) are plain decodes of every running row that
         only an arrival could change: none runs short of KV blocks, and only the last may finish
-        requests."""
+        requests. 0 when fewer than ``min_steps`` would be."""
         if not self.decodes_ahead():
             return 0
-        return self.run.decode_horizon(self.block_size, self.kv.num_free_blocks, max_steps)
+        return self.run.decode_horizon(self.block_size, self.kv.num_free_blocks, max_steps, min_steps)
 
     def decode_context(self) -> int:
         """Tokens the running rows hold in the KV cache together (a decode step's context)."""

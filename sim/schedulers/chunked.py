@@ -111,7 +111,7 @@ class ChunkedScheduler(Scheduler):
                     rows = self._const_views(len(new))[0]
                 if rows is not None:
                     rows = np.concatenate([rows, np.asarray(extra_rows, dtype=np.int64)])
-                new = np.concatenate([new, np.asarray(extra_new, dtype=np.int64)])
+                new = np.concatenate([new, extra_new])  # Python ints: int64, like new
         return self._make_batch(rows, new, decode_rows)
 
     def _bring_back_swapped(

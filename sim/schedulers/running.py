@@ -43,7 +43,8 @@ class StepRows:
 class RunningTable:
     """Running requests as a structure of arrays, in admission order (oldest first).
 
-    The int columns are rows of one 2-D array, so removing rows moves them all in one operation.
+    The columns are rows of one 2-D int64 array, so removing rows moves them all in one
+    operation; the float column (``last_tok``) is its last row's bits read as float64.
     """
 
     __slots__ = ("reqs", "n", "ints", "computed", "tokens", "out", "out_len", "nblocks", "prio", "last_tok")
@@ -52,9 +53,9 @@ class RunningTable:
         cap = max(capacity, 1)
         self.reqs: list[Request] = []
         self.n = 0
-        self._bind(np.zeros((6, cap), dtype=np.int64), np.zeros(cap, dtype=np.float64))
+        self._bind(np.zeros((7, cap), dtype=np.int64))  # all-zero bits are 0.0 in the float row
 
-    def _bind(self, ints: np.ndarray, last_tok: np.ndarray) -> None:
+    def _bind(self, ints: np.ndarray) -> None:
         self.ints = ints
         self.computed = ints[0]  # tokens with KV in the cache
         self.tokens = ints[1]  # tokens that exist (prompt + outputs)
@@ -62,15 +63,14 @@ class RunningTable:
         self.out_len = ints[3]  # outputs wanted
         self.nblocks = ints[4]  # device blocks held
         self.prio = ints[5]
-        self.last_tok = last_tok  # time of the last output token
+        self.last_tok = ints[6].view(np.float64)  # time of the last output token
 
     def append(self, req: Request, nblocks: int) -> int:
         i = self.n
         if i == self.ints.shape[1]:
-            self._bind(np.concatenate([self.ints, np.zeros_like(self.ints)], axis=1),
-                       np.concatenate([self.last_tok, np.zeros_like(self.last_tok)]))
+            self._bind(np.concatenate([self.ints, np.zeros_like(self.ints)], axis=1))
         self.reqs.append(req)
-        self.ints[:, i] = (req.num_computed_tokens, req.num_tokens, req.num_output_tokens, req.output_len,
+        self.ints[:6, i] = (req.num_computed_tokens, req.num_tokens, req.num_output_tokens, req.output_len,
                             nblocks, req.priority)
         self.last_tok[i] = req.last_token_time
         self.n = i + 1
@@ -94,15 +94,13 @@ class RunningTable:
         k = n - len(gone)
         if len(gone) == 1:  # the common case: shift the tail down by one
             i = gone[0]
-            self.ints[:, i : n - 1] = self.ints[:, i + 1 : n]
-            self.last_tok[i : n - 1] = self.last_tok[i + 1 : n]
+            self.ints[:, i : n - 1] = self.ints[:, i + 1 : n]  # last_tok's bits too
         else:
             if drop is None:
                 drop = np.zeros(n, dtype=bool)
                 drop[gone] = True
             keep = ~drop
             self.ints[:, :k] = self.ints[:, :n][:, keep]
-            self.last_tok[:k] = self.last_tok[:n][keep]
         # A new list, never an in-place edit: a Batch handed out earlier still indexes the old one.
         reqs = list(self.reqs)
         for i in reversed(gone):
@@ -161,26 +159,26 @@ class RunningTable:
         if len(todo) == 0:
             return None
         rows = todo.tolist()
-        tokens = want[todo].tolist()
-        blocks = [-(-t // bs) for t in tokens]
-        held = nb[todo].tolist()
+        wanted = want[todo]
+        blocks = (wanted + (bs - 1)) // bs
+        counts = (blocks - nb[todo]).tolist()
         preempted = None
-        if sum(blocks) - sum(held) > kv.num_free_blocks:
+        if sum(counts) > kv.num_free_blocks:
             preempted = np.zeros(n, dtype=bool)
             need_by_row = np.zeros(n, dtype=np.int64)
-            need_by_row[todo] = [b - h for b, h in zip(blocks, held, strict=True)]
+            need_by_row[todo] = counts
             make_room(need_by_row, preempted, protect)
         reqs = self.reqs
         if preempted is None:
-            failed = kv.allocate_each([reqs[i] for i in rows], tokens)
+            failed = kv.extend_each([reqs[i] for i in rows], counts)
             if failed >= 0:
                 req = reqs[rows[failed]]
                 raise AssertionError(f"request {req.request_id}: allocation failed after preemption freed space")
-            self.nblocks[todo] = blocks
+            nb[todo] = blocks
             return None
         alloc = kv.allocate
         nblocks = self.nblocks
-        for i, t, b in zip(rows, tokens, blocks, strict=True):
+        for i, t, b in zip(rows, wanted.tolist(), blocks.tolist(), strict=True):
             if preempted[i]:
                 continue
             if not alloc(reqs[i], t):
@@ -213,44 +211,84 @@ class RunningTable:
 
     def _advance_leading(self, k: int, decode_rows: int, new: np.ndarray, s: np.ndarray,
                          now: float) -> tuple[np.ndarray, list[int], np.ndarray]:
-        """``advance`` for rows 0..k-1: whole-table slices, no fancy indexing."""
+        """``advance`` for rows 0..k-1: whole-table slices, no fancy indexing. The leading
+        ``decode_rows`` plain decodes take the slices; a few rows after them (prefill chunks, the
+        rows just admitted) are done one by one, which costs less than masks over every row."""
+        m = decode_rows
+        if m >= k or k - m > _FEW_TAIL:  # (more than k: a count from before preempted rows left)
+            return self._advance_masked(k, m, new, s, now)
+        itl, first, done = self._advance_decodes_step(m, now)
+        tail_itl: list[float] = []
+        tail_done: list[int] = []
+        computed, tokens, out, out_len, last = self.computed, self.tokens, self.out, self.out_len, self.last_tok
+        for i, q, sample in zip(range(m, k), new[m:k].tolist(), s[m:k].tolist(), strict=True):
+            c = int(computed[i]) + q
+            computed[i] = c
+            if sample:
+                o = int(out[i])
+                if o:
+                    tail_itl.append(now - float(last[i]))
+                else:
+                    first.append(i)
+                out[i] = o + 1
+                tokens[i] += 1
+                last[i] = now
+                if o + 1 >= out_len[i]:
+                    tail_done.append(i)
+        if tail_itl:
+            itl = np.concatenate([itl, tail_itl])
+        if tail_done:
+            done = np.concatenate([done, np.asarray(tail_done, dtype=np.int64)])
+        return itl, first, done
+
+    def _advance_decodes_step(self, m: int, now: float) -> tuple[np.ndarray, list[int], np.ndarray]:
+        """One step of rows 0..m-1, each computing one token and sampling: ITLs, first-token rows
+        and finished rows."""
+        out = self.out[:m]
+        last = self.last_tok[:m]
+        had = out > 0
+        if np.count_nonzero(had) == m:
+            itl = now - last
+            first: list[int] = []
+        else:
+            itl = now - last[had]
+            first = (~had).nonzero()[0].tolist()
+        self.ints[:3, :m] += 1  # computed, tokens and out, one op
+        last.fill(now)
+        return itl, first, (out >= self.out_len[:m]).nonzero()[0]
+
+    def _advance_masked(self, k: int, decode_rows: int, new: np.ndarray, s: np.ndarray,
+                        now: float) -> tuple[np.ndarray, list[int], np.ndarray]:
+        if decode_rows == k:  # every row computes one token and samples
+            return self._advance_decodes_step(k, now)
         out = self.out[:k]
         last = self.last_tok[:k]
         had = out > 0
-        if decode_rows == k:  # every row computes one token and samples
-            if np.count_nonzero(had) == k:
-                itl = now - last
-                first: list[int] = []
-            else:
-                itl = now - last[had]
-                first = (~had).nonzero()[0].tolist()
-            self.ints[:3, :k] += 1  # computed, tokens and out, one op
-            last.fill(now)
-            done = (out >= self.out_len[:k]).nonzero()[0]
-        else:
-            itl = now - last[had & s]
-            first = (s > had).nonzero()[0].tolist()  # sampling rows without an earlier output
-            self.computed[:k] += new
-            self.ints[1:3, :k] += s  # tokens and out
-            last[s] = now
-            done = (s & (out >= self.out_len[:k])).nonzero()[0]
+        itl = now - last[had & s]
+        first = (s > had).nonzero()[0].tolist()  # sampling rows without an earlier output
+        self.computed[:k] += new
+        self.ints[1:3, :k] += s  # tokens and out
+        last[s] = now
+        done = (s & (out >= self.out_len[:k])).nonzero()[0]
         return itl, first, done
 
     # ---- a stretch of plain decode steps ---------------------------------------------------
-    def decode_horizon(self, block_size: int, free_blocks: int, max_steps: int) -> int:
+    def decode_horizon(self, block_size: int, free_blocks: int, max_steps: int, min_steps: int = 1) -> int:
         """Plain decode steps (every row computes its one pending token and samples) the rows can
         take in a row up to the first step that finishes one of them, without needing more than
-        ``free_blocks`` new KV blocks; at most ``max_steps``, 0 when a row is not a plain decode."""
+        ``free_blocks`` new KV blocks; at most ``max_steps``, 0 when a row is not a plain decode
+        or fewer than ``min_steps`` would be."""
         n = self.n
         if n == 0 or max_steps <= 0:
             return 0
-        computed = self.computed[:n]
         out = self.out[:n]
-        if np.count_nonzero(self.tokens[:n] - computed != 1) or np.count_nonzero(out) != n:
+        # the step that emits a row's last token retires it: the stretch ends with that step (checked
+        # first: with many rows a finish is usually a step or two away)
+        k = min(int(np.minimum.reduce(self.out_len[:n] - out)), max_steps)
+        if k <= 0 or k < min_steps:
             return 0
-        # the step that emits a row's last token retires it: the stretch ends with that step
-        k = min(int((self.out_len[:n] - out).min()), max_steps)
-        if k <= 0:
+        computed = self.computed[:n]
+        if np.count_nonzero(self.tokens[:n] - computed != 1) or np.count_nonzero(out) != n:
             return 0
         first = self.nblocks[:n] * block_size - computed  # step at which each row takes a new block
         if _blocks_by_step(first, block_size, k) > free_blocks:
@@ -261,7 +299,7 @@ class RunningTable:
                     lo = mid
                 else:
                     hi = mid - 1
-            k = lo
+            k = lo if lo >= min_steps else 0
         return k
 
     def advance_decodes(self, kv: BlockManager, ends: list[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -298,8 +336,11 @@ class RunningTable:
         return itl0, taken
 
 
+_FEW_TAIL = 8  # up to this many rows after a step's leading decodes are advanced one by one
+
+
 def _blocks_by_step(first: np.ndarray, block_size: int, k: int) -> int:
     """New KV blocks rows take over steps 0..k-1 when row i takes one at ``first[i]`` and every
     ``block_size`` steps after."""
     c = (k - 1 - first) // block_size + 1
-    return int(c[c > 0].sum())
+    return int(np.add.reduce(c[c > 0]))
