@@ -103,6 +103,8 @@ class MeasuredRun:
     reference_source: str | None = None
     arrivals_exact: bool = True  # False when arrivals were drawn from the run's rate (no start times)
     kv_cache_dtype: str | None = None  # an 8-bit KV cache the run states (``fp8``...); None: 16-bit
+    # engine_kwargs.kv_cache_memory_bytes: the KV budget per GPU the run gave vLLM instead of profiling
+    kv_cache_memory_bytes: int | None = None
 
 
 # what servesim's presets and profiles price: 16-bit weights, activations and KV cache
@@ -284,6 +286,11 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
             raise RunFileError(f"{meta_path}: missing field 'engine_kwargs.{key}' (an integer)")
     notes: list[str] = []
     kv_cache_dtype = _precision(kwargs, meta_path, notes)
+    kv_budget = kwargs.get("kv_cache_memory_bytes")
+    if kv_budget is not None and (isinstance(kv_budget, bool) or not isinstance(kv_budget, int)
+                                  or not 1 <= kv_budget <= 2**50):
+        raise RunFileError(f"{meta_path}: field 'engine_kwargs.kv_cache_memory_bytes' must be a whole number of "
+                           f"bytes >= 1, got {kv_budget!r:.60}")
 
     rows, unrecorded = _read_jsonl(root / "requests.jsonl")
     if unrecorded:
@@ -368,6 +375,7 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
         kv_cache=kv, requests=df, itl_hist=None, vllm_version=meta.get("vllm_version"), data_parallel=dp,
         clock=clock, notes=notes,
         reference=reference, reference_source=str(ref_path) if reference else None, kv_cache_dtype=kv_cache_dtype,
+        kv_cache_memory_bytes=kv_budget,
     )
 
 

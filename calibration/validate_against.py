@@ -54,7 +54,7 @@ from servesim.sim.cost_model import ProfileError, resolve_profile_path
 from servesim.sim.engine_presets.vllm_v1 import vllm_batch_defaults
 from servesim.sim.errors import PresetError, ScenarioError
 from servesim.sim.metrics import summarize, to_json
-from servesim.sim.presets import get_hardware, get_model, num_kv_blocks
+from servesim.sim.presets import get_hardware, get_model, kv_block_bytes, num_kv_blocks
 from servesim.sim.scenario import (
     Scenario,
     apply_override,
@@ -183,6 +183,18 @@ def scenario_dict(run: MeasuredRun, base: dict[str, Any] | None = None, profile:
             notes.append(f"cost model: the roofline (no shipped profile for {sc.hardware} x {sc.model} "
                          f"tp{sc.tensor_parallel}; give one with --profile)")
     kv = raw["kv_cache"]
+    if kv.get("num_blocks") is None and run.kv_cache_memory_bytes is not None:
+        # vLLM skips its memory profile and sizes the cache from this budget: whole blocks of every layer
+        # (kv_cache_utils.get_num_blocks), per GPU; an 8-bit cache holds twice the blocks
+        per_block = kv_block_bytes(get_model(sc.model), sc.tensor_parallel, sc.kv_cache.block_size)
+        if run.kv_cache_dtype is not None:
+            per_block //= 2
+        kv["num_blocks"] = run.kv_cache_memory_bytes // per_block
+        if kv["num_blocks"] < 1:
+            raise RunFileError(f"{where}: engine_kwargs.kv_cache_memory_bytes {run.kv_cache_memory_bytes} holds no "
+                               f"KV block of {per_block} bytes")
+        notes.append(f"KV blocks not in the run: {kv['num_blocks']} from engine_kwargs.kv_cache_memory_bytes "
+                     f"({run.kv_cache_memory_bytes} bytes per GPU / {per_block} bytes per block of every layer)")
     if kv.get("num_blocks") is None and run.kv_cache_dtype is not None:
         raise RunFileError(f"{where}: the run's KV cache is {run.kv_cache_dtype} and it does not record its block "
                            "count, which servesim would derive for a 16-bit cache (half the blocks): give the run's "

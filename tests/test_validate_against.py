@@ -503,3 +503,21 @@ def test_a_scenario_scheduler_of_another_engine_is_left_out_with_a_note(tmp_path
     raw, notes = scenario_dict(read_run(write_run(tmp_path / "run", isolated_requests())),
                                base={"scheduler": {"preset": "sglang"}})
     assert raw["scheduler"]["preset"] == "vllm-v1" and any("sglang" in n for n in notes)
+
+
+def test_a_run_given_a_kv_memory_budget_is_simulated_with_the_blocks_it_buys(tmp_path):
+    """vLLM sizes the cache from engine_kwargs.kv_cache_memory_bytes without profiling: 2 GiB of
+    Llama-3.1-8B blocks (16 tokens x 32 layers x 8 KV heads x 128 x K,V x 2 bytes = 2 MiB) is 1,024;
+    an fp8 cache twice that."""
+    for kv_dtype, blocks in (("auto", 1024), ("fp8", 2048)):
+        engine = {**ENGINE, "kv_cache_memory_bytes": 2 * 2**30, "kv_cache_dtype": kv_dtype}
+        folder = write_run(tmp_path / f"run-{kv_dtype}", isolated_requests(), meta_extra={"engine_kwargs": engine})
+        out = tmp_path / f"o-{kv_dtype}"
+        code, stdout, err = run_cli("validate", "--against", str(folder), "--out", str(out), "--no-plots", *CONSTANT)
+        assert code == 0, err
+        assert json.loads((out / "validation.json").read_text())["provenance"]["kv_num_blocks"] == blocks
+        assert "from engine_kwargs.kv_cache_memory_bytes" in stdout
+    engine = {**ENGINE, "kv_cache_memory_bytes": "2GiB"}
+    folder = write_run(tmp_path / "bad", isolated_requests(), meta_extra={"engine_kwargs": engine})
+    code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "ob"), "--no-plots", *CONSTANT)
+    assert code == 2 and err.count("\n") == 1 and "engine_kwargs.kv_cache_memory_bytes" in err
