@@ -105,6 +105,7 @@ class MeasuredRun:
     kv_cache_dtype: str | None = None  # an 8-bit KV cache the run states (``fp8``...); None: 16-bit
     # engine_kwargs.kv_cache_memory_bytes: the KV budget per GPU the run gave vLLM instead of profiling
     kv_cache_memory_bytes: int | None = None
+    enforce_eager: bool | None = None  # engine_kwargs.enforce_eager as recorded (None: not recorded)
 
 
 # what servesim's presets and profiles price: 16-bit weights, activations and KV cache
@@ -376,6 +377,7 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
         clock=clock, notes=notes,
         reference=reference, reference_source=str(ref_path) if reference else None, kv_cache_dtype=kv_cache_dtype,
         kv_cache_memory_bytes=kv_budget,
+        enforce_eager=kwargs["enforce_eager"] if isinstance(kwargs.get("enforce_eager"), bool) else None,
     )
 
 

@@ -182,6 +182,10 @@ def scenario_dict(run: MeasuredRun, base: dict[str, Any] | None = None, profile:
         else:
             notes.append(f"cost model: the roofline (no shipped profile for {sc.hardware} x {sc.model} "
                          f"tp{sc.tensor_parallel}; give one with --profile)")
+    cost = raw.get("cost_model") if isinstance(raw.get("cost_model"), dict) else {}
+    if cost.get("type") == "profile" and run.enforce_eager is False:
+        notes.append("the run served with CUDA graphs and torch.compile (engine_kwargs.enforce_eager false), while "
+                     "GPU profiles are kernel timings of an eager engine; no correction is applied for the difference")
     kv = raw["kv_cache"]
     if kv.get("num_blocks") is None and run.kv_cache_memory_bytes is not None:
         # vLLM skips its memory profile and sizes the cache from this budget: whole blocks of every layer

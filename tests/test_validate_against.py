@@ -521,3 +521,13 @@ def test_a_run_given_a_kv_memory_budget_is_simulated_with_the_blocks_it_buys(tmp
     folder = write_run(tmp_path / "bad", isolated_requests(), meta_extra={"engine_kwargs": engine})
     code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "ob"), "--no-plots", *CONSTANT)
     assert code == 2 and err.count("\n") == 1 and "engine_kwargs.kv_cache_memory_bytes" in err
+
+
+def test_a_compiled_run_against_an_eager_profile_says_so(tmp_path):
+    for eager, said in ((False, True), (True, False), (None, False)):
+        engine = {**ENGINE, "enforce_eager": eager}
+        folder = write_run(tmp_path / f"run-{eager}", isolated_requests(), meta_extra={"engine_kwargs": engine})
+        code, stdout, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / f"o-{eager}"),
+                                    "--no-plots", "--set", "kv_cache.num_blocks=900")
+        assert code in (0, 1), err
+        assert ("served with CUDA graphs" in stdout) == said, stdout
