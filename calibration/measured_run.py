@@ -106,6 +106,9 @@ class MeasuredRun:
     # engine_kwargs.kv_cache_memory_bytes: the KV budget per GPU the run gave vLLM instead of profiling
     kv_cache_memory_bytes: int | None = None
     enforce_eager: bool | None = None  # engine_kwargs.enforce_eager as recorded (None: not recorded)
+    # totals of vLLM's own per-tick counters where timeseries.csv has them: preemptions, prompt tokens
+    # and the prompt tokens its prefix cache served (newer bench runs)
+    engine_counters: dict[str, float] = field(default_factory=dict)
 
 
 # what servesim's presets and profiles price: 16-bit weights, activations and KV cache
@@ -378,7 +381,32 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
         reference=reference, reference_source=str(ref_path) if reference else None, kv_cache_dtype=kv_cache_dtype,
         kv_cache_memory_bytes=kv_budget,
         enforce_eager=kwargs["enforce_eager"] if isinstance(kwargs.get("enforce_eager"), bool) else None,
+        engine_counters=_engine_counters(root / "timeseries.csv", meta.get("tick_seconds"), notes),
     )
+
+
+def _engine_counters(path: Path, tick_s: Any, notes: list[str]) -> dict[str, float]:
+    """Totals of vLLM's per-tick counters in an LLMServingSim ``timeseries.csv`` (optional: a missing or
+    unreadable file, or one without the columns, gives none): ``preempted`` (requests preempted per
+    tick), ``prompt_throughput`` (whole prompts of the prefills that ended in the tick, cache hits
+    included) and ``prompt_cached_throughput`` (the prompt tokens the prefix cache served), per second
+    times ``tick_seconds`` (LLMServingSim's ``bench/core/stat_logger.py``)."""
+    if not path.is_file():
+        return {}
+    try:
+        ts = pd.read_csv(path)
+    except (ValueError, OSError, UnicodeDecodeError) as e:
+        notes.append(f"{path.name} unreadable ({str(e).splitlines()[0][:80]}): vLLM's own counters not compared")
+        return {}
+    tick = float(tick_s) if isinstance(tick_s, int | float) and not isinstance(tick_s, bool) else 1.0
+    out: dict[str, float] = {}
+    for name, column, scale in (("preemptions", "preempted", 1.0), ("prompt_tokens", "prompt_throughput", tick),
+                                ("cached_prompt_tokens", "prompt_cached_throughput", tick)):
+        if column in ts:
+            values = pd.to_numeric(ts[column], errors="coerce")
+            if values.notna().all() and np.isfinite(values).all() and (values >= 0).all():
+                out[name] = float(values.sum() * scale)
+    return out
 
 
 def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:

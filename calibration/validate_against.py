@@ -220,6 +220,23 @@ def scenario_dict(run: MeasuredRun, base: dict[str, Any] | None = None, profile:
     return raw, notes
 
 
+def counter_notes(counters: dict[str, float], sim_summary: dict[str, Any]) -> list[str]:
+    """What vLLM's own counters in the run (``MeasuredRun.engine_counters``) say beside the simulation's:
+    preemptions, and the prompt tokens the real prefix cache served (the simulation has no token ids)."""
+    notes = []
+    if "preemptions" in counters:
+        notes.append(f"preemptions: {int(counters['preemptions'])} in the run (timeseries.csv 'preempted'), "
+                     f"{int(sim_summary.get('num_preemptions') or 0)} simulated")
+    cached, prompt = counters.get("cached_prompt_tokens"), counters.get("prompt_tokens")
+    if cached is not None:
+        # prompt_throughput credits a request's whole prompt when its prefill ends, cache hits included
+        share = f" ({100 * cached / prompt:.1f} % of its prompt tokens)" if prompt else ""
+        notes.append(f"prefix cache: the run served {int(cached)} prompt tokens from its cache{share}; the simulation "
+                     f"{int(sim_summary.get('prefix_cache_hit_tokens') or 0)} (the run's token ids are not in it, so "
+                     "shared prefixes cannot be found)")
+    return notes
+
+
 def check_fits(run: MeasuredRun, sc: Scenario) -> None:
     """Every request the run served must fit the simulated KV cache and context; else one-line RunFileError."""
     bs, blocks = sc.kv_cache.block_size, sc.kv_cache.num_blocks
@@ -313,6 +330,7 @@ def validate_against(
     if peak > capacity:
         notes.append(f"the run held up to {peak} KV blocks by its timestamps, more than the {capacity} simulated: "
                      "the block count is too small (or the run preempted)")
+    notes.extend(counter_notes(run.engine_counters, sim.summary))
     commit, dirty = servesim_commit()
     provenance = {
         "run": str(run.path), "format": run.format, "vllm_version": run.vllm_version,
@@ -326,6 +344,7 @@ def validate_against(
         "sim_cost_model": sc.cost_model.type,
         "profile": str(resolve_profile_path(sc.cost_model.path)) if sc.cost_model.path else None,
         "clock": run.clock, "arrivals_exact": run.arrivals_exact, "notes": [*run.notes, *notes],
+        "engine_counters": run.engine_counters,
         "itl": "measured" if run.itl_hist is not None else "n/a (not in this run format)",
         "reference": run.reference_source, "sim_wall_s": sim.wall_s,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

@@ -531,3 +531,22 @@ def test_a_compiled_run_against_an_eager_profile_says_so(tmp_path):
                                     "--no-plots", "--set", "kv_cache.num_blocks=900")
         assert code in (0, 1), err
         assert ("served with CUDA graphs" in stdout) == said, stdout
+
+
+def test_vllms_own_counters_in_timeseries_csv_are_set_beside_the_simulation(tmp_path):
+    """Newer bench runs log preemptions and prefix-cache hits per tick; the comparison reports both."""
+    folder = write_run(tmp_path / "run", isolated_requests(), meta_extra={"tick_seconds": 2.0})
+    (folder / "timeseries.csv").write_text(
+        "t,prompt_throughput,prompt_compute_throughput,prompt_cached_throughput,gen_throughput,running,waiting,"
+        "preempted,kv_cache_pct\n2.0,100.0,75.0,25.0,10.0,1,0,2,5.0\n4.0,50.0,50.0,0.0,10.0,1,0,1,5.0\n")
+    out = tmp_path / "o"
+    code, stdout, err = run_cli("validate", "--against", str(folder), "--out", str(out), "--no-plots", *CONSTANT)
+    assert code == 0, err
+    assert "preemptions: 3 in the run (timeseries.csv 'preempted'), 0 simulated" in stdout
+    assert "prefix cache: the run served 50 prompt tokens from its cache (16.7 % of its prompt tokens)" in stdout
+    counters = json.loads((out / "validation.json").read_text())["provenance"]["engine_counters"]
+    assert counters == {"preemptions": 3.0, "prompt_tokens": 300.0, "cached_prompt_tokens": 50.0}
+    # the shipped runs' older timeseries.csv has neither column: nothing is said
+    (folder / "timeseries.csv").write_text("t,prompt_throughput,gen_throughput,running,waiting,kv_cache_pct\n1,1,1,1,0,0\n")
+    code, stdout, _ = run_cli("validate", "--against", str(folder), "--out", str(out), "--no-plots", *CONSTANT)
+    assert code == 0 and "preemptions:" not in stdout and "prefix cache: the run" not in stdout
