@@ -357,10 +357,12 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
         scheduler["async_scheduling"] = async_scheduling
     kv: dict[str, Any] = {}
     cache = _object(meta, "kv_cache", str(meta_path))
+    # the same facts in the resolved CacheConfig, for a run whose kv_cache snapshot came out empty
+    cache_cfg = _object(resolved, "cache_config", f"{meta_path}: resolved_config")
     for ours, theirs in (("num_blocks", "num_gpu_blocks"), ("block_size", "block_size"),
                          ("enable_prefix_caching", "enable_prefix_caching"),
                          ("gpu_memory_utilization", "gpu_memory_utilization")):
-        value = cache.get(theirs, kwargs.get(theirs))
+        value = next((v for v in (cache.get(theirs), cache_cfg.get(theirs), kwargs.get(theirs)) if v is not None), None)
         if value is not None:
             kv[ours] = value
     missing = [k for k in ("num_blocks", "block_size", "enable_prefix_caching") if k not in kv]

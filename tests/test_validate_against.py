@@ -365,6 +365,15 @@ def test_a_run_that_records_what_vllm_resolved_is_simulated_with_it(tmp_path):
     assert sc.scheduler.async_scheduling is False
 
 
+def test_an_empty_kv_cache_snapshot_falls_back_to_the_resolved_cache_config(tmp_path):
+    """The harness writes kv_cache as {} when its snapshot failed; resolved_config.cache_config holds the same."""
+    meta = {"kv_cache": {}, "resolved_config": {"cache_config": {
+        "num_gpu_blocks": 700, "block_size": 16, "enable_prefix_caching": True, "gpu_memory_utilization": 0.85}}}
+    run = read_run(write_run(tmp_path / "run", isolated_requests(), meta_extra=meta))
+    assert run.kv_cache == {"num_blocks": 700, "block_size": 16, "enable_prefix_caching": True,
+                            "gpu_memory_utilization": 0.85}
+
+
 def test_a_request_vllm_kept_no_metrics_for_is_left_out_with_a_note(tmp_path):
     rows = isolated_requests()
     rows.insert(1, {"request_id": "lost", "input_toks": 50, "output_toks": 4, "arrival_time": None,
