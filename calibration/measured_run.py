@@ -392,7 +392,8 @@ def _engine_counters(path: Path, tick_s: Any, notes: list[str]) -> dict[str, flo
     unreadable file, or one without the columns, gives none): ``preempted`` (requests preempted per
     tick), ``prompt_throughput`` (whole prompts of the prefills that ended in the tick, cache hits
     included) and ``prompt_cached_throughput`` (the prompt tokens the prefix cache served), per second
-    times ``tick_seconds`` (LLMServingSim's ``bench/core/stat_logger.py``)."""
+    times ``tick_seconds``; and the largest ``kv_cache_pct`` (the KV cache's use at each tick's last
+    step) as a fraction (LLMServingSim's ``bench/core/stat_logger.py``)."""
     if not path.is_file():
         return {}
     try:
@@ -408,6 +409,10 @@ def _engine_counters(path: Path, tick_s: Any, notes: list[str]) -> dict[str, flo
             values = pd.to_numeric(ts[column], errors="coerce")
             if values.notna().all() and np.isfinite(values).all() and (values >= 0).all():
                 out[name] = float(values.sum() * scale)
+    if "kv_cache_pct" in ts:  # all 0.0 in runs before the harness read vLLM's field right: left out
+        pct = pd.to_numeric(ts["kv_cache_pct"], errors="coerce")
+        if pct.notna().all() and ((pct >= 0) & (pct <= 100)).all() and pct.max() > 0:
+            out["peak_kv_usage"] = float(pct.max() / 100)
     return out
 
 

@@ -227,6 +227,10 @@ def counter_notes(counters: dict[str, float], sim_summary: dict[str, Any]) -> li
     if "preemptions" in counters:
         notes.append(f"preemptions: {int(counters['preemptions'])} in the run (timeseries.csv 'preempted'), "
                      f"{int(sim_summary.get('num_preemptions') or 0)} simulated")
+    if "peak_kv_usage" in counters:
+        notes.append(f"KV cache use: at most {100 * counters['peak_kv_usage']:.1f} % in the run (timeseries.csv "
+                     f"kv_cache_pct, each tick's last step), {100 * float(sim_summary.get('max_kv_usage') or 0):.1f} % "
+                     "simulated (any step)")
     cached, prompt = counters.get("cached_prompt_tokens"), counters.get("prompt_tokens")
     if cached is not None:
         # prompt_throughput credits a request's whole prompt when its prefill ends, cache hits included

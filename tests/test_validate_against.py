@@ -554,7 +554,9 @@ def test_vllms_own_counters_in_timeseries_csv_are_set_beside_the_simulation(tmp_
     assert "preemptions: 3 in the run (timeseries.csv 'preempted'), 0 simulated" in stdout
     assert "prefix cache: the run served 50 prompt tokens from its cache (16.7 % of its prompt tokens)" in stdout
     counters = json.loads((out / "validation.json").read_text())["provenance"]["engine_counters"]
-    assert counters == {"preemptions": 3.0, "prompt_tokens": 300.0, "cached_prompt_tokens": 50.0}
+    assert counters == {"preemptions": 3.0, "prompt_tokens": 300.0, "cached_prompt_tokens": 50.0,
+                        "peak_kv_usage": 0.05}
+    assert "KV cache use: at most 5.0 % in the run" in stdout
     # the shipped runs' older timeseries.csv has neither column: nothing is said
     (folder / "timeseries.csv").write_text("t,prompt_throughput,gen_throughput,running,waiting,kv_cache_pct\n1,1,1,1,0,0\n")
     code, stdout, _ = run_cli("validate", "--against", str(folder), "--out", str(out), "--no-plots", *CONSTANT)
