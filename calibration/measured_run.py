@@ -109,6 +109,8 @@ class MeasuredRun:
     # totals of vLLM's own per-tick counters where timeseries.csv has them: preemptions, prompt tokens
     # and the prompt tokens its prefix cache served (newer bench runs)
     engine_counters: dict[str, float] = field(default_factory=dict)
+    # the GPU's memory as CUDA reports it (hardware.device_total_memory_bytes of newer bench runs)
+    cuda_total_bytes: int | None = None
 
 
 # what servesim's presets and profiles price: 16-bit weights, activations and KV cache
@@ -331,10 +333,17 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     df["source_line"] = [rows[i]["_line"] for i in order]
 
     hw_source, tp = _llmservingsim_gpu(root)
+    cuda_total = None
     if isinstance(meta.get("hardware"), str):  # the GPU's name
         hw_source = meta["hardware"]
-    else:  # newer bench runs record torch's device name
-        hw_source = _object(meta, "hardware", str(meta_path)).get("device_name") or hw_source
+    else:  # newer bench runs record torch's device name and total memory
+        hardware = _object(meta, "hardware", str(meta_path))
+        hw_source = hardware.get("device_name") or hw_source
+        cuda_total = hardware.get("device_total_memory_bytes")
+        if cuda_total is not None and (isinstance(cuda_total, bool) or not isinstance(cuda_total, int)
+                                       or not 2**30 <= cuda_total <= 2**45):
+            raise RunFileError(f"{meta_path}: field 'hardware.device_total_memory_bytes' must be a whole number of "
+                               f"bytes from 1 GiB to 32 TiB, got {cuda_total!r:.60}")
     if hw_source is None:  # a GPU named anywhere in the folder's name (<GPU>-<model>, <model>-<gpu>-tp1)
         hw_source = root.name if hardware_preset(root.name) else (
             root.name.split("-")[0] if "-" in root.name else None)
@@ -384,6 +393,7 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
         kv_cache_memory_bytes=kv_budget,
         enforce_eager=kwargs["enforce_eager"] if isinstance(kwargs.get("enforce_eager"), bool) else None,
         engine_counters=_engine_counters(root / "timeseries.csv", meta.get("tick_seconds"), notes),
+        cuda_total_bytes=cuda_total,
     )
 
 

@@ -23,6 +23,7 @@ place of the live one and, where the run ships LLMServingSim's own result, its e
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -90,10 +91,15 @@ class AgainstResult:
 
 # ---- the scenario ---------------------------------------------------------------------------------
 def vllm_kv_blocks(model: str, hardware: str, tp: int, block_size: int, max_num_batched_tokens: int,
-                   max_num_seqs: int, gpu_memory_utilization: float = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION) -> int:
+                   max_num_seqs: int, gpu_memory_utilization: float = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION,
+                   cuda_total_bytes: int | None = None) -> int:
     """KV blocks per GPU the way vLLM sizes its cache (see ``presets.num_kv_blocks``), for a run
-    whose files do not record the count: the profile run is that of the run's own budget and seats."""
-    return num_kv_blocks(get_model(model), get_hardware(hardware), tp, gpu_memory_utilization, block_size,
+    whose files do not record the count: the profile run is that of the run's own budget and seats.
+    ``cuda_total_bytes``: the GPU's memory as the run's CUDA reported it, in place of the preset's."""
+    hw = get_hardware(hardware)
+    if cuda_total_bytes is not None:
+        hw = dataclasses.replace(hw, cuda_memory_bytes=cuda_total_bytes)
+    return num_kv_blocks(get_model(model), hw, tp, gpu_memory_utilization, block_size,
                          max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
 
 
@@ -211,12 +217,14 @@ def scenario_dict(run: MeasuredRun, base: dict[str, Any] | None = None, profile:
         util = sc.kv_cache.gpu_memory_utilization
         try:
             kv["num_blocks"] = vllm_kv_blocks(sc.model, sc.hardware, sc.tensor_parallel, sc.kv_cache.block_size,
-                                              budget, seats, util)
+                                              budget, seats, util, run.cuda_total_bytes)
         except PresetError as e:  # the model does not fit the GPU
             raise ScenarioError(f"{source}: kv_cache: {e}") from None
+        total = (f"the run's {run.cuda_total_bytes / 2**30:.2f} GiB (hardware.device_total_memory_bytes)"
+                 if run.cuda_total_bytes is not None else "")
         notes.append(f"KV blocks not in the run: {kv['num_blocks']} derived as vLLM sizes them (CUDA's memory "
-                     f"total x {util} - weights / TP - non-torch memory - the activation peak of its profile "
-                     f"run, a {budget}-token step over {seats} requests)")
+                     f"total{' ' + total if total else ''} x {util} - weights / TP - non-torch memory - the activation "
+                     f"peak of its profile run, a {budget}-token step over {seats} requests)")
     return raw, notes
 
 

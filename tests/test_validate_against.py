@@ -561,3 +561,24 @@ def test_vllms_own_counters_in_timeseries_csv_are_set_beside_the_simulation(tmp_
     (folder / "timeseries.csv").write_text("t,prompt_throughput,gen_throughput,running,waiting,kv_cache_pct\n1,1,1,1,0,0\n")
     code, stdout, _ = run_cli("validate", "--against", str(folder), "--out", str(out), "--no-plots", *CONSTANT)
     assert code == 0 and "preemptions:" not in stdout and "prefix cache: the run" not in stdout
+
+
+def test_the_runs_own_cuda_memory_total_sizes_a_derived_cache(tmp_path):
+    """A newer run names its GPU's CUDA total; without a recorded block count, that total is used."""
+    total = 80 * 2**30  # an RTX PRO 6000 reporting 80 GiB instead of the preset's 94.97
+    meta = {"hardware": {"device_name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+                         "device_total_memory_bytes": total}}
+    folder = write_run(tmp_path / "run", isolated_requests(), meta_extra=meta)
+    assert read_run(folder).cuda_total_bytes == total
+    code, stdout, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots",
+                                *CONSTANT)
+    assert code == 0, err
+    blocks = json.loads((tmp_path / "o" / "validation.json").read_text())["provenance"]["kv_num_blocks"]
+    assert blocks == vllm_kv_blocks("llama-3.1-8b", "rtx-pro-6000", 1, 16, 512, 8, cuda_total_bytes=total)
+    assert blocks < vllm_kv_blocks("llama-3.1-8b", "rtx-pro-6000", 1, 16, 512, 8)
+    assert "the run's 80.00 GiB (hardware.device_total_memory_bytes)" in stdout
+    meta["hardware"]["device_total_memory_bytes"] = "80GiB"
+    folder = write_run(tmp_path / "bad", isolated_requests(), meta_extra=meta)
+    code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "ob"), "--no-plots",
+                           *CONSTANT)
+    assert code == 2 and err.count("\n") == 1 and "hardware.device_total_memory_bytes" in err
