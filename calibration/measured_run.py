@@ -215,13 +215,14 @@ def _object(parent: dict[str, Any], name: str, where: str) -> dict[str, Any]:
     return value
 
 
-def _count(value: Any, where: str, name: str) -> int | None:
-    """An optional whole count >= 1 (a TP or DP degree, a context length); None when absent or null."""
+def _count(value: Any, where: str, name: str, least: int = 1, most: int = 2**32) -> int | None:
+    """An optional whole number in [least, most] (a TP or DP degree, a context length, a byte count);
+    None when absent or null."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**32:
-        raise RunFileError(f"{where}: field '{name}' must be a whole number >= 1, got {value!r:.60}; "
-                           f"fix the file or give the value with --set")
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+        raise RunFileError(f"{where}: field '{name}' must be a whole number >= {least} and <= {most}, got "
+                           f"{value!r:.60}; fix the file or give the value with --set")
     return value
 
 
@@ -292,11 +293,8 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
             raise RunFileError(f"{meta_path}: missing field 'engine_kwargs.{key}' (an integer)")
     notes: list[str] = []
     kv_cache_dtype = _precision(kwargs, meta_path, notes)
-    kv_budget = kwargs.get("kv_cache_memory_bytes")
-    if kv_budget is not None and (isinstance(kv_budget, bool) or not isinstance(kv_budget, int)
-                                  or not 1 <= kv_budget <= 2**50):
-        raise RunFileError(f"{meta_path}: field 'engine_kwargs.kv_cache_memory_bytes' must be a whole number of "
-                           f"bytes >= 1, got {kv_budget!r:.60}")
+    kv_budget = _count(kwargs.get("kv_cache_memory_bytes"), str(meta_path), "engine_kwargs.kv_cache_memory_bytes",
+                       most=2**50)
 
     rows, unrecorded = _read_jsonl(root / "requests.jsonl")
     if unrecorded:
@@ -339,11 +337,8 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     else:  # newer bench runs record torch's device name and total memory
         hardware = _object(meta, "hardware", str(meta_path))
         hw_source = hardware.get("device_name") or hw_source
-        cuda_total = hardware.get("device_total_memory_bytes")
-        if cuda_total is not None and (isinstance(cuda_total, bool) or not isinstance(cuda_total, int)
-                                       or not 2**30 <= cuda_total <= 2**45):
-            raise RunFileError(f"{meta_path}: field 'hardware.device_total_memory_bytes' must be a whole number of "
-                               f"bytes from 1 GiB to 32 TiB, got {cuda_total!r:.60}")
+        cuda_total = _count(hardware.get("device_total_memory_bytes"), str(meta_path),
+                            "hardware.device_total_memory_bytes", least=2**30, most=2**45)
     if hw_source is None:  # a GPU named anywhere in the folder's name (<GPU>-<model>, <model>-<gpu>-tp1)
         hw_source = root.name if hardware_preset(root.name) else (
             root.name.split("-")[0] if "-" in root.name else None)
@@ -428,8 +423,6 @@ def _engine_counters(path: Path, tick_s: Any, notes: list[str]) -> dict[str, flo
 
 def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
     """The request lines, and how many lines had no timestamps at all (a request vLLM kept no metrics for)."""
-    if not path.is_file():
-        raise RunFileError(f"{path}: file not found")
     rows = []
     unrecorded = 0
     seen: dict[str, int] = {}  # request_id -> its line

@@ -191,45 +191,12 @@ class BlockManager:
         _take_free(table, free, need)
         return True
 
-    def allocate_each(self, requests: list[Request], num_tokens: list[int]) -> int:
-        """``allocate(requests[i], num_tokens[i])`` for each i in order (no watermark).
-
-        Returns -1 when all succeeded, else the index of the first that failed (the ones before
-        it keep their blocks, the ones after it are not tried). One call per step instead of one
-        per growing request.
-        """
-        if self.enable_prefix_caching:
-            for j, (req, t) in enumerate(zip(requests, num_tokens, strict=True)):
-                if not self.allocate(req, t):
-                    return j
-            return -1
-        get = self._tables.get
-        free = self._free
-        pop = free.pop
-        bs = self.block_size
-        j = 0
-        for req, t in zip(requests, num_tokens, strict=True):
-            table = get(req.request_id)
-            if table is not None and -(-t // bs) - len(table) == 1:  # the common case: one block more
-                if not free:
-                    return j
-                table.append(pop())
-            else:
-                need = -(-t // bs) - (len(table) if table is not None else 0)
-                if need > 0:
-                    if len(free) < need:
-                        return j  # without prefix caching there is nothing to evict: allocate would fail
-                    if table is None:
-                        table = self._tables[req.request_id] = []
-                    _take_free(table, free, need)
-            j += 1
-        return -1
-
     def extend_each(self, requests: list[Request], counts: list[int]) -> int:
-        """``counts[i]`` (>= 1) more blocks for ``requests[i]``, for each i in order: the blocks
-        ``allocate_each`` takes for requests whose tables hold that many blocks fewer than their
-        tokens need. Returns -1 when all succeeded, else the index of the first that failed (the
-        ones before it keep their blocks). For callers that track each table's length already."""
+        """``counts[i]`` (>= 1) more blocks for ``requests[i]``, for each i in order, as ``allocate``
+        of the tokens they would hold takes them (no watermark). Returns -1 when all succeeded, else
+        the index of the first that failed (the ones before it keep their blocks, the ones after it
+        are not tried). One call per step instead of one per growing request, for callers that track
+        each table's length already."""
         free = self._free
         if self.enable_prefix_caching or sum(counts) > len(free):
             bs = self.block_size

@@ -180,20 +180,24 @@ def test_swap_out_refuses_when_host_space_is_short():
     assert kv.num_blocks_of(r) == 3
 
 
-def test_allocate_each_is_allocate_in_order_and_stops_at_the_first_failure():
+def test_extend_each_is_allocate_in_order_and_stops_at_the_first_failure():
     for caching in (False, True):
         one, each = BlockManager(12, 4, enable_prefix_caching=caching), BlockManager(12, 4, enable_prefix_caching=caching)
         rs = [req(i) for i in range(4)]
         for kv in (one, each):
             assert kv.allocate(rs[0], 4)
         wants = [9, 1, 16, 30]  # 2 more blocks for request 0, 1 and 4 for new ones, then 8 > the 4 left
+        counts = [2, 1, 4, 8]
         expect = -1
         for j, (r, t) in enumerate(zip(rs, wants, strict=True)):
             if not one.allocate(r, t):
                 expect = j
                 break
         assert expect == 3
-        assert each.allocate_each(rs, wants) == expect
+        assert each.extend_each(rs, counts) == expect
         assert [each.block_table(r) for r in rs] == [one.block_table(r) for r in rs]
         assert each.num_free_blocks == one.num_free_blocks == 4
-        assert each.allocate_each(rs[:2], [9, 4]) == -1  # nothing to grow: a no-op that succeeds
+        # enough blocks (the fast path without caching): the same blocks as allocate one by one
+        assert each.extend_each(rs[:2], [1, 2]) == -1
+        assert one.allocate(rs[0], 16) and one.allocate(rs[1], 12)
+        assert [each.block_table(r) for r in rs] == [one.block_table(r) for r in rs]
