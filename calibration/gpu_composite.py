@@ -306,21 +306,18 @@ def _roofline_attention(model: ModelConfig, hw: Any, tp: int, pcs: np.ndarray, k
     ``ns`` decode rows of ``kvs`` context. Where vLLM runs FlashAttention 2 this is the FA2 varlen
     term for every step with a prefill row (``sim/varlen_attention.py``), so the profile prices
     attention as the default roofline does instead of as a decode read plus a prefill."""
-    roof = RooflineCostModel(model, hw, tp)
-    layers = model.num_layers
+    layer_s = RooflineCostModel(model, hw, tp).attention_layer_s
     arr = np.full((len(pcs), len(kps), len(ns), len(kvs)), np.nan)
     for i, pc in enumerate(pcs.astype(int).tolist()):
         for j, kp in enumerate(kps.astype(int).tolist()):
             if pc == 0 and j:
                 arr[0, j] = arr[0, 0]  # a decode-only step has no cached prefill context
                 continue
-            pairs = pc * kp + pc * (pc + 1) // 2
             for k, nd in enumerate(ns.astype(int).tolist()):
                 if pc == 0 and nd == 0:
                     continue  # the empty step: set by fill_gaps, never priced
                 for m, kv in enumerate(kvs.astype(int).tolist()):
-                    sums = (nd + (pc > 0), nd, pc + nd, pairs, nd * (kv + 1), kp + pc if pc else 0)
-                    arr[i, j, k, m] = roof.breakdown(sums)["attention"] / layers
+                    arr[i, j, k, m] = layer_s(pc, kp, nd, kv)
     arr = gp.fill_gaps(arr, [pcs, kps, ns, kvs])
     varlen = "; steps with a prefill row as FlashAttention 2's varlen kernel (sim/varlen_attention.py)" \
         if hw.flash_attention == 2 and hw.sm_count else "; a mixed step is its decode read plus its prefill"

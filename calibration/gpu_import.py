@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from servesim.sim.cost_model import RooflineCostModel
 from servesim.sim.presets import ModelConfig, get_hardware, get_model
 
 from . import gpu_profile as gp
@@ -92,7 +93,9 @@ def assemble_llmservingsim(folder: str | Path, model: ModelConfig, hardware: str
                  for k, (per, c) in ops.items()}
     seq = t.per_sequence.pivot_table(index="sequences", columns="op", values="seconds", aggfunc="median")
     seq = seq.sort_index().interpolate(limit_direction="both")
-    grid = gp.attention_grid(t.attention)
+    # the roofline's attention term for this model and GPU: the shape the "roofline" reading offers
+    shape = RooflineCostModel(model, get_hardware(hardware), tp).attention_layer_s
+    grid = gp.attention_grid(t.attention, shape=shape)
     eager = (prof.meta.get("engine_effective") or {}).get("enforce_eager")
     notes = [
         f"All tables from one LLMServingSim profile: {prof.model} on {prof.gpu}, vLLM "
@@ -190,4 +193,10 @@ def format_report(profile: dict[str, Any]) -> str:
         row(f"  {name} ({e['chosen']})", e["table"], e["fit"])
     for name, e in h.get("skew", {}).items():
         row(name.replace("_", " "), e)
+    reading = h.get("attention_interpolation")
+    if reading:
+        lines.append(f"attention read {reading['chosen']!r} between nodes; held-out median / p90 of each reading tried:")
+        for mode, regimes in reading.get("candidates", {}).items():
+            lines.append(f"  {mode:<10} " + "  ".join(f"{r} {pct(e, 'median_ape')} / {pct(e, 'p90_ape')}"
+                                                       for r, e in regimes.items() if e.get("n")))
     return "\n".join(lines)

@@ -32,9 +32,11 @@ from scipy.optimize import nnls
 from servesim.sim.layer_cost_model import (
     ATTENTION_AXES,
     EXTRAPOLATION,
+    EXTRAPOLATION_ROOFLINE,
     GPU_PROFILE_FORMAT,
     INTERPOLATIONS,
     AttentionGrid,
+    AttentionShape,
     Curve,
     LayerCostModel,
 )
@@ -138,10 +140,13 @@ class Grid:
     measured: int
     filled: int
     interpolation: str = "linear"  # how gaps were filled and how LayerCostModel reads between nodes
+    # the roofline's one-layer attention term for this model and GPU (RooflineCostModel.
+    # attention_layer_s), which the "roofline" reading needs; None: that reading is not offered
+    shape: AttentionShape | None = None
 
 
 def attention_grid(att: pd.DataFrame, axes: dict[str, list[int]] | None = None,
-                   interpolation: str = "linear") -> Grid:
+                   interpolation: str = "linear", shape: AttentionShape | None = None) -> Grid:
     """The product grid of every value each axis was measured at, gaps filled (``fill_gaps``).
 
     LLMServingSim's sweep is the union of a doubling grid and a 1.5x-spaced one, so most
@@ -149,6 +154,10 @@ def attention_grid(att: pd.DataFrame, axes: dict[str, list[int]] | None = None,
     keeps every measured chunk size as a node: attention over a long cached context steps with the
     number of thread-block waves of the chunk (on the RTX PRO 6000 it is flat from 16 to 273 tokens
     and doubles by 410), which no interpolation between 256 and 512 would reproduce.
+
+    ``interpolation`` "roofline" (needs ``shape``): nodes with a chunk are filled as the ratio of the
+    time to the roofline's attention term at that node, so the roofline's thread-block waves shape a
+    gap between measured chunk sizes; nodes without one are filled linearly in time.
     """
     axes = axes or {a: sorted(int(v) for v in set(att[a])) for a in ATTENTION_AXES}
     for name, ax in axes.items():
@@ -158,8 +167,26 @@ def attention_grid(att: pd.DataFrame, axes: dict[str, list[int]] | None = None,
     arr = np.full(tuple(len(axes[a]) for a in ATTENTION_AXES), np.nan)
     arr[tuple(idx)] = att["seconds"].to_numpy()
     measured = int(np.isfinite(arr).sum())
-    arr = fill_gaps(arr, [np.asarray(axes[a], dtype=float) for a in ATTENTION_AXES], interpolation)
-    return Grid(axes, arr, measured, int(arr.size - measured), interpolation)
+    term = None
+    if interpolation == "roofline":
+        if shape is None:
+            raise SourceError("attention table: the 'roofline' reading needs the roofline's attention term")
+        term = roofline_terms(axes, shape)
+        arr[1:] /= term  # a chunk's times as ratios; the slices are filled independently (fill_gaps)
+    arr = fill_gaps(arr, [np.asarray(axes[a], dtype=float) for a in ATTENTION_AXES],
+                    "log" if interpolation == "log" else "linear")
+    if term is not None:
+        arr[1:] *= term
+    return Grid(axes, arr, measured, int(arr.size - measured), interpolation, shape)
+
+
+def roofline_terms(axes: dict[str, list[int]], shape: AttentionShape) -> np.ndarray:
+    """The roofline's one-layer attention term at every grid node with a chunk (prefill_chunk > 0)."""
+    pc, kp, n, kv = (axes[a] for a in ATTENTION_AXES)
+    out = np.empty((len(pc) - 1, len(kp), len(n), len(kv)))
+    for i, j, k, m in np.ndindex(*out.shape):
+        out[i, j, k, m] = shape(pc[i + 1], kp[j], n[k], kv[m])
+    return out
 
 
 def fill_gaps(arr: np.ndarray, axes: list[np.ndarray], interpolation: str = "linear") -> np.ndarray:
@@ -242,7 +269,8 @@ def check_attention(grid: Grid, att: pd.DataFrame, seed: int = SEED) -> tuple[di
         idx = np.flatnonzero(regime == r)
         held[idx] = split_mask(len(idx), seed=seed, keep_ends=False)
     train, test = att.loc[~held].reset_index(drop=True), att.loc[held].reset_index(drop=True)
-    table = AttentionGrid(grid.axes, attention_grid(train, grid.axes, grid.interpolation).seconds, grid.interpolation)
+    table = AttentionGrid(grid.axes, attention_grid(train, grid.axes, grid.interpolation, grid.shape).seconds,
+                          grid.interpolation, grid.shape)
     cols = [test[a].to_numpy() for a in ATTENTION_AXES]
     pred_t = np.array([table(*row) for row in zip(*cols, strict=True)])
     reg_h = attention_regime(test["prefill_chunk"].to_numpy(), test["n_decode"].to_numpy())
@@ -277,7 +305,9 @@ def choose_interpolation(grid: Grid, att: pd.DataFrame) -> tuple[Grid, dict[str,
     scores: dict[str, Any] = {}
     best = None
     for mode in INTERPOLATIONS:
-        g = grid if grid.interpolation == mode else attention_grid(att, grid.axes, mode)
+        if mode == "roofline" and grid.shape is None:
+            continue
+        g = grid if grid.interpolation == mode else attention_grid(att, grid.axes, mode, grid.shape)
         err, scored = check_attention(g, att)
         cost = sum(e["table"]["median_ape"] + e["table"]["p90_ape"] for e in err.values() if e["table"].get("n"))
         scores[mode] = {r: e["table"] for r, e in err.items()}
@@ -429,7 +459,7 @@ def check_tables(asm: Assembly, attention_rows: pd.DataFrame | None, skew: pd.Da
         held["attention_chosen"] = chosen
     if asm.attention_check:
         held["attention"] = asm.attention_check
-    table = AttentionGrid(asm.grid.axes, asm.grid.seconds, asm.grid.interpolation)
+    table = AttentionGrid(asm.grid.axes, asm.grid.seconds, asm.grid.interpolation, asm.grid.shape)
     if skew is not None and len(skew):
         asm.skew, held["skew"] = fit_skew(skew, table)
     asm.held_out = held
@@ -475,12 +505,13 @@ def to_profile(asm: Assembly) -> dict[str, Any]:
         "skew": asm.skew,
         "allreduce": asm.allreduce,
         "overhead": asm.overhead,
-        "extrapolation": EXTRAPOLATION,
+        "extrapolation": EXTRAPOLATION | ({"roofline_reading": EXTRAPOLATION_ROOFLINE}
+                                          if asm.grid.interpolation == "roofline" else {}),
         "provenance": {"sources": asm.sources, "assembly": asm.assembly_notes,
                        "units": "seconds; tokens; bytes"},
         "held_out_error": asm.held_out,
     }
-    LayerCostModel(profile)
+    LayerCostModel(profile, attention_shape=asm.grid.shape)
     return profile
 
 

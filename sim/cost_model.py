@@ -89,9 +89,9 @@ from .allreduce import Link
 from .batch import StepSums
 from .batch import step_sums as _step_sums
 from .config_model import ConfigModel
-from .errors import ProfileError
+from .errors import PresetError, ProfileError
 from .layer_cost_model import GPU_PROFILE_FORMAT, LayerCostModel
-from .presets import HardwareConfig, ModelConfig, kv_heads_per_rank
+from .presets import HardwareConfig, ModelConfig, get_hardware, get_model, kv_heads_per_rank
 from .varlen_attention import FA2VarlenAttention
 
 PROFILE_FORMAT = "servesim-profile/2"
@@ -380,17 +380,31 @@ class RooflineCostModel:
         head = (self._head_weight_s ** GEMM_BLEND + head_flop ** GEMM_BLEND) ** _INV_BLEND + self._head_floor
         sampler = self._sampler_fixed + n * self._sampler_per_seq
         small = self._small_fixed + tokens * self._small_per_token
-        if pairs and self._varlen is not None:
-            attn = self._attn_fixed + tokens * self._kv_s \
-                + self.model.num_layers * self._varlen.layer_s(n, n_dec, tokens, decode_kv, prefill_kv,
-                                                               longest_decode_kv)
-        else:
-            attn = self._attn_fixed + (decode_kv + tokens) * self._kv_s
-            if pairs:
-                attn += max(pairs * self._pair_s, prefill_kv * self._kv_s)
+        attn = self._attention(n, n_dec, tokens, pairs, decode_kv, prefill_kv, longest_decode_kv)
         comm = self._ar_fixed + tokens * self._ar_per_token
         host = self.step_overhead_s + n * self.per_seq_overhead_s
         return linear, head, sampler, small, attn, comm, swap, host
+
+    def _attention(self, n: int, n_dec: int, tokens: int, pairs: int, decode_kv: float, prefill_kv: int,
+                   longest_decode_kv: int | None = None) -> float:
+        """The attention term of ``_terms``: every layer's KV write, launch floors and kernel."""
+        if pairs and self._varlen is not None:
+            return self._attn_fixed + tokens * self._kv_s \
+                + self.model.num_layers * self._varlen.layer_s(n, n_dec, tokens, decode_kv, prefill_kv,
+                                                               longest_decode_kv)
+        attn = self._attn_fixed + (decode_kv + tokens) * self._kv_s
+        if pairs:
+            attn += max(pairs * self._pair_s, prefill_kv * self._kv_s)
+        return attn
+
+    def attention_layer_s(self, pc: float, kp: float, n: float, kv: float) -> float:
+        """One layer's attention term for the shape of a GPU profile's attention table: a ``pc``-token
+        prefill chunk over ``kp`` cached tokens beside ``n`` decode rows of ``kv`` cached tokens each
+        (``pc`` or ``n`` 0: that part absent). The shape a profile's ``roofline`` reading follows
+        between its measured nodes (``sim/layer_cost_model.py``)."""
+        kp = kp if pc else 0.0
+        pairs = pc * kp + pc * (pc + 1) / 2
+        return self._attention(n + (pc > 0), n, pc + n, pairs, n * (kv + 1), kp + pc) / self.model.num_layers
 
     def loop_overhead(self, rows: int) -> float:
         """Seconds of host (scheduler, engine loop) time that ``iteration_time`` adds to a step."""
@@ -731,12 +745,29 @@ def load_profile(path: str | Path, swap_bandwidth: float | None = None) -> Layer
     data = read_profile_json(path)
     try:
         if isinstance(data, Mapping) and data.get("format") == GPU_PROFILE_FORMAT:
-            return LayerCostModel(data, swap_bandwidth=swap_bandwidth)
+            return LayerCostModel(data, swap_bandwidth=swap_bandwidth, attention_shape=roofline_attention_shape(data))
         return FittedCostModel.from_profile_dict(data, swap_bandwidth=swap_bandwidth)
     except ProfileError as exc:
         raise ProfileError(f"{path}: {exc}") from None
     except (KeyError, TypeError, AttributeError) as exc:
         raise ProfileError(f"{path}: malformed profile ({type(exc).__name__}: {exc})") from None
+
+
+def roofline_attention_shape(profile: Mapping[str, Any]) -> Any:
+    """The roofline's one-layer attention term for a GPU profile's model, GPU and TP degree when its
+    attention table is read ``roofline`` (``sim/layer_cost_model.py``), else None."""
+    att = profile.get("attention")
+    if not isinstance(att, Mapping) or att.get("interpolation") != "roofline":
+        return None
+    try:
+        model, hardware = get_model(str(profile.get("model"))), get_hardware(str(profile.get("hardware")))
+    except PresetError as exc:
+        raise ProfileError(f"attention.interpolation 'roofline' reads the table against servesim's roofline for the "
+                           f"profile's model and hardware, which must be presets: {exc}") from None
+    tp = profile.get("tensor_parallel")
+    if isinstance(tp, bool) or not isinstance(tp, int) or not 1 <= tp <= 64:
+        raise ProfileError(f"tensor_parallel must be a whole number from 1 to 64, got {tp!r}")
+    return RooflineCostModel(model, hardware, tp).attention_layer_s
 
 
 def check_profile_matches(cost: Any, path: str | Path, model: ModelConfig, hardware: HardwareConfig,

@@ -26,13 +26,20 @@ it as follows:
 - the prefill row with the most query-key pairs is the table's chunk; every further prefill row
   adds its own prefill-only time less the table's smallest prefill (the launch it shares).
 
-Between grid points the table is interpolated multilinearly in log(time) against log(axis)
-(power laws between neighbours: exact for the linear KV read and the quadratic causal prefill).
+Between grid points the table is read multilinearly as ``attention.interpolation`` says: ``log``
+(log time against log axis: power laws between neighbours), ``linear`` (linear in time), or
+``roofline``: decode-only shapes linear in time, and shapes with a prefill chunk linear in the
+*ratio* of the table to the roofline's attention term for the same shape
+(``RooflineCostModel.attention_layer_s`` of the profile's model and GPU), times that term at the
+query. The FA2 kernel's time steps with the thread-block waves of the chunk, which fall between
+the measured chunk sizes; the roofline's varlen term has those steps, so the ratio reading puts
+them where a chord would cut across (the importer picks the reading by held-out error).
 Chunks shorter than the grid's first chunk and decode contexts below its first context use that
 first point (launch-bound there). Beyond the grid (stated in ``EXTRAPOLATION``): decode rows,
 decode context and cached prefill context grow linearly in time along the slope of the grid's
 last segment; a prefill chunk longer than the grid grows with its query-key pairs at the cost
-per pair of the grid's last segment. Token tables (one axis) continue linearly with the slope of
+per pair of the grid's last segment (under the ``roofline`` reading, a step with a chunk keeps the
+ratio at the nearest grid point and follows the roofline's term). Token tables (one axis) continue linearly with the slope of
 their top quarter, so a GEMM at 8k tokens costs what 2k did plus 6k tokens at the marginal rate.
 
 Nothing here touches pandas: tables are Python lists read with ``bisect``, because this runs
@@ -44,7 +51,7 @@ from __future__ import annotations
 import bisect
 import math
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,7 +64,14 @@ from .errors import ProfileError
 
 GPU_PROFILE_FORMAT = "servesim-gpu-profile/1"
 ATTENTION_AXES = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode")
-INTERPOLATIONS = ("log", "linear")
+# How the attention table is read between nodes: "log" a power law between neighbours, "linear" linear
+# in time, "roofline" linear in time for decode-only steps and, for steps with a prefill chunk, linear
+# in the ratio of the measured time to the roofline's attention term for the same shape (so that the
+# roofline's FA2 thread-block waves shape the table between measured chunk sizes).
+INTERPOLATIONS = ("log", "linear", "roofline")
+# Shape of the "roofline" reading: seconds of one layer's attention for (chunk, its cached context,
+# decode rows, their context), RooflineCostModel.attention_layer_s of the profile's model and GPU.
+AttentionShape = Callable[[float, float, float, float], float]
 EXTRAPOLATION = {
     "tokens": "linear in tokens with the slope of the top quarter of the measured grid",
     "sequences": "linear in sequences with the slope of the top quarter of the measured grid",
@@ -67,6 +81,10 @@ EXTRAPOLATION = {
     "prefill_chunk": "linear in query-key pairs q*(ctx+(q+1)/2) at the last grid segment's cost per pair",
     "below_grid": "chunks and decode contexts below the first grid point take that point's time",
 }
+# what the "roofline" reading does instead for a step with a prefill chunk, on every axis
+EXTRAPOLATION_ROOFLINE = ("steps with a prefill chunk (attention.interpolation 'roofline'): the ratio of the table "
+                          "to the roofline's attention term at the nearest grid point, times that term at the "
+                          "step's own shape, beyond the grid as inside it")
 
 
 def _floats(name: str, values: Any, n: int | None = None, most: float = MAX_SIM_SECONDS) -> list[float]:
@@ -154,11 +172,16 @@ def tail_slope(xs: Sequence[float], ys: Sequence[float], fraction: float = 0.25)
 class AttentionGrid:
     """One layer's attention seconds on the product grid ``ATTENTION_AXES`` (see module docstring)."""
 
-    def __init__(self, axes: Mapping[str, Sequence[float]], seconds: Any, interpolation: str = "log") -> None:
+    def __init__(self, axes: Mapping[str, Sequence[float]], seconds: Any, interpolation: str = "log",
+                 shape: AttentionShape | None = None) -> None:
         if interpolation not in INTERPOLATIONS:
             raise ProfileError(f"attention.interpolation must be one of {', '.join(INTERPOLATIONS)}, got {interpolation!r}")
+        if interpolation == "roofline" and shape is None:
+            raise ProfileError("attention.interpolation 'roofline' needs the roofline's attention term of the "
+                               "profile's model and GPU (load the profile with servesim's load_profile)")
         self.interpolation = interpolation
-        self._linear = interpolation == "linear"
+        self._linear = interpolation != "log"
+        self._shape = shape if interpolation == "roofline" else None
         self.axes = [_axis(f"attention.axes.{a}", axes[a]) for a in ATTENTION_AXES]
         shape = tuple(len(a) for a in self.axes)
         arr = _grid("attention.seconds", seconds, shape)
@@ -168,8 +191,20 @@ class AttentionGrid:
         pc, kp, n, kv = self.axes
         if pc[0] != 0 or n[0] != 0 or kp[0] != 0:
             raise ProfileError("attention axes prefill_chunk, kv_prefill and n_decode must start at 0 (absent)")
-        # the corner values blended: times (linear) or log times (log: a power law between neighbours)
-        self._log = (arr if self._linear else np.log(arr)).ravel().tolist()
+        # the corner values blended: times (linear), log times (log: a power law between neighbours), or
+        # (roofline) times where there is no chunk and times over the roofline's term where there is one
+        blend = arr if self._linear else np.log(arr)
+        if self._shape is not None:
+            blend = arr.copy()
+            f = self._shape
+            for i, j, k, m in np.ndindex(*shape):
+                if i:  # a node with a chunk
+                    term = f(pc[i], kp[j], n[k], kv[m])
+                    if not (math.isfinite(term) and term > 0):
+                        raise ProfileError(f"the roofline's attention term is {term!r} at chunk {pc[i]:g}, "
+                                           f"context {kp[j]:g}, {n[k]:g} decode rows of {kv[m]:g}")
+                    blend[i, j, k, m] /= term
+        self._log = blend.ravel().tolist()
         self._strides = (shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1)
         self._logx = [[math.log(v) if v > 0 else 0.0 for v in a] for a in self.axes]
         self._pc_min, self._kv_min = pc[1], kv[1] if kv[0] == 0 else kv[0]
@@ -232,6 +267,8 @@ class AttentionGrid:
         if not pc:
             kp = 0.0
         cpc, ckp, cn, ckv = min(pc, pmax), min(kp, kpmax), min(n, nmax), min(kv, kvmax)
+        if pc and self._shape is not None:  # the ratio to the roofline's term, at the nearest grid point
+            return self._inside(cpc, ckp, cn, ckv) * self._shape(pc, kp, n, kv)
         t = self._inside(cpc, ckp, cn, ckv)
         if kv > kvmax:
             t += (kv - kvmax) * max(t - self._inside(cpc, ckp, cn, self._prev[3]), 0.0) / (kvmax - self._prev[3])
@@ -279,7 +316,10 @@ class LayerCostModel:
 
     needs_rows = True  # the longest decode context and each prefill row's shape, not just the sums
 
-    def __init__(self, profile: Mapping[str, Any], swap_bandwidth: float | None = None) -> None:
+    def __init__(self, profile: Mapping[str, Any], swap_bandwidth: float | None = None,
+                 attention_shape: AttentionShape | None = None) -> None:
+        """``attention_shape``: the roofline's attention term for the profile's model and GPU, which a
+        profile read ``roofline`` needs (``cost_model.load_profile`` supplies it)."""
         p = dict(profile)
         fmt = p.get("format")
         if fmt != GPU_PROFILE_FORMAT:
@@ -300,7 +340,8 @@ class LayerCostModel:
             total += _floats(f"per_sequence.ops.{name}", ys, len(xs))
         self.sequence_cost = Curve(xs, total.tolist())
         att = p["attention"]
-        self.attention = AttentionGrid(att.get("axes", {}), att.get("seconds"), str(att.get("interpolation", "log")))
+        self.attention = AttentionGrid(att.get("axes", {}), att.get("seconds"), str(att.get("interpolation", "log")),
+                                       attention_shape)
         sk = p.get("skew")
         self.alpha = SkewAlpha(sk) if sk else None
         ov = dict(p.get("overhead") or {})

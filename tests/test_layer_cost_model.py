@@ -1,10 +1,12 @@
 """The GPU step-cost model built from measured layer tables, and the importer that builds it."""
 
 import json
+import math
 import timeit
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from servesim.calibration import gpu_profile as gp
 from servesim.calibration.gpu_import import ImportOptions, run_import
@@ -17,6 +19,7 @@ from servesim.sim.cost_model import (
     load_profile,
 )
 from servesim.sim.layer_cost_model import (
+    ATTENTION_AXES,
     GPU_PROFILE_FORMAT,
     AttentionGrid,
     Curve,
@@ -192,7 +195,69 @@ def test_a_physics_law_is_reproduced_and_measured_kernels_kept_as_tables(fake_pr
         assert grid(*node) == pytest.approx(attn_s(*node), rel=1e-3)  # the fit, tabulated
     shipped = json.loads((PROFILES / "rtx-pro-6000-llama-3.1-8b-tp1.json").read_text())["held_out_error"]
     assert set(shipped["attention_chosen"].values()) == {"table"}
-    assert shipped["attention_interpolation"]["chosen"] == "linear"
+    assert shipped["attention_interpolation"]["chosen"] == "roofline"
+
+
+def wavy(pc: float, kp: float, n: float, kv: float) -> float:
+    """A shape with thread-block waves: flat, then a step at every 48 tokens of chunk (no grid node
+    sits on a step), plus a decode read."""
+    return 4e-6 * (1 + math.ceil(pc / 48)) + 1e-9 * (kp + n * kv) + 1e-6
+
+
+def test_roofline_reading_keeps_the_nodes_and_follows_the_shape_between_them():
+    axes = {"prefill_chunk": [0, 16, 32, 64, 128], "kv_prefill": [0, 16, 64], "n_decode": [0, 1, 2, 4],
+            "kv_decode": [0, 16, 64, 256]}
+    law = lambda pc, kp, n, kv: 1.3 * wavy(pc, kp, n, kv) if pc else 2e-6 + 1e-9 * n * kv  # noqa: E731
+    arr = np.array([[[[law(pc, kp, n, kv) for kv in axes["kv_decode"]] for n in axes["n_decode"]]
+                     for kp in axes["kv_prefill"]] for pc in axes["prefill_chunk"]])
+    roof = AttentionGrid(axes, arr, "roofline", wavy)
+    lin = AttentionGrid(axes, arr, "linear")
+    for node in [(16, 0, 0, 0), (64, 16, 2, 64), (0, 0, 4, 256), (128, 64, 4, 256)]:
+        assert roof(*node) == pytest.approx(lin(*node), rel=1e-12)  # nodes are the table's
+    # between chunk nodes 32 and 64 the shape steps at 48 and 49: the ratio reading lands on it exactly,
+    # the chord misses it; beyond the grid the ratio at the edge rides the shape
+    for pt in [(40, 16, 1, 64), (50, 16, 1, 64), (96, 0, 2, 16), (300, 200, 8, 1000)]:
+        assert roof(*pt) == pytest.approx(law(*pt), rel=1e-9), pt
+    assert abs(lin(50, 16, 1, 64) / law(50, 16, 1, 64) - 1) > 0.05
+    # decode-only steps are read linearly in time, as before
+    assert roof(0, 0, 3, 100) == pytest.approx(lin(0, 0, 3, 100), rel=1e-12)
+    with pytest.raises(ProfileError, match="roofline"):
+        AttentionGrid(axes, arr, "roofline")
+
+
+def test_import_picks_the_roofline_reading_when_it_predicts_held_out_chunks_better():
+    rows = [(pc, kp, n, kv, 1.2 * wavy(pc, kp, n, kv) if pc else 2e-6 + 1e-9 * n * kv)
+            for pc in [0, 16, 32, 48, 64, 96, 128, 192, 256] for kp in ([0, 16, 64, 256] if pc else [0])
+            for n in [0, 1, 2, 4, 8] for kv in ([16, 64, 256, 1024] if n else [0]) if pc or n]
+    att = pd.DataFrame(rows, columns=[*ATTENTION_AXES, "seconds"])
+    grid, err, _scored, choice = gp.choose_interpolation(gp.attention_grid(att, shape=wavy), att)
+    assert choice["chosen"] == "roofline" and grid.interpolation == "roofline"
+    cand = choice["candidates"]
+    assert cand["roofline"]["prefill"]["p90_ape"] < 1e-9 < cand["linear"]["prefill"]["p90_ape"]
+    assert cand["roofline"]["decode"] == cand["linear"]["decode"]  # decode slices are read the same way
+    assert err["prefill"]["table"]["median_ape"] < 1e-9
+    without = gp.choose_interpolation(gp.attention_grid(att), att)[3]  # no shape: not a candidate
+    assert "roofline" not in without["candidates"]
+
+
+def test_shipped_profiles_read_against_the_roofline_hold_out_better_than_linear():
+    for path in sorted(PROFILES.glob("rtx-*-tp*.json")):
+        held = json.loads(path.read_text())["held_out_error"]["attention_interpolation"]
+        assert held["chosen"] == "roofline", path.name
+        roof, lin = held["candidates"]["roofline"], held["candidates"]["linear"]
+        assert roof["prefill"]["p90_ape"] < lin["prefill"]["p90_ape"], path.name
+        assert roof["decode"] == lin["decode"], path.name
+
+
+def test_a_roofline_read_profile_needs_preset_model_and_hardware(tmp_path):
+    data = json.loads((PROFILES / "rtx-pro-6000-llama-3.1-8b-tp1.json").read_text())
+    assert load_profile(PROFILES / "rtx-pro-6000-llama-3.1-8b-tp1.json").attention.interpolation == "roofline"
+    data["hardware"] = "my-own-gpu"
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match="must be presets.*my-own-gpu"):
+        load_profile(tmp_path / "p.json")
+    with pytest.raises(ProfileError, match="roofline"):
+        LayerCostModel(json.loads((PROFILES / "rtx-pro-6000-llama-3.1-8b-tp1.json").read_text()))
 
 
 def test_linear_attention_reads_between_nodes_on_the_chord():
@@ -247,6 +312,9 @@ def test_calibrate_import_end_to_end(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "step, mixed" in text and "median APE" in text and str(out) in text
     data = json.loads(out.read_text())
+    chosen = data["held_out_error"]["attention_interpolation"]["chosen"]
+    assert f"attention read {chosen!r} between nodes" in text
+    assert all(f"  {mode} " in text for mode in ("log", "linear", "roofline"))  # every reading tried, scored
     assert data["overhead"]["step_s"] == pytest.approx(150e-6)
     assert "--format llmservingsim" in data["provenance"]["command"]
 
