@@ -195,6 +195,35 @@ def test_a_request_longer_than_the_models_context_is_rejected_unless_the_limit_i
     assert simulate(scenario_from_dict(d), progress=False).summary["completed"] == 4
 
 
+@pytest.mark.parametrize("preset", ["vllm-v1", "vllm-v0"])
+def test_vllm_would_refuse_to_start_when_max_model_len_outgrows_the_cache(preset: str):
+    """vLLM checks at start-up that one request of max_model_len fits the KV cache, else stops and asks
+    for a smaller max_model_len; the preset says so (the simulation itself still runs, as a what-if)."""
+    sc = scenario_from_dict(small_scenario({"preset": preset}))  # 300 blocks of 16 = 4,800 tokens
+    why = sc.scheduler.start_refusal(300, 16)
+    assert why and "131072" in why and "4800" in why and "scheduler.max_model_len" in why and "\n" not in why
+    sc = scenario_from_dict(small_scenario({"preset": preset, "max_model_len": 4800}))
+    assert sc.scheduler.start_refusal(300, 16) is None  # exactly one request's worth fits
+    assert sc.scheduler.start_refusal(299, 16) is not None
+    assert scenario_from_dict(small_scenario({"preset": "sglang"})).scheduler.start_refusal(300, 16) is None
+
+
+def test_servesim_run_warns_once_when_vllm_would_not_start(tmp_path: Path, capsys):
+    from servesim.sim.cli import main
+
+    d = small_scenario({"preset": "vllm-v1"})
+    d["workload"]["num_requests"] = 20
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(d))
+    assert main(["run", str(path), "--no-plots", "--quiet", "--out", str(tmp_path / "a")]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if "would not start" in line]
+    assert len(err) == 1 and err[0].startswith("warning: vLLM would not start this server")
+    d["scheduler"]["max_model_len"] = 4096
+    path.write_text(yaml.safe_dump(d))
+    assert main(["run", str(path), "--no-plots", "--quiet", "--out", str(tmp_path / "b")]) == 0
+    assert "would not start" not in capsys.readouterr().err
+
+
 # ---- Transformers ----------------------------------------------------------------------------------
 def _hf_with_five_big_prompts(margin: float) -> tuple[ComposedScheduler, Request]:
     sched = build({"preset": "hf-transformers", "safety_margin": margin}, num_blocks=100, block_size=16)

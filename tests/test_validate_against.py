@@ -365,6 +365,22 @@ def test_a_run_that_records_what_vllm_resolved_is_simulated_with_it(tmp_path):
     assert sc.scheduler.async_scheduling is False
 
 
+def test_a_run_whose_context_outgrows_its_cache_notes_that_vllm_started_anyway(tmp_path):
+    """vLLM starts only when one request of max_model_len fits; a run that did, simulated with fewer
+    blocks than that, is said to have a suspect block count (or an engine that lowered the limit)."""
+    meta = {"kv_cache": {"num_gpu_blocks": 900, "block_size": 16, "enable_prefix_caching": True}}
+    folder = write_run(tmp_path / "run", isolated_requests(), meta_extra=meta)
+    code, out, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots",
+                             "--quiet", *CONSTANT)
+    assert code == 0, err
+    notes = [line for line in (out + err).splitlines() if "yet vLLM started" in line]
+    assert len(notes) == 1 and "131072" in notes[0] and "14400 tokens" in notes[0], out + err
+    code, out, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "p"), "--no-plots",
+                             "--quiet", *CONSTANT, "--set", "scheduler.max_model_len=8192")
+    assert code == 0, err
+    assert "yet vLLM started" not in out + err
+
+
 def test_an_empty_kv_cache_snapshot_falls_back_to_the_resolved_cache_config(tmp_path):
     """The harness writes kv_cache as {} when its snapshot failed; resolved_config.cache_config holds the same."""
     meta = {"kv_cache": {}, "resolved_config": {"cache_config": {

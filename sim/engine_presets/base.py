@@ -86,6 +86,12 @@ class EnginePreset(ConfigModel):
         return data
 
     # ---- resolution and construction --------------------------------------------------------
+    def start_refusal(self, num_blocks: int, block_size: int) -> str | None:
+        """Why the engine would refuse to start with this KV cache (None: it starts). vLLM checks at
+        start-up that one request of ``max_model_len`` tokens fits the cache and stops otherwise;
+        the engines without that check (or that cap a request instead) start."""
+        return None
+
     def resolved(self, hardware: HardwareConfig, model: str) -> EnginePreset:
         """A copy with every knob left unset filled in as the engine would on ``hardware`` for ``model``."""
         return self
@@ -93,3 +99,18 @@ class EnginePreset(ConfigModel):
     def translate(self, hardware: HardwareConfig, model: str) -> PolicyConfig:  # pragma: no cover - abstract
         """The policy config this (resolved) preset schedules with: the translation of its knobs."""
         raise NotImplementedError
+
+
+def vllm_max_len_refusal(max_model_len: int | None, num_blocks: int, block_size: int) -> str | None:
+    """vLLM's start-up check: one request of ``max_model_len`` tokens must fit the KV cache (V1
+    ``check_enough_kv_cache_memory``, V0 ``raise_if_cache_size_invalid``); the message names the
+    knob to lower. None when it fits or no ``max_model_len`` is set."""
+    if max_model_len is None:
+        return None
+    need = -(-max_model_len // block_size)
+    if need <= num_blocks:
+        return None
+    return (f"vLLM would not start this server: one request of max_model_len {max_model_len} tokens needs {need} KV "
+            f"blocks of {block_size}, the cache holds {num_blocks} ({num_blocks * block_size} tokens); set "
+            f"scheduler.max_model_len to at most {num_blocks * block_size} (vLLM's advice too) or give the cache more "
+            "memory")

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from ..presets import GiB, HardwareConfig, get_model
 from ..schedulers import ChunkedConfig
-from .base import EnginePreset
+from .base import EnginePreset, vllm_max_len_refusal
 
 
 def vllm_batch_defaults(hardware: HardwareConfig) -> tuple[int, int]:
@@ -61,6 +61,10 @@ class VllmV1Preset(EnginePreset):
     # vLLM turns it on when left unset since PR #27614 ("Enable async scheduling by default", late
     # 2025; on in 0.19); off here so scenarios of earlier releases keep their meaning.
     async_scheduling: bool = False
+
+    def start_refusal(self, num_blocks: int, block_size: int) -> str | None:
+        # vLLM V1: `KVCacheManager` start-up, `check_enough_kv_cache_memory` in vllm/v1/core/kv_cache_utils.py
+        return vllm_max_len_refusal(self.max_model_len, num_blocks, block_size)
 
     def resolved(self, hardware: HardwareConfig, model: str) -> VllmV1Preset:
         tokens, seqs = vllm_batch_defaults(hardware)
