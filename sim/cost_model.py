@@ -75,6 +75,7 @@ load: their missing coefficients are zero.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import importlib.util
 import json
 import math
@@ -740,17 +741,34 @@ def read_profile_json(path: Path) -> Any:
 
 def load_profile(path: str | Path, swap_bandwidth: float | None = None) -> LayerCostModel | FittedCostModel:
     """The cost model a profile file describes: ``LayerCostModel`` for ``servesim-gpu-profile/1``,
-    ``FittedCostModel`` for ``servesim-profile/*`` (the JSON is read once)."""
+    ``FittedCostModel`` for ``servesim-profile/*`` (the JSON is read once).
+
+    A GPU profile's model is kept per process while its file is unchanged (path and bytes):
+    one read ``roofline`` prices the roofline at every node of its table when built (~0.2 s), and a
+    scenario's check, its simulation and every point of a plan or sweep load the same file.
+    ``LayerCostModel`` is read-only once built (``describe`` hands out copies)."""
     path = Path(path)
     data = read_profile_json(path)
     try:
         if isinstance(data, Mapping) and data.get("format") == GPU_PROFILE_FORMAT:
-            return LayerCostModel(data, swap_bandwidth=swap_bandwidth, attention_shape=roofline_attention_shape(data))
+            # (the bytes, not the mtime: a file rewritten within the clock's tick keeps its mtime)
+            key = (str(path.resolve()), hashlib.sha1(path.read_bytes()).hexdigest(), swap_bandwidth)
+            model = _GPU_PROFILES.get(key)
+            if model is None:
+                model = LayerCostModel(data, swap_bandwidth=swap_bandwidth,
+                                       attention_shape=roofline_attention_shape(data))
+                if len(_GPU_PROFILES) >= 16:
+                    _GPU_PROFILES.pop(next(iter(_GPU_PROFILES)))
+                _GPU_PROFILES[key] = model
+            return model
         return FittedCostModel.from_profile_dict(data, swap_bandwidth=swap_bandwidth)
     except ProfileError as exc:
         raise ProfileError(f"{path}: {exc}") from None
     except (KeyError, TypeError, AttributeError) as exc:
         raise ProfileError(f"{path}: malformed profile ({type(exc).__name__}: {exc})") from None
+
+
+_GPU_PROFILES: dict[tuple[str, str, float | None], LayerCostModel] = {}
 
 
 def roofline_attention_shape(profile: Mapping[str, Any]) -> Any:

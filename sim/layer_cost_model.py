@@ -49,6 +49,7 @@ once per simulated step.
 from __future__ import annotations
 
 import bisect
+import copy
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
@@ -428,7 +429,8 @@ class LayerCostModel:
         return {"type": "profile", "format": GPU_PROFILE_FORMAT, "model": self.model, "hardware": self.hardware,
                 "tensor_parallel": self.tp, "num_layers": self.num_layers,
                 "overhead": {"step_s": self._step_s, "per_seq_s": self._per_seq_s},
-                "provenance": self.provenance, "held_out_error": self.held_out_error}
+                # copies: a loaded profile is shared by every simulation of the process (load_profile)
+                "provenance": copy.deepcopy(self.provenance), "held_out_error": copy.deepcopy(self.held_out_error)}
 
 
 def allreduce_seconds(spec: Mapping[str, Any], tokens: np.ndarray) -> np.ndarray:

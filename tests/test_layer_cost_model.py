@@ -478,3 +478,17 @@ def test_inference_sim_heads_must_match_the_model(tmp_path):
     with pytest.raises(ProfileError, match="measures 32 query / 32 KV heads .* llama-3-8b has 32 / 8"):
         run_import(ImportOptions("vidur", [str(mlp)], "llama-3-8b", "h100-sxm", 1, out=str(tmp_path / "b.json"),
                                  extra=[f"inference-sim:{dec}"]))
+
+
+def test_a_loaded_profile_is_reused_until_its_bytes_change(tmp_path):
+    data = json.loads((PROFILES / "rtx-pro-6000-llama-3.1-8b-tp1.json").read_text())
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    first = load_profile(path)
+    assert load_profile(path) is first  # a plan's points and a scenario's check share the built model
+    first.describe()["provenance"]["sources"].clear()  # what describe hands out is a copy
+    assert load_profile(path).describe()["provenance"]["sources"]
+    data["overhead"]["step_s"] = 0.5  # same file, new bytes (perhaps within the same mtime tick)
+    path.write_text(json.dumps(data))
+    again = load_profile(path)
+    assert again is not first and again.loop_overhead(1) == pytest.approx(0.5)
