@@ -332,7 +332,8 @@ def _roofline_attention(model: ModelConfig, hw: Any, tp: int, pcs: np.ndarray, k
 
 def _decode_holdout(d: pd.DataFrame) -> dict[str, Any]:
     """Held-out error of the decode grid: a seeded 20 % of its interior points predicted from the
-    rest (power law between the nearest measured neighbours along KV length), and of an NNLS fit."""
+    rest (linear between the nearest measured neighbours along KV length, as the grid is read), and of
+    an NNLS fit."""
     arr = d.to_numpy()
     xs = np.asarray(d.columns, dtype=float)
     pts = [(i, j) for i in range(arr.shape[0]) for j in range(1, arr.shape[1] - 1) if np.isfinite(arr[i, j])]

@@ -109,8 +109,10 @@ def assemble_llmservingsim(folder: str | Path, model: ModelConfig, hardware: str
         + " + attention) + embedding + final_layernorm + lm_head(rows) + sampler(rows)"
         + (" + all-reduces." if tp > 1 else "."),
         f"Attention: every measured value of each axis of the 4-D sweep is a node ({grid.measured} measured "
-        f"points, {grid.filled} filled: moot axes copied, the doubling and 1.5x sub-grids joined by power "
-        "laws along the context axes, KV-budget corners extended linearly).",
+        f"points, {grid.filled} filled: moot axes copied, the doubling and 1.5x sub-grids joined along the "
+        "context axes in the reading held_out_error.attention_interpolation chose (log: power laws; linear; "
+        "roofline: linear in the ratio to the roofline's attention term where a chunk is present), KV-budget "
+        "corners extended linearly).",
     ]
     asm = gp.Assembly(model=model, hardware=hardware, tp=tp, dense_tokens=[int(x) for x in dense.index],
                       dense_ops=dense_ops, seq_sequences=[int(x) for x in seq.index],

@@ -194,8 +194,8 @@ def fill_gaps(arr: np.ndarray, axes: list[np.ndarray], interpolation: str = "lin
 
     Shapes that cannot occur are copies (no chunk: cached prefill context is moot; no decodes:
     decode context is moot; a decode with no context: the first context). Every other gap is
-    filled between its two nearest measured neighbours along an axis (a power law in the axis;
-    axes tried in ``FILL_ORDER``), repeated
+    filled between its two nearest measured neighbours along an axis (linear in the axis, or a
+    power law for ``interpolation`` "log"; axes tried in ``FILL_ORDER``), repeated
     until nothing more fills that way; only then are points beyond a line's last measured one
     extended linearly along its last step (the KV-budget corners the profiler could not fit on
     the GPU), and the rest copied from the nearest measured point of their line.
@@ -231,7 +231,7 @@ def _fill_line(y: np.ndarray, xs: np.ndarray, mode: str, interpolation: str = "l
     lx = np.log(np.maximum(xs, 1.0))
     for i in np.flatnonzero(~np.isfinite(y)):
         lo, hi = ok[ok < i], ok[ok > i]
-        if len(lo) and len(hi):  # between measured points: power law in the axis
+        if len(lo) and len(hi):  # between measured points: linear (or a power law) in the axis
             j, k = lo[-1], hi[0]
             if interpolation == "linear":
                 y[i] = y[j] + (y[k] - y[j]) * (xs[i] - xs[j]) / (xs[k] - xs[j])
