@@ -279,9 +279,18 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     if not root.is_dir():
         raise RunFileError(f"{root}: not a run folder (expected requests.jsonl and meta.json inside)")
     meta_path = root / "meta.json"
+    if not meta_path.exists() and (root / "engine_start.json").exists():
+        # LLMServingSim's runner writes engine_start.json at boot and meta.json + requests.jsonl at the end
+        raise RunFileError(f"{root}: engine_start.json but no meta.json: the run stopped before it wrote its "
+                           "requests (the harness writes them when the replay ends); nothing to compare")
     meta = _read_json(meta_path)
     if not isinstance(meta, dict):
         raise RunFileError(f"{meta_path}: expected a JSON object")
+    if meta.get("resolve_only") is True:
+        blocks = (meta.get("kv_cache") or {}).get("num_gpu_blocks") if isinstance(meta.get("kv_cache"), dict) else None
+        raise RunFileError(f"{meta_path}: a resolve-only boot (resolve_only true) replays no requests; what it measured "
+                           f"is the KV cache (num_gpu_blocks {blocks}): give a run of that engine its block count with "
+                           "--set kv_cache.num_blocks=N")
     kwargs = meta.get("engine_kwargs")
     if not isinstance(kwargs, dict):
         raise RunFileError(f"{meta_path}: missing field 'engine_kwargs' (the engine's arguments)")

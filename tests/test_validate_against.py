@@ -381,6 +381,21 @@ def test_a_run_whose_context_outgrows_its_cache_notes_that_vllm_started_anyway(t
     assert "yet vLLM started" not in out + err
 
 
+def test_a_boot_snapshot_or_an_interrupted_run_is_a_one_line_error_saying_so(tmp_path):
+    """LLMServingSim's runner: --resolve-only writes meta.json (resolve_only, the KV cache) and no
+    requests; an interrupted replay leaves engine_start.json and no meta.json."""
+    boot = write_run(tmp_path / "boot", [], meta_extra={"resolve_only": True, "num_requests": 0,
+                                                        "kv_cache": {"num_gpu_blocks": 2983, "block_size": 16}})
+    (boot / "requests.jsonl").unlink()
+    code, _, err = run_cli("validate", "--against", str(boot), "--out", str(tmp_path / "o"))
+    assert code == 2 and err.count("\n") == 1 and "resolve-only" in err and "2983" in err
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / "engine_start.json").write_text(json.dumps({"status": "engine_initialized", "kv_cache": {}}))
+    code, _, err = run_cli("validate", "--against", str(cut), "--out", str(tmp_path / "p"))
+    assert code == 2 and err.count("\n") == 1 and "stopped before it wrote its requests" in err
+
+
 def test_an_empty_kv_cache_snapshot_falls_back_to_the_resolved_cache_config(tmp_path):
     """The harness writes kv_cache as {} when its snapshot failed; resolved_config.cache_config holds the same."""
     meta = {"kv_cache": {}, "resolved_config": {"cache_config": {
