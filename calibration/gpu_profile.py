@@ -39,6 +39,7 @@ from servesim.sim.layer_cost_model import (
     AttentionShape,
     Curve,
     LayerCostModel,
+    shape_terms,
 )
 from servesim.sim.presets import ModelConfig
 
@@ -171,22 +172,13 @@ def attention_grid(att: pd.DataFrame, axes: dict[str, list[int]] | None = None,
     if interpolation == "roofline":
         if shape is None:
             raise SourceError("attention table: the 'roofline' reading needs the roofline's attention term")
-        term = roofline_terms(axes, shape)
+        term = shape_terms([axes[a] for a in ATTENTION_AXES], shape)
         arr[1:] /= term  # a chunk's times as ratios; the slices are filled independently (fill_gaps)
     arr = fill_gaps(arr, [np.asarray(axes[a], dtype=float) for a in ATTENTION_AXES],
                     "log" if interpolation == "log" else "linear")
     if term is not None:
         arr[1:] *= term
     return Grid(axes, arr, measured, int(arr.size - measured), interpolation, shape)
-
-
-def roofline_terms(axes: dict[str, list[int]], shape: AttentionShape) -> np.ndarray:
-    """The roofline's one-layer attention term at every grid node with a chunk (prefill_chunk > 0)."""
-    pc, kp, n, kv = (axes[a] for a in ATTENTION_AXES)
-    out = np.empty((len(pc) - 1, len(kp), len(n), len(kv)))
-    for i, j, k, m in np.ndindex(*out.shape):
-        out[i, j, k, m] = shape(pc[i + 1], kp[j], n[k], kv[m])
-    return out
 
 
 def fill_gaps(arr: np.ndarray, axes: list[np.ndarray], interpolation: str = "linear") -> np.ndarray:

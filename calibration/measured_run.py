@@ -287,7 +287,7 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     if not isinstance(meta, dict):
         raise RunFileError(f"{meta_path}: expected a JSON object")
     if meta.get("resolve_only") is True:
-        blocks = (meta.get("kv_cache") or {}).get("num_gpu_blocks") if isinstance(meta.get("kv_cache"), dict) else None
+        blocks = _object(meta, "kv_cache", str(meta_path)).get("num_gpu_blocks")
         raise RunFileError(f"{meta_path}: a resolve-only boot (resolve_only true) replays no requests; what it measured "
                            f"is the KV cache (num_gpu_blocks {blocks}): give a run of that engine its block count with "
                            "--set kv_cache.num_blocks=N")

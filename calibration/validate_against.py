@@ -52,7 +52,6 @@ from servesim.calibration.validate import (
     servesim_commit,
 )
 from servesim.sim.cost_model import ProfileError, resolve_profile_path
-from servesim.sim.engine_presets.base import vllm_max_len_refusal
 from servesim.sim.engine_presets.vllm_v1 import vllm_batch_defaults
 from servesim.sim.errors import PresetError, ScenarioError
 from servesim.sim.metrics import summarize, to_json
@@ -226,9 +225,8 @@ def scenario_dict(run: MeasuredRun, base: dict[str, Any] | None = None, profile:
         notes.append(f"KV blocks not in the run: {kv['num_blocks']} derived as vLLM sizes them (CUDA's memory "
                      f"total{' ' + total if total else ''} x {util} - weights / TP - non-torch memory - the activation "
                      f"peak of its profile run, a {budget}-token step over {seats} requests)")
-    refusal = vllm_max_len_refusal(getattr(sc.scheduler, "max_model_len", None), int(kv["num_blocks"]),
-                                   sc.kv_cache.block_size)
-    if refusal:  # the run started, so vLLM found room for one request of max_model_len
+    if sc.start_refusal(int(kv["num_blocks"]), sc.kv_cache.block_size):
+        # the run started, so vLLM found room for one request of max_model_len
         recorded = "the run's" if raw["scheduler"].get("max_model_len") else "the model's context (the run records none):"
         notes.append(f"max_model_len is {recorded} {sc.scheduler.max_model_len} tokens, more than the "
                      f"{kv['num_blocks']} KV blocks simulated hold ({int(kv['num_blocks']) * sc.kv_cache.block_size} "

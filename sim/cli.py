@@ -51,19 +51,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(format_summary_table(result.summary))
     print(f"simulated in {result.wall_s:.2f} s wall; results in {out}/")
     _warn_rejected(result.requests_df)
-    _warn_engine_start(sc, result.kv.num_blocks, result.kv.block_size)
+    # the engine the preset models would refuse this server at start-up (vLLM: max_model_len over the
+    # KV cache): the simulation still ran, as a what-if; say so on one line
+    if why := sc.start_refusal(result.kv.num_blocks, result.kv.block_size):
+        print(f"warning: {why}", file=sys.stderr)
     return 0
-
-
-def _warn_engine_start(sc, num_blocks: int, block_size: int) -> None:  # noqa: ANN001 - a Scenario
-    """The engine the preset models would refuse this server at start-up (vLLM: max_model_len over the
-    KV cache): the simulation still ran, as a what-if; say so on one line."""
-    from .engine_presets import EnginePreset
-
-    if isinstance(sc.scheduler, EnginePreset):
-        why = sc.scheduler.start_refusal(num_blocks, block_size)
-        if why:
-            print(f"warning: {why}", file=sys.stderr)
 
 
 def _warn_rejected(requests_df) -> None:  # noqa: ANN001 - the run's requests frame

@@ -197,14 +197,7 @@ class AttentionGrid:
         blend = arr if self._linear else np.log(arr)
         if self._shape is not None:
             blend = arr.copy()
-            f = self._shape
-            for i, j, k, m in np.ndindex(*shape):
-                if i:  # a node with a chunk
-                    term = f(pc[i], kp[j], n[k], kv[m])
-                    if not (math.isfinite(term) and term > 0):
-                        raise ProfileError(f"the roofline's attention term is {term!r} at chunk {pc[i]:g}, "
-                                           f"context {kp[j]:g}, {n[k]:g} decode rows of {kv[m]:g}")
-                    blend[i, j, k, m] /= term
+            blend[1:] /= shape_terms(self.axes, self._shape)
         self._log = blend.ravel().tolist()
         self._strides = (shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1)
         self._logx = [[math.log(v) if v > 0 else 0.0 for v in a] for a in self.axes]
@@ -282,6 +275,20 @@ class AttentionGrid:
             per_pair = max(t - self._inside(p0, ckp, cn, ckv), 0.0) / (_pairs(pmax, ckp) - _pairs(p0, ckp))
             t += per_pair * (_pairs(pc, kp) - _pairs(pmax, kp))
         return t
+
+
+def shape_terms(axes: Sequence[Sequence[float]], shape: AttentionShape) -> np.ndarray:
+    """``shape`` (the roofline's one-layer attention term) at every node of a grid on ``axes`` (in
+    ``ATTENTION_AXES`` order) that has a chunk (prefill_chunk > 0): the divisor of the ``roofline``
+    reading. ``ProfileError`` when a term is not a positive finite number."""
+    pc, kp, n, kv = axes
+    out = np.empty((len(pc) - 1, len(kp), len(n), len(kv)))
+    for i, j, k, m in np.ndindex(*out.shape):
+        term = out[i, j, k, m] = shape(pc[i + 1], kp[j], n[k], kv[m])
+        if not (math.isfinite(term) and term > 0):
+            raise ProfileError(f"the roofline's attention term is {term!r} at chunk {pc[i + 1]:g}, context "
+                               f"{kp[j]:g}, {n[k]:g} decode rows of {kv[m]:g}")
+    return out
 
 
 def _pairs(q: float, ctx: float) -> float:

@@ -222,6 +222,13 @@ class Scenario(ConfigModel):
             return replace(hw, flash_attention=None)
         return hw
 
+    def start_refusal(self, num_blocks: int, block_size: int) -> str | None:
+        """Why the engine the scheduler preset models would refuse to start with this KV cache
+        (``EnginePreset.start_refusal``: vLLM's max_model_len check); None for a plain policy."""
+        if isinstance(self.scheduler, EnginePreset):
+            return self.scheduler.start_refusal(num_blocks, block_size)
+        return None
+
     def derived_kv_blocks(self) -> int:
         """KV blocks per replica from memory when ``kv_cache.num_blocks`` is not given (``num_kv_blocks``).
 

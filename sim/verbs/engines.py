@@ -25,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..engine_presets import PRESETS, EnginePreset
+from ..engine_presets import PRESETS
 from ..hints import did_you_mean
 from ..outputs import Interrupted, begin_folder, write_csv, write_parquet
 from ..scenario import Scenario, ScenarioError, read_scenario_file, scenario_from_dict
@@ -149,9 +149,8 @@ def compare_engines(
                               f"{out}/; engines.csv not written") from None
         rows.append(summary_row(choice, result))
         frames[choice.label] = result.requests_df
-        refusal = sc.scheduler.start_refusal(result.kv.num_blocks, result.kv.block_size) \
-            if isinstance(sc.scheduler, EnginePreset) else None
-        if refusal:  # compared all the same, as a what-if; said once per preset
+        if refusal := sc.start_refusal(result.kv.num_blocks, result.kv.block_size):
+            # compared all the same, as a what-if; said once per preset
             print(f"warning: {choice.label}: {refusal}", file=sys.stderr)
         if progress is not False:
             print(f"  {choice.label}: {result.summary['completed']} requests in {result.wall_s:.1f} s", flush=True)
