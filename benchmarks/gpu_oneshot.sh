@@ -1,24 +1,37 @@
 #!/usr/bin/env bash
 # One prepared GPU session (H200 or another CUDA GPU), run from the repository root:
-#   1. Triton kernels against the PyTorch reference at llama-3.1-8b shapes (benchmarks/gpu_kernels.py);
-#   2. the calibration sweep of llama-3.1-8b (bf16, Triton kernels) into a profile + raw CSV + plot;
-#   3. the roofline's prediction for the same shapes beside the measurements (what calibration buys).
-# Everything it writes goes under $OUT (default results/gpu), with the log and nvidia-smi's view.
+#   1. Triton kernels against the PyTorch reference at llama-3.1-8b shapes, and decode-attention
+#      bandwidth (benchmarks/gpu_kernels.py);
+#   2. the calibration sweep of llama-3.1-8b (bf16, Triton kernels) into a profile + raw CSVs + plot;
+#   3. the roofline's prediction for the same shapes beside the measurements (what calibration buys);
+#   4. live vs simulation on the GPU: `servesim validate` of scenarios/gpu/h200-llama-3.1-8b-live.yaml
+#      with the profile just fitted, and the dynamics check (--replay-steps).
+# Everything goes under $OUT (default results/gpu-run), with the log and nvidia-smi's view. Each stage
+# runs in its own time box and a failed or cut stage does not stop the next: a GPU lease is counted
+# in minutes, and what was measured must come back. The calibration writes its raw CSVs after every
+# round and stops its rounds at CAL_BUDGET seconds (calibrate --time-budget).
 #
-# On the device tool's machine python3 has torch and triton but not simpy or pydantic: carry them as
-# wheels (see the device tool's README), e.g. on the CPU machine
+# SNAPSHOT=FILE.tgz also packs $OUT into FILE.tgz after every stage and every 30 s (a remote machine
+# that returns only a few files; an archive from the last snapshot survives a kill).
+#
+# On the device tool's machine python3 has torch, triton, numpy, pandas, scipy, matplotlib, pyyaml,
+# tqdm and pyarrow but not simpy or pydantic: carry them as wheels in .whl/ (see the device tool's
+# README), e.g. on the CPU machine
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_17_x86_64 -d .whl simpy pydantic pydantic-core annotated-types typing-inspection
-# and start the command with:
-#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD/.gpu-src
-# Budget (estimated, not yet measured): ~2 min kernels, ~6 min calibration (542 shapes, ROUNDS=5) on an H200.
+#     --platform manylinux_2_17_x86_64 -d .whl simpy pydantic pydantic-core annotated-types \
+#     typing-inspection typing-extensions
+# and this script installs them into /tmp/site when the import fails.
+# Budget: STAGE timeouts below sum to ~9 min; measured on an H200 in the README ("H200").
 #
+# A working tree copied without its .git names its commit in SERVESIM_COMMIT (provenance).
 # Every setting has an environment override; a CPU smoke run of the plumbing (no GPU needed):
 #   OUT=/tmp/gpu_smoke DEVICE=cpu BACKEND=torch MODEL=tiny DTYPE=float32 HARDWARE=cpu-2core \
 #     GRID="--quick --max-num-seqs 4 --max-tokens 32 --max-context 32" ROUNDS=1 KERNELS="--cpu-smoke" \
+#     LIVE_SET="--set model=tiny --set hardware=cpu-2core --set live.device=cpu --set live.backend=torch \
+#     --set live.dtype=float32 --set live.kv_cache_memory_mb=16 --set workload.num_requests=20" \
 #     TRITON_INTERPRET=1 bash benchmarks/gpu_oneshot.sh
-set -euo pipefail
-OUT=${OUT:-results/gpu}
+set -uo pipefail
+OUT=${OUT:-results/gpu-run}
 DEVICE=${DEVICE:-cuda}
 BACKEND=${BACKEND:-triton}
 MODEL=${MODEL:-llama-3.1-8b}
@@ -26,23 +39,63 @@ DTYPE=${DTYPE:-bfloat16}
 HARDWARE=${HARDWARE:-h200}
 GRID=${GRID:---max-num-seqs 256 --max-tokens 8192 --max-context 2048}
 KERNELS=${KERNELS:-}
+ROUNDS=${ROUNDS:-5}
+CAL_BUDGET=${CAL_BUDGET:-240}      # seconds of timing rounds (after the first round)
+KERNELS_TIMEOUT=${KERNELS_TIMEOUT:-120}
+CAL_TIMEOUT=${CAL_TIMEOUT:-360}    # the whole calibrate: model build, rounds, engine loop, fit
+LIVE=${LIVE:-scenarios/gpu/h200-llama-3.1-8b-live.yaml}
+LIVE_SET=${LIVE_SET:-}
+LIVE_TIMEOUT=${LIVE_TIMEOUT:-120}
 PROFILE="$OUT/${HARDWARE}-${MODEL}-${BACKEND}.json"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+if ! python3 -c "import simpy, pydantic" 2>/dev/null && [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 # servesim's package dirs (sim/, kernels/, calibration/) as the servesim namespace without pip install -e
 if ! python3 -c "import servesim.sim" 2>/dev/null; then
   mkdir -p .gpu-src/servesim
   for d in sim kernels calibration; do ln -sfn "$PWD/$d" ".gpu-src/servesim/$d"; done
-  export PYTHONPATH="${PYTHONPATH:-}:$PWD/.gpu-src"
+  export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD/.gpu-src"
 fi
+snapshot() {
+  [ -n "${SNAPSHOT:-}" ] || return 0
+  tar czf "$SNAPSHOT.part" -C "$(dirname "$OUT")" "$(basename "$OUT")" 2>/dev/null && mv -f "$SNAPSHOT.part" "$SNAPSHOT"
+}
+stage() {  # stage NAME SECONDS CMD...: run CMD under a time limit, say how it ended, snapshot
+  local name=$1 limit=$2 t0=$SECONDS rc
+  shift 2
+  echo "=== $name (limit ${limit} s) ==="
+  timeout --signal=TERM --kill-after=15 "$limit" "$@"
+  rc=$?
+  echo "=== $name: rc $rc after $((SECONDS - t0)) s$([ $rc -eq 124 ] && echo ', cut at its time limit') ==="
+  snapshot
+  return 0
+}
+if [ -n "${SNAPSHOT:-}" ]; then (while sleep 30; do snapshot; done) & SNAP_PID=$!; fi
 {
+  echo "servesim $(git rev-parse HEAD 2>/dev/null || echo "${SERVESIM_COMMIT:-?}") on $(hostname), $(date -u +%FT%TZ)"
   nvidia-smi || true
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__,
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
-  python3 benchmarks/gpu_kernels.py $KERNELS --out "$OUT"
-  # shellcheck disable=SC2086  # GRID is a list of flags
-  python3 -m servesim.sim.cli calibrate --model "$MODEL" --backend "$BACKEND" --device "$DEVICE" --dtype "$DTYPE" \
-    $GRID --rounds "${ROUNDS:-5}" --quiet --out "$PROFILE"
-  python3 benchmarks/roofline_vs_profile.py --profile "$PROFILE" --model "$MODEL" --hardware "$HARDWARE" \
-    | tee "$OUT/roofline_vs_profile.txt"
+  # shellcheck disable=SC2086  # KERNELS, GRID and LIVE_SET are lists of flags
+  stage kernels "$KERNELS_TIMEOUT" python3 benchmarks/gpu_kernels.py $KERNELS --out "$OUT"
+  # shellcheck disable=SC2086
+  stage calibrate "$CAL_TIMEOUT" python3 -m servesim.sim.cli calibrate --model "$MODEL" --backend "$BACKEND" \
+    --device "$DEVICE" --dtype "$DTYPE" $GRID --rounds "$ROUNDS" --time-budget "$CAL_BUDGET" --quiet --out "$PROFILE"
+  if [ -f "$PROFILE" ]; then
+    stage roofline 120 sh -c "python3 benchmarks/roofline_vs_profile.py --profile '$PROFILE' --model '$MODEL' \
+      --hardware '$HARDWARE' > '$OUT/roofline_vs_profile.txt'; cat '$OUT/roofline_vs_profile.txt'"
+    # shellcheck disable=SC2086
+    [ -n "$LIVE" ] && stage live-validate "$LIVE_TIMEOUT" python3 -m servesim.sim.cli validate "$LIVE" $LIVE_SET \
+      --set "cost_model.path=$(realpath "$PROFILE")" --profile "$PROFILE" --replay-steps --quiet \
+      --out "$OUT/live-validate"
+  else
+    echo "no profile at $PROFILE: roofline and live-validate stages skipped"
+  fi
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv || true
 } 2>&1 | tee "$OUT/log.txt"
+[ -n "${SNAP_PID:-}" ] && kill "$SNAP_PID" 2>/dev/null
+snapshot
+[ -f "$PROFILE" ]

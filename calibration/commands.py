@@ -55,6 +55,9 @@ class CalibrateOptions:
     engine_scheduler: str = "chunked"
     engine_requests: int | None = None
     progress: bool | None = None
+    # Seconds the timing rounds may take; after the first round no round starts that would end past
+    # it (a GPU lease is counted in minutes). None: all ``rounds``.
+    time_budget_s: float | None = None
 
 
 def default_profile_path(opts: CalibrateOptions) -> Path:
@@ -93,6 +96,11 @@ def _check(opts: CalibrateOptions) -> None:
         raise ScenarioError(f"--holdout must be in [0, 0.9), got {opts.holdout}")
     if opts.rounds is not None and opts.rounds < 1:
         raise ScenarioError(f"--rounds must be >= 1, got {opts.rounds}")
+    if opts.out and Path(opts.out).is_dir():
+        raise ScenarioError(f"--out {opts.out}: is a folder; name the profile's JSON file (the raw CSVs and the plot "
+                            "are written beside it)")
+    if opts.time_budget_s is not None and not opts.time_budget_s > 0:
+        raise ScenarioError(f"--time-budget must be > 0 seconds, got {opts.time_budget_s}")
 
 
 def calibrate(opts: CalibrateOptions) -> dict[str, Any]:
@@ -116,7 +124,7 @@ def calibrate(opts: CalibrateOptions) -> dict[str, Any]:
         torch.set_num_threads(opts.threads)
     if opts.device == "cpu":
         keep_heap()
-    rounds = opts.rounds or (QUICK_ROUNDS if opts.quick else DEFAULT_ROUNDS)
+    rounds = planned_rounds = opts.rounds or (QUICK_ROUNDS if opts.quick else DEFAULT_ROUNDS)
     spec = GridSpec(opts.max_num_seqs, opts.max_tokens, opts.max_context, opts.quick, opts.seed)
     shapes = build_grid(spec)
     t0 = time.perf_counter()
@@ -133,13 +141,26 @@ def calibrate(opts: CalibrateOptions) -> dict[str, Any]:
     # Rounds interleave the GEMM tables with the shapes, so both see the same minutes of the machine.
     points = gemm_points(opts.max_tokens)
     per_round = sum(DECODE_REPEAT if s.regime == "decode" else 1 for s in shapes)
+    path = Path(opts.out) if opts.out else default_profile_path(opts)
+    path.parent.mkdir(parents=True, exist_ok=True)
     rows, gemm_rows = [], []
+    t_rounds = time.perf_counter()
     with tqdm(total=rounds * per_round, unit="step", desc="calibrate: timing shapes", mininterval=0.5,
               disable=opts.progress is False) as bar:
         for rnd in range(rounds):
             gemm_rows += measure_gemm_round(bench, points, seed=opts.seed + rnd)
             rows += measure_shapes(bench, shapes, 1, seed=opts.seed, rnd0=rnd, repeat={"decode": DECODE_REPEAT},
                                    bar=bar)
+            # The raw timings so far, rewritten after every round: a sweep cut short (a lease
+            # ending, a crash) still leaves every finished round on disk.
+            _write_raw(path, rows, gemm_rows)
+            elapsed = time.perf_counter() - t_rounds
+            if (opts.time_budget_s is not None and rnd + 1 < rounds
+                    and elapsed * (rnd + 2) / (rnd + 1) > opts.time_budget_s):
+                print(f"calibrate: --time-budget {opts.time_budget_s:g} s: stopping after {rnd + 1} of {rounds} "
+                      f"rounds ({elapsed:.0f} s; another round would end past the budget)")
+                rounds = rnd + 1
+                break
     gemm = gemm_tables(gemm_rows)
     sweep_s = time.perf_counter() - t0
     del bench
@@ -153,14 +174,14 @@ def calibrate(opts: CalibrateOptions) -> dict[str, Any]:
     result = fitting.fit(raw, holdout=opts.holdout, seed=opts.seed,
                          gemm=GemmTables(gemm["tokens"], gemm["linear_s"], gemm["lm_head_s"]))
 
-    path = Path(opts.out) if opts.out else default_profile_path(opts)
     info = device_info(opts.device)
     commit, dirty = servesim_commit()
     provenance = {
         **info, "backend": opts.backend, "model": opts.model, "dtype": opts.dtype, "block_size": opts.block_size,
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "servesim_commit": commit,
         "servesim_dirty": dirty,
-        "grid": {**spec.as_dict(), "rounds": rounds, "shapes": len(shapes), "timed_steps": len(raw),
+        "grid": {**spec.as_dict(), "rounds": rounds, "rounds_planned": planned_rounds,
+                 "time_budget_s": opts.time_budget_s, "shapes": len(shapes), "timed_steps": len(raw),
                  "per_regime": {r: int((result.predictions["regime"] == r).sum()) for r in REGIMES}},
         "statistic": "trimmed mean (10 %) of each shape's timed steps, each right after an untimed run of it",
         "decode_repeat": DECODE_REPEAT, "gemm_points": len(points),
@@ -175,13 +196,18 @@ def calibrate(opts: CalibrateOptions) -> dict[str, Any]:
                               overhead={"step_s": engine.step_s, "per_seq_s": engine.per_seq_s},
                               provenance=provenance, held_out_error=held, gemm_tables=gemm)
     save_profile(path, profile)
-    raw.to_csv(path.with_suffix(".csv"), index=False)
-    pd.DataFrame(gemm_rows).to_csv(path.with_name(path.stem + "-gemm.csv"), index=False)
+    _write_raw(path, rows, gemm_rows)
     fitting.plot_fit(result, path.with_suffix(".png"),
                      title=f"{opts.model} {opts.backend}/{opts.device} ({info['device_name'][:40]})")
     return {**profile, "paths": [str(path), str(path.with_suffix(".csv")), str(path.with_name(path.stem + "-gemm.csv")),
                                  str(path.with_suffix(".png"))],
             "train_error": result.train}
+
+
+def _write_raw(path: Path, rows: list[dict], gemm_rows: list[dict]) -> None:
+    """NAME.csv (every timed step) and NAME-gemm.csv (every GEMM timing) beside the profile."""
+    pd.DataFrame(rows).to_csv(path.with_suffix(".csv"), index=False)
+    pd.DataFrame(gemm_rows).to_csv(path.with_name(path.stem + "-gemm.csv"), index=False)
 
 
 def unusable_fit_warning(profile: dict[str, Any]) -> str | None:

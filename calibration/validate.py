@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime as dt
 import difflib
 import math
+import os
 import re
 import statistics
 import subprocess
@@ -328,8 +329,13 @@ def format_step_check(check: Mapping[str, Mapping[str, float]]) -> str:
 
 
 def servesim_commit() -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the servesim checkout this module runs from; (None, None) if not a checkout."""
+    """(commit, dirty) of the servesim checkout this module runs from; (None, None) if not a checkout.
+
+    A copy of a checkout without its ``.git`` (a working tree sent to a remote GPU machine) can name
+    its commit in ``SERVESIM_COMMIT``; it is used only when git cannot tell, with dirty unknown (None).
+    """
     here = Path(__file__).resolve()
+    fallback = os.environ.get("SERVESIM_COMMIT") or None
 
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(here.parent), *args], capture_output=True, text=True, timeout=10,
@@ -338,10 +344,10 @@ def servesim_commit() -> tuple[str | None, bool | None]:
     try:
         top = Path(git("rev-parse", "--show-toplevel")).resolve()
         if top / "calibration" / "validate.py" != here:  # an installed copy inside some other repository
-            return None, None
+            return fallback, None
         return git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.SubprocessError):
-        return None, None
+        return fallback, None
 
 
 @dataclass

@@ -176,10 +176,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     except ImportError as e:  # torch is an optional extra
         raise UserError(f"calibrate needs the kernels extra (pip install -e '.[kernels]'): {e}") from None
     opts = CalibrateOptions(
-        model=args.model, backend=args.backend, device=args.device, dtype=args.dtype, out=args.out,
+        model=args.model, backend=args.backend, device=args.device, dtype=args.dtype, out=args.profile_out,
         quick=args.quick, rounds=args.rounds, threads=args.threads, block_size=args.block_size,
         max_num_seqs=args.max_num_seqs, max_tokens=args.max_tokens, max_context=args.max_context,
-        holdout=args.holdout, seed=args.seed, progress=False if args.quiet else None)
+        holdout=args.holdout, seed=args.seed, progress=False if args.quiet else None,
+        time_budget_s=args.time_budget)
     print(f"servesim calibrate: {opts.model} ({opts.dtype}, {opts.backend} on {opts.device}), "
           f"{'quick' if opts.quick else 'default'} grid")
     profile = calibrate(opts)
@@ -198,10 +199,15 @@ def _add_calibrate(sub) -> None:  # noqa: ANN001 - argparse's private subparsers
     cal.add_argument("--backend", default="torch", choices=["torch", "triton"], help="attention kernels (torch)")
     cal.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="(cpu)")
     cal.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="(float32)")
-    cal.add_argument("--out", help="profile JSON path; the raw CSV and the fit plot go beside it "
+    # dest profile_out: a file, not a run folder (main's --out folder check does not apply)
+    cal.add_argument("--out", dest="profile_out", metavar="PATH",
+                     help="profile JSON path; the raw CSV and the fit plot go beside it "
                                    "(default calibration/profiles/DEVICE-MODEL.json)")
     cal.add_argument("--quick", action="store_true", help="a small grid and 3 rounds: a smoke test (2-3 minutes on 2 idle cores)")
     cal.add_argument("--rounds", type=int, default=None, help="timed runs per shape (3 quick, 25 default)")
+    cal.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                     help="stop the timing rounds early (after at least one) rather than run past SECONDS; "
+                          "the profile records the rounds run (default: all rounds)")
     cal.add_argument("--threads", type=int, default=2, help="torch CPU threads; match the scenario's live.threads (2)")
     cal.add_argument("--block-size", type=int, default=16, help="KV block size in tokens (16)")
     cal.add_argument("--max-num-seqs", type=int, default=32, help="largest batch in the grid (32)")

@@ -108,6 +108,8 @@ SMALL = ["--model", "tiny", "--rounds", "1", "--max-num-seqs", "4", "--max-token
 
 def test_calibrate_writes_a_profile_that_servesim_run_accepts(tmp_path, capsys):
     out = tmp_path / "prof" / "cpu-tiny.json"
+    out.parent.mkdir()
+    out.write_text("an earlier profile: calibrate overwrites it")
     assert main(["calibrate", *SMALL, "--out", str(out)]) == 0
     report = capsys.readouterr().out
     assert "held-out median APE" in report and "decode" in report and str(out) in report
@@ -141,6 +143,20 @@ workload: {{num_requests: 20, arrival: {{process: poisson, rate: 5}}, prompt_len
     assert main(["run", str(scenario), "--out", str(tmp_path / "run"), "--quiet", "--no-plots"]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["completed"] == 20 and summary["mean_tpot_ms"] > 0
+
+
+def test_calibrate_time_budget_stops_after_a_round_and_says_so(tmp_path, capsys):
+    out = tmp_path / "budget.json"
+    small = [a if a != "1" or SMALL[i - 1] != "--rounds" else "4" for i, a in enumerate(SMALL)]
+    assert main(["calibrate", *small, "--time-budget", "0.001", "--out", str(out)]) == 0
+    assert "stopping after 1 of 4 rounds" in capsys.readouterr().out
+    grid = json.loads(out.read_text())["provenance"]["grid"]
+    assert (grid["rounds"], grid["rounds_planned"], grid["time_budget_s"]) == (1, 4, 0.001)
+    assert set(pd.read_csv(out.with_suffix(".csv"))["round"]) == {0}
+    assert main(["calibrate", *SMALL, "--time-budget", "0", "--out", str(out)]) == 2
+    assert "--time-budget" in capsys.readouterr().err
+    assert main(["calibrate", *SMALL, "--out", str(tmp_path)]) == 2  # a folder, not the profile's file
+    assert "is a folder" in capsys.readouterr().err
 
 
 def test_calibrate_rejects_a_bad_model_in_one_line(capsys):
