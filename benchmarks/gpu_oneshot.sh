@@ -23,7 +23,7 @@
 # and this script installs them into /tmp/site when the import fails.
 # Budget: STAGE timeouts below sum to ~9 min; measured on an H200 in the README ("H200").
 #
-# A working tree copied without its .git names its commit in SERVESIM_COMMIT (provenance).
+# A working tree copied elsewhere (no .git, or a stale one) names its commit in SERVESIM_COMMIT.
 # Every setting has an environment override; a CPU smoke run of the plumbing (no GPU needed):
 #   OUT=/tmp/gpu_smoke DEVICE=cpu BACKEND=torch MODEL=tiny DTYPE=float32 HARDWARE=cpu-2core \
 #     GRID="--quick --max-num-seqs 4 --max-tokens 32 --max-context 32" ROUNDS=1 KERNELS="--cpu-smoke" \
@@ -75,7 +75,7 @@ stage() {  # stage NAME SECONDS CMD...: run CMD under a time limit, say how it e
 }
 if [ -n "${SNAPSHOT:-}" ]; then (while sleep 30; do snapshot; done) & SNAP_PID=$!; fi
 {
-  echo "servesim $(git rev-parse HEAD 2>/dev/null || echo "${SERVESIM_COMMIT:-?}") on $(hostname), $(date -u +%FT%TZ)"
+  echo "servesim ${SERVESIM_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo '?')} on $(hostname), $(date -u +%FT%TZ)"
   nvidia-smi || true
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__,
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"

@@ -331,11 +331,13 @@ def format_step_check(check: Mapping[str, Mapping[str, float]]) -> str:
 def servesim_commit() -> tuple[str | None, bool | None]:
     """(commit, dirty) of the servesim checkout this module runs from; (None, None) if not a checkout.
 
-    A copy of a checkout without its ``.git`` (a working tree sent to a remote GPU machine) can name
-    its commit in ``SERVESIM_COMMIT``; it is used only when git cannot tell, with dirty unknown (None).
+    A working tree copied elsewhere (to a remote GPU machine, with no ``.git`` or a stale one) names
+    its commit in ``SERVESIM_COMMIT``: when set it is taken as is, with dirty unknown (None).
     """
     here = Path(__file__).resolve()
     fallback = os.environ.get("SERVESIM_COMMIT") or None
+    if fallback:
+        return fallback, None
 
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(here.parent), *args], capture_output=True, text=True, timeout=10,
