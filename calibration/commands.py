@@ -186,6 +186,7 @@ def calibrate(opts: CalibrateOptions) -> dict[str, Any]:
         "statistic": "trimmed mean (10 %) of each shape's timed steps, each right after an untimed run of it",
         "decode_repeat": DECODE_REPEAT, "gemm_points": len(points),
         "holdout_fraction": opts.holdout, "holdout_seed": opts.seed, "sweep_seconds": round(sweep_s, 1),
+        "round_deviation": {r: round(v, 4) for r, v in fitting.round_deviation(raw).items()},
         "engine_loop": {"scheduler": scheduler, "samples": engine.samples,
                         "median_gap_s": engine.median_gap_s},
         "raw_csv": path.with_suffix(".csv").name, "gemm_csv": path.stem + "-gemm.csv",
@@ -231,6 +232,10 @@ def format_report(profile: dict[str, Any]) -> str:
             n = e["n"] + t.get("n", 0)
             lines.append(f"{r:<8} {n:>6} {100 * e['median_ape']:>19.2f}% {100 * e['p90_ape']:>7.2f}% "
                          f"{100 * e['max_ape']:>7.2f}% {100 * t.get('median_ape', float('nan')):>16.2f}%")
+    dev = prov.get("round_deviation") or {}
+    if dev:
+        lines.append("timing noise, one round of a shape against its mean over rounds (median): " + ", ".join(
+            f"{r} {100 * dev[r]:.1f} %" for r in (*REGIMES, "all") if r in dev))
     ov = profile["overhead"]
     lines.append(f"engine loop (schedule + update + metrics, outside the executor): {ov['step_s'] * 1e3:.3f} ms "
                  f"per step + {ov['per_seq_s'] * 1e6:.2f} us per sequence")

@@ -49,6 +49,23 @@ def shape_table(raw: pd.DataFrame, trim: float = TRIM) -> pd.DataFrame:
                          "runs": g["seconds"].size()}).reset_index()
 
 
+def round_deviation(raw: pd.DataFrame) -> dict[str, float]:
+    """Per regime, how far one round of a shape lies from that shape's mean over all rounds.
+
+    A round's value is the mean of the shape's timed steps in it; the figure is the median over
+    shapes and rounds of |round - mean| / mean. It is the timing noise a fit's held-out error is
+    read against (a fit cannot agree with the measurements better than the rounds agree with each
+    other). Empty with fewer than two rounds.
+    """
+    if raw["round"].nunique() < 2:
+        return {}
+    per_round = raw.groupby(["regime", "shape", "round"])["seconds"].mean()
+    mean = per_round.groupby(level=["regime", "shape"]).transform("mean")
+    dev = (per_round - mean).abs() / mean
+    out = dev.groupby(level="regime").median().to_dict()
+    return {**{str(k): float(v) for k, v in out.items()}, "all": float(dev.median())}
+
+
 def feature_matrix(shapes: pd.Series, tile: int, gemm: GemmTables | None = None) -> np.ndarray:
     return np.stack([step_features(*parse_shape(k), tile=tile, gemm=gemm) for k in shapes])
 

@@ -100,6 +100,31 @@ def test_a_regime_with_too_few_shapes_falls_back_to_all():
     assert model.iteration_time(np.array([64, 1]), np.array([0, 10])) > 0
 
 
+def test_round_deviation_is_each_rounds_distance_from_its_shapes_mean():
+    from servesim.calibration.fit import round_deviation
+
+    rows = [{"round": r, "shape": "a", "regime": "decode", "seconds": s} for r, s in ((0, 0.9), (0, 0.9), (1, 1.1))]
+    rows += [{"round": r, "shape": "b", "regime": "prefill", "seconds": s} for r, s in ((0, 2.0), (1, 2.0))]
+    dev = round_deviation(pd.DataFrame(rows))
+    assert dev["decode"] == pytest.approx(0.1) and dev["prefill"] == pytest.approx(0.0)
+    assert dev["all"] == pytest.approx(0.05)  # median of 0.1, 0.1, 0, 0
+    assert round_deviation(pd.DataFrame(rows).query("round == 0")) == {}  # one round: no noise figure
+
+
+def test_the_report_prints_the_timing_noise_beside_the_held_out_error():
+    from servesim.calibration.commands import format_report
+
+    err = {"median_ape": 0.1, "p90_ape": 0.2, "max_ape": 0.3, "n": 5}
+    profile = {"held_out_error": {"decode": err, "all": err}, "train_error": {}, "tile_tokens": 16,
+               "overhead": {"step_s": 1e-4, "per_seq_s": 1e-6}, "paths": ["p.json"],
+               "provenance": {"grid": {"shapes": 25, "rounds": 2}, "sweep_seconds": 1.0, "device_name": "x",
+                              "round_deviation": {"decode": 0.077, "all": 0.055}}}
+    report = format_report(profile)
+    assert "timing noise, one round of a shape against its mean over rounds (median): decode 7.7 %, all 5.5 %" in report
+    del profile["provenance"]["round_deviation"]  # profiles written before it: no line
+    assert "timing noise" not in format_report(profile)
+
+
 # ---- servesim calibrate ----
 
 SMALL = ["--model", "tiny", "--rounds", "1", "--max-num-seqs", "4", "--max-tokens", "32", "--max-context", "32",
@@ -149,7 +174,8 @@ def test_calibrate_time_budget_stops_after_a_round_and_says_so(tmp_path, capsys)
     out = tmp_path / "budget.json"
     small = [a if a != "1" or SMALL[i - 1] != "--rounds" else "4" for i, a in enumerate(SMALL)]
     assert main(["calibrate", *small, "--time-budget", "0.001", "--out", str(out)]) == 0
-    assert "stopping after 1 of 4 rounds" in capsys.readouterr().out
+    report = capsys.readouterr().out
+    assert "stopping after 1 of 4 rounds" in report and "timing noise" not in report  # one round: no figure
     grid = json.loads(out.read_text())["provenance"]["grid"]
     assert (grid["rounds"], grid["rounds_planned"], grid["time_budget_s"]) == (1, 4, 0.001)
     assert set(pd.read_csv(out.with_suffix(".csv"))["round"]) == {0}
