@@ -6,7 +6,8 @@
 #   3. the roofline's prediction for the same shapes beside the measurements (what calibration buys);
 #   4. live vs simulation on the GPU: `servesim validate` of scenarios/gpu/h200-llama-3.1-8b-live.yaml
 #      with the profile just fitted, and the dynamics check (--replay-steps).
-# Everything goes under $OUT (default results/gpu-run), with the log and nvidia-smi's view. Each stage
+# Everything goes under $OUT (default results/gpu-run), with the log, nvidia-smi's view and its
+# once-a-second clocks / power / load for the whole session (dmon.txt). Each stage
 # runs in its own time box and a failed or cut stage does not stop the next: a GPU lease is counted
 # in minutes, and what was measured must come back. The calibration writes its raw CSVs after every
 # round and stops its rounds at CAL_BUDGET seconds (calibrate --time-budget).
@@ -74,6 +75,12 @@ stage() {  # stage NAME SECONDS CMD...: run CMD under a time limit, say how it e
   return 0
 }
 if [ -n "${SNAPSHOT:-}" ]; then (while sleep 30; do snapshot; done) & SNAP_PID=$!; fi
+# The GPU's clocks, power and load once a second for the whole session (dmon.txt, with wall-clock
+# times): on the H200 the same live workload ran 1.4-2x slower on some leases than on others, and a
+# slower SM clock while live mode waits for arrivals is the suspect (README "H200").
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi dmon -s pucm -o DT -d 1 > "$OUT/dmon.txt" 2>&1 & DMON_PID=$!
+fi
 {
   echo "servesim ${SERVESIM_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo '?')} on $(hostname), $(date -u +%FT%TZ)"
   nvidia-smi || true
@@ -97,5 +104,6 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv || true
 } 2>&1 | tee "$OUT/log.txt"
 [ -n "${SNAP_PID:-}" ] && kill "$SNAP_PID" 2>/dev/null
+[ -n "${DMON_PID:-}" ] && kill "$DMON_PID" 2>/dev/null
 snapshot
 [ -f "$PROFILE" ]
