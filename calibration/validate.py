@@ -335,9 +335,9 @@ def servesim_commit() -> tuple[str | None, bool | None]:
     its commit in ``SERVESIM_COMMIT``: when set it is taken as is, with dirty unknown (None).
     """
     here = Path(__file__).resolve()
-    fallback = os.environ.get("SERVESIM_COMMIT") or None
-    if fallback:
-        return fallback, None
+    named = os.environ.get("SERVESIM_COMMIT")
+    if named:
+        return named, None
 
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(here.parent), *args], capture_output=True, text=True, timeout=10,
@@ -346,10 +346,10 @@ def servesim_commit() -> tuple[str | None, bool | None]:
     try:
         top = Path(git("rev-parse", "--show-toplevel")).resolve()
         if top / "calibration" / "validate.py" != here:  # an installed copy inside some other repository
-            return fallback, None
+            return None, None
         return git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.SubprocessError):
-        return fallback, None
+        return None, None
 
 
 @dataclass
