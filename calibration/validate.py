@@ -317,6 +317,29 @@ def step_check(live: RunResult, cost_model: Any) -> dict[str, dict[str, float]]:
             for k, (n, m, p) in acc.items()}
 
 
+def host_share(live: RunResult) -> dict[str, float] | None:
+    """The host's part of the live executor's time: input preparation and kernel launches, up to
+    the moment the forward was launched (``iterations.parquet``'s ``host_s`` against ``forward_s``).
+
+    On a GPU a share near 1 is a host-bound engine (the device waits for launches); on a CPU the
+    forward runs as it is launched, so the share is ~1 by construction. None without the columns.
+    """
+    it = live.iterations_df
+    if "host_s" not in it or "forward_s" not in it or not len(it):
+        return None
+    ratio = (it["host_s"] / it["forward_s"].where(it["forward_s"] > 0)).dropna()
+    return {"total": float(it["host_s"].sum() / it["forward_s"].sum()), "median_step": float(ratio.median()),
+            "steps": int(len(ratio))}
+
+
+def format_host_share(share: Mapping[str, float] | None) -> str:
+    if not share:
+        return "live executor, host part: not recorded"
+    return (f"live executor, host part (inputs + launches, before any wait for the device): "
+            f"{100 * share['total']:.0f} % of its time, median step {100 * share['median_step']:.0f} % "
+            f"(near 100 % on a GPU: host-bound)")
+
+
 def format_step_check(check: Mapping[str, Mapping[str, float]]) -> str:
     if not check:
         return "step check: not available (more than one replica)"
@@ -363,6 +386,7 @@ class ValidationResult:
     failed: list[str] = field(default_factory=list)
     step_check: dict[str, dict[str, float]] = field(default_factory=dict)
     dynamics: DynamicsCheck | None = None  # --replay-steps
+    host_share: dict[str, float] | None = None  # of the first live run (see host_share)
 
     @property
     def passed(self) -> bool:
@@ -480,7 +504,8 @@ def validate(
     failed = failures(table)
     if dynamics is not None and not dynamics.passed:
         failed.append(divergence_line(dynamics))
-    result = ValidationResult(table, provenance, thresholds, live, sim, out, failed, steps, dynamics)
+    result = ValidationResult(table, provenance, thresholds, live, sim, out, failed, steps, dynamics,
+                              host_share=host_share(live))
     write_validation(result, plots=plots)
     return result
 
@@ -500,6 +525,7 @@ def write_validation(result: ValidationResult, plots: bool = True) -> Path:
         "failed": result.failed,
         "metrics": rows,
         "step_check": result.step_check,
+        "host_share": result.host_share,
         **({"dynamics": result.dynamics.to_dict()} if result.dynamics is not None else {}),
     }))
     p = result.provenance
@@ -507,7 +533,8 @@ def write_validation(result: ValidationResult, plots: bool = True) -> Path:
           f"{p['num_requests']} requests live ({p['live_backend']} on {p['live_device']}, {p['live_wall_s']:.1f} s wall) "
           f"and simulated (cost model {p['sim_cost_model']}{', ' + p['profile'] if p['profile'] else ''}), "
           f"{p['kv_num_blocks']} KV blocks of {p['kv_block_size']} tokens on both sides. "
-          "Error = (sim - live) / live.", "", format_markdown(t), "", format_step_check(result.step_check), ""]
+          "Error = (sim - live) / live.", "", format_markdown(t), "", format_step_check(result.step_check), "",
+          format_host_share(result.host_share), ""]
     if result.dynamics is not None:
         md += ["```", format_dynamics(result.dynamics), "```", ""]
     if result.thresholds or result.dynamics is not None:

@@ -44,6 +44,8 @@ class LiveExecutor:
         self.shapes: list[tuple[np.ndarray, np.ndarray]] = []  # each step's rows, for validate's step check
         self.request_ids: list[np.ndarray] = []  # ... and whose they are, for its dynamics check (--replay-steps)
         self.seconds: list[float] = []  # each step's executor time (the forward and its input preparation)
+        # ... and its host part: from the step's start until the forward was launched (ModelRunner.execute_timed)
+        self.host_seconds: list[float] = []
 
     def run(self, batch: Batch) -> float:
         t0 = time.perf_counter()
@@ -51,7 +53,7 @@ class LiveExecutor:
         requests = batch.requests
         self.request_ids.append(np.fromiter((r.request_id for r in requests), dtype=np.int64, count=len(requests)))
         tables = [self.kv.block_table(r) for r in requests]
-        tokens = self.runner.execute(batch, tables)
+        tokens, launched = self.runner.execute_timed(batch, tables)
         if self.cuda:
             torch.cuda.synchronize()
         # EOS is ignored (as in serving benchmarks): every request generates exactly output_len tokens.
@@ -60,6 +62,7 @@ class LiveExecutor:
             req.output_token_ids.append(tok)
         self.last_forward_s = time.perf_counter() - t0
         self.seconds.append(self.last_forward_s)
+        self.host_seconds.append(launched - t0)
         self.num_steps += 1
         return self.last_forward_s
 
@@ -219,4 +222,10 @@ def run_live(sc: Scenario, requests: list[Request] | None = None, progress: bool
         result.step_shapes = parts[0][1].shapes
         result.step_forward_s = np.asarray(parts[0][1].seconds)
         result.step_request_ids = parts[0][1].request_ids
+        executor = parts[0][1]
+        if len(executor.seconds) == len(result.iterations_df):  # one row per step (not binned)
+            # The executor's time of each step and its host part, beside the step's duration: on a
+            # GPU, host_s close to forward_s is a host-bound step (README "H200").
+            result.iterations_df["forward_s"] = executor.seconds
+            result.iterations_df["host_s"] = executor.host_seconds
     return result

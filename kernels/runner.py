@@ -9,6 +9,7 @@ greedy next token of every sampling row. It never mutates the requests: the live
 
 from __future__ import annotations
 
+import time
 from itertools import chain
 
 import numpy as np
@@ -164,4 +165,13 @@ class ModelRunner:
 
     def execute(self, batch: Batch, block_tables: list[list[int]]) -> list[int]:
         """Run one engine step; the greedy next token id of each sampling row, in row order."""
-        return self.compute_logits(batch, block_tables).argmax(dim=-1).tolist()
+        return self.execute_timed(batch, block_tables)[0]
+
+    def execute_timed(self, batch: Batch, block_tables: list[list[int]]) -> tuple[list[int], float]:
+        """``execute``, and the ``time.perf_counter()`` at which the host had prepared the inputs and
+        launched the whole forward, before anything waited for the device: on a GPU the step is
+        host-bound when that moment comes close to the step's end (on a CPU the forward runs as it
+        is launched, so it is the end of the forward)."""
+        logits = self.compute_logits(batch, block_tables)
+        launched = time.perf_counter()
+        return logits.argmax(dim=-1).tolist(), launched

@@ -105,6 +105,7 @@ def cmd_engines(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from servesim.calibration.replay import format_dynamics
     from servesim.calibration.validate import (
+        format_host_share,
         format_step_check,
         format_table,
         parse_max_error,
@@ -129,6 +130,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
           f"{result.provenance['kv_num_blocks']} KV blocks on both sides:")
     print(format_table(result.table))
     print(format_step_check(result.step_check))
+    print(format_host_share(result.host_share))
     if result.dynamics is not None:
         print(format_dynamics(result.dynamics))
     plots = "" if args.no_plots else ", cdf_{ttft,tpot,itl,e2e}.png"

@@ -244,6 +244,27 @@ def test_a_generous_threshold_passes_and_the_profile_drives_the_simulation(tmp_p
     assert 0 < loop["measured_s"] < fwd["measured_s"]
     assert fwd["predicted_s"] == pytest.approx(check["predicted_s"], rel=1e-9) and loop["predicted_s"] == 0
     assert "step check" in stdout
+    # the live steps' executor time and its host part, one per step: on a CPU the forward runs as it
+    # is launched, so the host part is all but the greedy tokens' copy (<= the executor's time)
+    assert it["forward_s"].sum() == pytest.approx(fwd["measured_s"], rel=1e-9)
+    assert ((it["host_s"] > 0) & (it["host_s"] <= it["forward_s"])).all()
+    share = doc["host_share"]
+    assert share["steps"] == len(it) and 0.5 < share["total"] <= 1.0
+    assert "live executor, host part" in stdout and "live executor, host part" in (out / "validation.md").read_text()
+
+
+def test_host_share_reads_the_live_columns_and_says_when_they_are_missing():
+    from types import SimpleNamespace
+
+    from servesim.calibration.validate import format_host_share, host_share
+
+    it = pd.DataFrame({"forward_s": [0.02, 0.04, 0.0], "host_s": [0.019, 0.01, 0.0]})
+    share = host_share(SimpleNamespace(iterations_df=it))
+    assert share["total"] == pytest.approx(0.029 / 0.06) and share["steps"] == 2  # a 0 s step has no ratio
+    assert share["median_step"] == pytest.approx((0.95 + 0.25) / 2)
+    assert "48 % of its time, median step 60 %" in format_host_share(share)
+    assert host_share(SimpleNamespace(iterations_df=it.drop(columns="host_s"))) is None  # a simulated run
+    assert format_host_share(None).endswith("not recorded")
 
 
 def test_median_summary_and_spread_are_the_median_and_range_over_runs():
