@@ -3,7 +3,8 @@
 #   1. Triton kernels against the PyTorch reference at llama-3.1-8b shapes, and decode-attention
 #      bandwidth (benchmarks/gpu_kernels.py);
 #   2. the calibration sweep of llama-3.1-8b (bf16, Triton kernels) into a profile + raw CSVs + plot;
-#   3. the roofline's prediction for the same shapes beside the measurements (what calibration buys);
+#   3. the roofline's prediction for the same shapes beside the measurements (what calibration buys),
+#      and on a GPU each step's host part against its CUDA-graph GPU time (benchmarks/gpu_host_bound.py);
 #   4. live vs simulation on the GPU: `servesim validate` of scenarios/gpu/h200-llama-3.1-8b-live.yaml
 #      with the profile just fitted, and the dynamics check (--replay-steps).
 # Everything goes under $OUT (default results/gpu-run), with the log, nvidia-smi's view and its
@@ -22,7 +23,9 @@
 #     --platform manylinux_2_17_x86_64 -d .whl simpy pydantic pydantic-core annotated-types \
 #     typing-inspection typing-extensions
 # and this script installs them into /tmp/site when the import fails.
-# Budget: STAGE timeouts below sum to ~9 min; measured on an H200 in the README ("H200").
+# Budget: the default stage limits sum to ~14 min; on an H200 the stages took 19 + 239 + 2 + 58 s
+# (README "H200"; the host-bound stage, added after, ~45 s). Inside a 10-minute call, as there:
+#   KERNELS_TIMEOUT=90 CAL_TIMEOUT=320 CAL_BUDGET=200 HOST_BOUND_TIMEOUT=90 LIVE_TIMEOUT=90
 #
 # A working tree copied elsewhere (no .git, or a stale one) names its commit in SERVESIM_COMMIT.
 # Every setting has an environment override; a CPU smoke run of the plumbing (no GPU needed):
@@ -47,6 +50,7 @@ CAL_TIMEOUT=${CAL_TIMEOUT:-360}    # the whole calibrate: model build, rounds, e
 LIVE=${LIVE:-scenarios/gpu/h200-llama-3.1-8b-live.yaml}
 LIVE_SET=${LIVE_SET:-}
 LIVE_TIMEOUT=${LIVE_TIMEOUT:-120}
+HOST_BOUND_TIMEOUT=${HOST_BOUND_TIMEOUT:-120}
 PROFILE="$OUT/${HARDWARE}-${MODEL}-${BACKEND}.json"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -94,6 +98,9 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
   if [ -f "$PROFILE" ]; then
     stage roofline 120 sh -c "python3 benchmarks/roofline_vs_profile.py --profile '$PROFILE' --model '$MODEL' \
       --hardware '$HARDWARE' > '$OUT/roofline_vs_profile.txt'; cat '$OUT/roofline_vs_profile.txt'"
+    # the step's host part against its CUDA-graph GPU time (is the live engine host-bound here?)
+    [ "$DEVICE" = cuda ] && stage host-bound "$HOST_BOUND_TIMEOUT" python3 benchmarks/gpu_host_bound.py --model "$MODEL" \
+      --out "$OUT"
     # shellcheck disable=SC2086
     [ -n "$LIVE" ] && stage live-validate "$LIVE_TIMEOUT" python3 -m servesim.sim.cli validate "$LIVE" $LIVE_SET \
       --set "cost_model.path=$(realpath "$PROFILE")" --profile "$PROFILE" --replay-steps --quiet \
