@@ -63,11 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     from servesim.calibration.grid import Shape
     from servesim.calibration.profile import _step, make_bench, time_shape
+    from servesim.sim.cost_model import classify_step
     from servesim.sim.presets import get_model
 
-    shapes = {name: Shape("mixed", q, c) for name, (q, c) in SHAPES.items()}
+    shapes = {name: Shape(classify_step(np.array(q)), q, c) for name, (q, c) in SHAPES.items()}
     if args.cpu_smoke:
-        shapes = {name: Shape("mixed", s.q[:4], tuple(min(c, 64) for c in s.ctx[:4])) for name, s in shapes.items()
+        shapes = {name: Shape(s.regime, s.q[:4], tuple(min(c, 64) for c in s.ctx[:4])) for name, s in shapes.items()
                   if s.num_tokens <= 512}
         bench = make_bench(get_model("tiny"), shapes.values(), backend="torch", device="cpu", dtype="float32",
                            block_size=16)
