@@ -169,9 +169,10 @@ class ModelRunner:
 
     def execute_timed(self, batch: Batch, block_tables: list[list[int]]) -> tuple[list[int], float]:
         """``execute``, and the ``time.perf_counter()`` at which the host had prepared the inputs and
-        launched the whole forward, before anything waited for the device: on a GPU the step is
-        host-bound when that moment comes close to the step's end (on a CPU the forward runs as it
-        is launched, so it is the end of the forward)."""
+        launched the whole forward, before waiting for its result: on a GPU the step is host-bound
+        when that moment comes close to the step's end (on a CPU the forward runs as it is launched,
+        so it is the end of the forward). A step that swaps blocks includes those copies, which the
+        host waits for."""
         logits = self.compute_logits(batch, block_tables)
         launched = time.perf_counter()
         return logits.argmax(dim=-1).tolist(), launched
