@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     from servesim.calibration.grid import Shape
-    from servesim.calibration.profile import _step, make_bench, time_shape
+    from servesim.calibration.profile import make_bench, stepped, time_shape
     from servesim.sim.cost_model import classify_step
     from servesim.sim.presets import get_model
 
@@ -83,46 +83,37 @@ def main(argv: list[str] | None = None) -> int:
         """Median of 5 CUDA-graph replays of the shape's forward; NaN if it cannot be captured."""
         if not cuda:
             return float("nan")
-        batch, reqs = _step(bench, shape, rng)
-        try:
-            tables = [bench.kv.block_table(r) for r in reqs]
-            ids, pos, md = runner.prepare(batch, tables)
-            kv = runner.kv_cache.tensor
-            runner.model.forward(ids, pos, md, kv)  # compile and allocate outside the capture
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                runner.model.forward(ids, pos, md, kv)
-            times = []
-            for _ in range(6):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                graph.replay()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end))
-            del graph
-            return statistics.median(times[1:])
-        except Exception as e:  # noqa: BLE001 - a shape that cannot be captured is reported, not fatal
-            print(f"  graph capture failed: {type(e).__name__}: {e}", file=sys.stderr)
-            return float("nan")
-        finally:
-            for r in reqs:
-                bench.kv.free(r)
+        with stepped(bench, shape, rng) as (batch, reqs):
+            try:
+                ids, pos, md = runner.prepare(batch, [bench.kv.block_table(r) for r in reqs])
+                kv = runner.kv_cache.tensor
+                runner.model.forward(ids, pos, md, kv)  # compile and allocate outside the capture
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    runner.model.forward(ids, pos, md, kv)
+                times = []
+                for _ in range(6):
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    graph.replay()
+                    end.record()
+                    end.synchronize()
+                    times.append(start.elapsed_time(end))
+                del graph
+                return statistics.median(times[1:])
+            except Exception as e:  # noqa: BLE001 - a shape that cannot be captured is reported, not fatal
+                print(f"  graph capture failed: {type(e).__name__}: {e}", file=sys.stderr)
+                return float("nan")
 
     def enqueue_ms(shape: Shape) -> float:
-        batch, reqs = _step(bench, shape, rng)
-        try:
+        """The host's part of one step: ``ModelRunner.execute_timed``'s launch moment, as live mode records it."""
+        with stepped(bench, shape, rng) as (batch, reqs):
             tables = [bench.kv.block_table(r) for r in reqs]
             sync()
             t0 = time.perf_counter()
-            logits = runner.compute_logits(batch, tables)
-            t1 = time.perf_counter()
-            logits.argmax(dim=-1).tolist()
-            return (t1 - t0) * 1e3
-        finally:
-            for r in reqs:
-                bench.kv.free(r)
+            _, launched = runner.execute_timed(batch, tables)
+            return (launched - t0) * 1e3
 
     graph_ms = {name: gpu_ms(s) for name, s in shapes.items()}
     print(f"{'shape':<24} {'threads':>7} {'wall_ms':>8} {'enqueue_ms':>10} {'gpu_ms':>7} {'host-bound':>10}")

@@ -196,8 +196,7 @@ def calibrate(opts: CalibrateOptions) -> dict[str, Any]:
     profile = to_profile_dict({r: c.tolist() for r, c in result.coefs.items()}, tile_tokens=result.tile,
                               overhead={"step_s": engine.step_s, "per_seq_s": engine.per_seq_s},
                               provenance=provenance, held_out_error=held, gemm_tables=gemm)
-    save_profile(path, profile)
-    _write_raw(path, rows, gemm_rows)
+    save_profile(path, profile)  # the raw CSVs beside it were written after the last round
     fitting.plot_fit(result, path.with_suffix(".png"),
                      title=f"{opts.model} {opts.backend}/{opts.device} ({info['device_name'][:40]})")
     return {**profile, "paths": [str(path), str(path.with_suffix(".csv")), str(path.with_name(path.stem + "-gemm.csv")),

@@ -35,7 +35,14 @@ from . import gpu_profile as gp
 from .importers import SourceError, inference_sim, llmservingsim, vidur
 
 GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-SMALL_OPS = ("layernorm", "layernorm_post", "rotary_emb", "act_fn", "embedding", "final_layernorm")
+# the small ops Vidur's mlp.csv measures (its input_layernorm stands in for the final norm too) ...
+VIDUR_SMALL_OPS = ("layernorm", "layernorm_post", "rotary_emb", "act_fn", "embedding")
+# ... and those a v0 layers.csv gives when it is the only source of them
+V0_SMALL_OPS = (*VIDUR_SMALL_OPS, "final_layernorm")
+# roofline constants where one of decode / prefill attention was measured and the other not (no
+# shipped profile), and the sampler estimate
+FLOPS_EFF, BW_EFF, LAUNCH_S = 0.6, 0.8, 10e-6
+SAMPLER_LAUNCH_S = 20e-6
 
 
 def _need_ops(table: pd.DataFrame, path: Any, ops: Sequence[str]) -> None:
@@ -44,11 +51,6 @@ def _need_ops(table: pd.DataFrame, path: Any, ops: Sequence[str]) -> None:
     if missing:
         raise SourceError(f"{path}: no rows for op {missing[0]!r} (has: {', '.join(map(str, table.columns))}); "
                           "give the source's complete table")
-SMALL = ("layernorm", "layernorm_post", "rotary_emb", "act_fn", "embedding")
-# roofline constants where one of decode / prefill attention was measured and the other not (no
-# shipped profile), and the sampler estimate
-FLOPS_EFF, BW_EFF, LAUNCH_S = 0.6, 0.8, 10e-6
-SAMPLER_LAUNCH_S = 20e-6
 
 
 def _sources(opts: Any) -> list[tuple[str, Path]]:
@@ -131,7 +133,7 @@ def assemble_composite(opts: Any, model: ModelConfig, link: dict[str, Any]) -> t
     if v0_same_model:
         g = v0.pivot_table(index="tokens", columns="op", values="seconds", aggfunc="median").sort_index()
         _need_ops(g, v0_path, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head",
-                               *(() if mlp is not None else SMALL_OPS)))
+                               *(() if mlp is not None else V0_SMALL_OPS)))
         xs = g.index.to_numpy()
         gemm = {"qkv_proj": g["q_proj"] + g["k_proj"] + g["v_proj"], "o_proj": g["o_proj"],
                 "gate_up_proj": g["gate_proj"] + g["up_proj"], "down_proj": g["down_proj"]}
@@ -147,7 +149,7 @@ def assemble_composite(opts: Any, model: ModelConfig, link: dict[str, Any]) -> t
         for k, v in gemm.items()}
     if mlp is not None:
         s = mlp.pivot_table(index="tokens", columns="op", values="seconds", aggfunc="median").sort_index()
-        _need_ops(s, mlp_path, ("layernorm", "layernorm_post", "rotary_emb", "act_fn", "embedding"))
+        _need_ops(s, mlp_path, VIDUR_SMALL_OPS)
         sx = s.index.to_numpy()
         act_scale = (model.intermediate_size / tp) / (float(mlp_dims["n_expanded_embd"]) / tp)
         for op, per, count, scale in (("layernorm", "layer", 1, 1.0), ("layernorm_post", "layer", 1, 1.0),

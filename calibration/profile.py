@@ -17,7 +17,8 @@ gaps between consecutive executor calls.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,18 +73,25 @@ def _step(bench: Bench, shape: Shape, rng: np.random.Generator) -> tuple[Batch, 
     return Batch.of(reqs, list(shape.q), list(shape.ctx)), reqs
 
 
-def time_shape(bench: Bench, shape: Shape, rng: np.random.Generator) -> float:
-    """Seconds of one executor step of ``shape``, right after an untimed run of it."""
+@contextmanager
+def stepped(bench: Bench, shape: Shape, rng: np.random.Generator) -> Iterator[tuple[Batch, list[Request]]]:
+    """The batch of ``shape`` and its requests, their KV blocks held for the ``with`` block and freed after."""
     batch, reqs = _step(bench, shape, rng)
     try:
+        yield batch, reqs
+    finally:
+        for r in reqs:
+            bench.kv.free(r)
+
+
+def time_shape(bench: Bench, shape: Shape, rng: np.random.Generator) -> float:
+    """Seconds of one executor step of ``shape``, right after an untimed run of it."""
+    with stepped(bench, shape, rng) as (batch, reqs):
         bench.executor.run(batch)
         for r in reqs:
             r.output_token_ids.clear()
         batch = Batch.of(reqs, list(shape.q), list(shape.ctx))
         return bench.executor.run(batch)
-    finally:
-        for r in reqs:
-            bench.kv.free(r)
 
 
 def measure_shapes(bench: Bench, shapes: list[Shape], rounds: int, seed: int = 0, rnd0: int = 0,

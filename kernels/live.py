@@ -219,10 +219,10 @@ def run_live(sc: Scenario, requests: list[Request] | None = None, progress: bool
                                on_turn=tokens if sc.workload.sessions is not None else None)
     result = finish_run(sc, "live", requests, recorder, kv, time.perf_counter() - t0)
     if len(parts) == 1:
-        result.step_shapes = parts[0][1].shapes
-        result.step_forward_s = np.asarray(parts[0][1].seconds)
-        result.step_request_ids = parts[0][1].request_ids
         executor = parts[0][1]
+        result.step_shapes = executor.shapes
+        result.step_forward_s = np.asarray(executor.seconds)
+        result.step_request_ids = executor.request_ids
         if len(executor.seconds) == len(result.iterations_df):  # one row per step (not binned)
             # The executor's time of each step and its host part, beside the step's duration: on a
             # GPU, host_s close to forward_s is a host-bound step (README "H200").

@@ -91,7 +91,7 @@ from .batch import StepSums
 from .batch import step_sums as _step_sums
 from .config_model import ConfigModel
 from .errors import PresetError, ProfileError
-from .layer_cost_model import GPU_PROFILE_FORMAT, LayerCostModel
+from .layer_cost_model import GPU_PROFILE_FORMAT, LayerCostModel, whole_number
 from .presets import HardwareConfig, ModelConfig, get_hardware, get_model, kv_heads_per_rank
 from .varlen_attention import FA2VarlenAttention
 
@@ -726,14 +726,25 @@ def resolve_profile_path(path: str | Path) -> Path:
 
 def read_profile_json(path: Path) -> Any:
     """A profile file's parsed JSON; ``ProfileError`` when it is missing or not JSON."""
+    return _parse_profile(path, _profile_bytes(path))
+
+
+def _profile_bytes(path: Path) -> bytes:
     try:
-        return json.loads(path.read_text())
+        return path.read_bytes()
     except FileNotFoundError:
         raise ProfileError(f"profile file {str(path)!r} not found") from None
+    except OSError as exc:
+        raise ProfileError(f"cannot read profile {str(path)!r}: {exc}") from None
+
+
+def _parse_profile(path: Path, raw: bytes) -> Any:
+    try:
+        return json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise ProfileError(f"profile {str(path)!r} is not UTF-8 JSON (byte 0x{exc.object[exc.start]:02x} at offset "
                            f"{exc.start}); profiles are written by servesim calibrate") from None
-    except (OSError, json.JSONDecodeError) as exc:
+    except json.JSONDecodeError as exc:
         raise ProfileError(f"cannot read profile {str(path)!r}: {exc}") from None
     except RecursionError:
         raise ProfileError(f"cannot read profile {str(path)!r}: JSON nested too deeply") from None
@@ -748,18 +759,18 @@ def load_profile(path: str | Path, swap_bandwidth: float | None = None) -> Layer
     scenario's check, its simulation and every point of a plan or sweep load the same file.
     ``LayerCostModel`` is read-only once built (``describe`` hands out copies)."""
     path = Path(path)
-    data = read_profile_json(path)
+    raw = _profile_bytes(path)  # read once: the cache key hashes these bytes, the parse reads them
+    # (the bytes, not the mtime: a file rewritten within the clock's tick keeps its mtime)
+    key = (str(path.resolve()), hashlib.sha1(raw).hexdigest(), swap_bandwidth)
+    if (model := _GPU_PROFILES.get(key)) is not None:
+        return model
+    data = _parse_profile(path, raw)
     try:
         if isinstance(data, Mapping) and data.get("format") == GPU_PROFILE_FORMAT:
-            # (the bytes, not the mtime: a file rewritten within the clock's tick keeps its mtime)
-            key = (str(path.resolve()), hashlib.sha1(path.read_bytes()).hexdigest(), swap_bandwidth)
-            model = _GPU_PROFILES.get(key)
-            if model is None:
-                model = LayerCostModel(data, swap_bandwidth=swap_bandwidth,
-                                       attention_shape=roofline_attention_shape(data))
-                if len(_GPU_PROFILES) >= 16:
-                    _GPU_PROFILES.pop(next(iter(_GPU_PROFILES)))
-                _GPU_PROFILES[key] = model
+            model = LayerCostModel(data, swap_bandwidth=swap_bandwidth, attention_shape=roofline_attention_shape(data))
+            if len(_GPU_PROFILES) >= 16:
+                _GPU_PROFILES.pop(next(iter(_GPU_PROFILES)))
+            _GPU_PROFILES[key] = model
             return model
         return FittedCostModel.from_profile_dict(data, swap_bandwidth=swap_bandwidth)
     except ProfileError as exc:
@@ -782,9 +793,7 @@ def roofline_attention_shape(profile: Mapping[str, Any]) -> Any:
     except PresetError as exc:
         raise ProfileError(f"attention.interpolation 'roofline' reads the table against servesim's roofline for the "
                            f"profile's model and hardware, which must be presets: {exc}") from None
-    tp = profile.get("tensor_parallel")
-    if isinstance(tp, bool) or not isinstance(tp, int) or not 1 <= tp <= 64:
-        raise ProfileError(f"tensor_parallel must be a whole number from 1 to 64, got {tp!r}")
+    tp = whole_number("tensor_parallel", profile.get("tensor_parallel"), 64)  # as LayerCostModel reads it
     return RooflineCostModel(model, hardware, tp).attention_layer_s
 
 

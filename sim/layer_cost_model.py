@@ -110,7 +110,7 @@ def _number(name: str, value: Any, least: float = 0.0, most: float = MAX_SIM_SEC
     return float(value)
 
 
-def _whole(name: str, value: Any, most: int = INT_MAX) -> int:
+def whole_number(name: str, value: Any, most: int = INT_MAX) -> int:
     """A whole count >= 1 (layers, TP degree)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= most:
         raise ProfileError(f"{name} must be a whole number in [1, {most}], got {value!r:.60}")
@@ -337,7 +337,7 @@ class LayerCostModel:
                 raise ProfileError(f"GPU profile lacks {key!r}")
         self.profile = p
         self.model, self.hardware = str(p["model"]), str(p["hardware"])
-        self.tp, self.num_layers = _whole("tensor_parallel", p["tensor_parallel"], 64), _whole("num_layers", p["num_layers"])
+        self.tp, self.num_layers = whole_number("tensor_parallel", p["tensor_parallel"], 64), whole_number("num_layers", p["num_layers"])
         self.provenance = dict(p.get("provenance") or {})
         self.held_out_error = dict(p.get("held_out_error") or {})
         self.token_cost = self._token_curve(p["dense"], p.get("allreduce") or {"type": "none"})
@@ -461,7 +461,7 @@ def allreduce_seconds(spec: Mapping[str, Any], tokens: np.ndarray) -> np.ndarray
         link = Link(_number("allreduce.bandwidth", spec["bandwidth"], least=1.0, most=math.inf), 1.0,
                     _number("allreduce.latency_s", spec["latency_s"]),
                     _number("allreduce.hop_latency_s", spec.get("hop_latency_s", 0.0)))
-        return count * link.seconds(size, _whole("allreduce.tp", spec["tp"], 64))
+        return count * link.seconds(size, whole_number("allreduce.tp", spec["tp"], 64))
     if kind == "table":
         xs = np.asarray(_axis("allreduce.bytes", spec["bytes"]))
         ys = np.asarray(_floats("allreduce.seconds", spec["seconds"], len(xs)))

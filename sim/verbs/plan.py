@@ -352,11 +352,17 @@ def find_replicas(runner: TaskRunner, sc: Scenario, st: PlanSettings, capacity: 
     return None, list(points.values())
 
 
+def check_target_rate(target_rate: float) -> None:
+    """``--target-rate``: a finite number of requests/s above 0 (plan and the disaggregated plan)."""
+    if not 0 < target_rate < math.inf:
+        raise ScenarioError(f"--target-rate must be a finite number > 0 requests/s, got {target_rate}")
+
+
 def plan(sc: Scenario, st: PlanSettings, target_rate: float | None = None, workers: int | None = None,
          progress: bool = True) -> PlanResult:
     """Capacity of one replica of ``sc`` under ``st``, and replicas for ``target_rate`` if given."""
-    if target_rate is not None and not 0 < target_rate < math.inf:
-        raise ScenarioError(f"--target-rate must be a finite number > 0 requests/s, got {target_rate}")
+    if target_rate is not None:
+        check_target_rate(target_rate)
     one = sc.model_copy(update={"cluster": sc.cluster.model_copy(update={"num_replicas": 1})})
     with TaskRunner("local", workers=min(workers or default_workers(), st.seeds), progress=progress,
                     desc="plan") as runner:

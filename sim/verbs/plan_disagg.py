@@ -11,7 +11,6 @@ hurts in this model, so it would fail too).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from ..metrics import to_json
 from ..outputs import begin_folder, write_csv, write_text
 from ..scenario import Scenario, ScenarioError
 from .parallel import TaskRunner, default_workers
-from .plan import PlanSettings, RatePoint, evaluate_rate
+from .plan import PlanSettings, RatePoint, check_target_rate, evaluate_rate
 
 
 @dataclass
@@ -64,8 +63,7 @@ def plan_disagg(sc: Scenario, st: PlanSettings, target_rate: float, max_gpus: in
     """Fewest-GPU (prefill, decode) split of ``sc`` meeting ``st`` at ``target_rate`` requests/s."""
     if sc.cluster.disagg is None:
         raise ScenarioError("plan for a disaggregated deployment needs a cluster.disagg section")
-    if not 0 < target_rate < math.inf:
-        raise ScenarioError(f"--target-rate must be a finite number > 0 requests/s, got {target_rate}")
+    check_target_rate(target_rate)
     smallest, most = gpus_of(sc, 1, 1), MAX_GPUS
     if not smallest <= max_gpus <= most:
         raise ScenarioError(f"--max-gpus must be between {smallest} (one prefill and one decode instance) and {most}, "
