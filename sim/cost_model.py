@@ -146,7 +146,8 @@ class GemmTables:
     """Measured GEMM seconds against the M dimension: the decoder layers' and the LM head's.
 
     ``tokens`` ascending; between points linear interpolation, past the last point the last
-    segment's slope (large-M GEMMs are linear in M), at M = 0 zero.
+    segment's slope (large-M GEMMs are linear in M) or flat where timing noise made that slope
+    negative (a short, noisy table would otherwise price big steps below zero), at M = 0 zero.
     """
 
     def __init__(self, tokens: Sequence[int], linear_s: Sequence[float], lm_head_s: Sequence[float]) -> None:
@@ -166,7 +167,7 @@ class GemmTables:
         if x <= 0:
             return 0.0
         if x >= m[-1]:
-            return ys[-1] + (ys[-1] - ys[-2]) / (m[-1] - m[-2]) * (x - m[-1])
+            return ys[-1] + max(0.0, (ys[-1] - ys[-2]) / (m[-1] - m[-2])) * (x - m[-1])
         if x <= m[0]:
             return ys[0] * x / m[0]
         i = bisect.bisect_right(m, x)

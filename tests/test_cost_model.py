@@ -321,6 +321,13 @@ def test_gemm_tables_interpolate_and_extrapolate_linearly():
         GemmTables([1, 1], [0.0, 0.0], [0.0, 0.0])
 
 
+def test_a_noisy_falling_last_segment_never_prices_a_big_step_below_zero():
+    # a 1-round CPU sweep whose last GEMM point came out faster than the one before it
+    g = GemmTables([16, 24, 32], [2e-3, 1.8e-3, 1.4e-3], [1e-4, 2e-4, 1e-4])
+    assert g.linear(2048) == pytest.approx(1.4e-3) and g.lm_head(512) == pytest.approx(1e-4)  # flat, not < 0
+    assert g.linear(28) == pytest.approx(1.6e-3)  # inside the table: unchanged
+
+
 def example_profile(**kw):
     coefs = {"prefill": [1e-6, 2e-7, 3e-11, 0.0, 1e-5, 2e-5, 4e-3, 0.0, 1e-9, 2e-11, 3e-6, 0.9, 1.1],
              "decode": [5e-6, 0.0, 0.0, 2e-9, 3e-6, 0.0, 6e-3, 1e-9, 0.0, 0.0, 0.0, 1.0, 0.0],
