@@ -7,6 +7,9 @@
 #      and on a GPU each step's host part against its CUDA-graph GPU time (benchmarks/gpu_host_bound.py);
 #   4. live vs simulation on the GPU: `servesim validate` of scenarios/gpu/h200-llama-3.1-8b-live.yaml
 #      with the profile just fitted, and the dynamics check (--replay-steps).
+# GRAPHS=1: decode steps replay CUDA graphs (calibrate --cuda-graphs, live.cuda_graphs: true), and a
+# stage before the calibration checks graphed decode steps against eager ones and times both
+# (benchmarks/gpu_graphs.py). SKIP="kernels host-bound" leaves those stages out.
 # Everything goes under $OUT (default results/gpu-run), with the log, nvidia-smi's view and its
 # once-a-second clocks / power / load for the whole session (dmon.txt). Each stage
 # runs in its own time box and a failed or cut stage does not stop the next: a GPU lease is counted
@@ -32,7 +35,8 @@
 #   OUT=/tmp/gpu_smoke DEVICE=cpu BACKEND=torch MODEL=tiny DTYPE=float32 HARDWARE=cpu-2core \
 #     GRID="--quick --max-num-seqs 4 --max-tokens 32 --max-context 32" ROUNDS=1 KERNELS="--cpu-smoke" \
 #     LIVE_SET="--set model=tiny --set hardware=cpu-2core --set live.device=cpu --set live.backend=torch \
-#     --set live.dtype=float32 --set live.kv_cache_memory_mb=16 --set workload.num_requests=20" \
+#     --set live.dtype=float32 --set live.kv_cache_memory_mb=16 --set workload.num_requests=20 \
+#     --set workload.vocab_size=4096" \
 #     TRITON_INTERPRET=1 bash benchmarks/gpu_oneshot.sh
 set -uo pipefail
 OUT=${OUT:-results/gpu-run}
@@ -51,6 +55,14 @@ LIVE=${LIVE:-scenarios/gpu/h200-llama-3.1-8b-live.yaml}
 LIVE_SET=${LIVE_SET:-}
 LIVE_TIMEOUT=${LIVE_TIMEOUT:-120}
 HOST_BOUND_TIMEOUT=${HOST_BOUND_TIMEOUT:-120}
+GRAPHS=${GRAPHS:-0}
+GRAPHS_TIMEOUT=${GRAPHS_TIMEOUT:-120}
+SKIP=${SKIP:-}
+CAL_FLAGS=""
+if [ "$GRAPHS" = 1 ]; then
+  CAL_FLAGS="--cuda-graphs"
+  LIVE_SET="$LIVE_SET --set live.cuda_graphs=true"
+fi
 PROFILE="$OUT/${HARDWARE}-${MODEL}-${BACKEND}.json"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -71,6 +83,7 @@ snapshot() {
 stage() {  # stage NAME SECONDS CMD...: run CMD under a time limit, say how it ended, snapshot
   local name=$1 limit=$2 t0=$SECONDS rc
   shift 2
+  case " $SKIP " in *" $name "*) echo "=== $name: skipped (SKIP) ==="; return 0;; esac
   echo "=== $name (limit ${limit} s) ==="
   timeout --signal=TERM --kill-after=15 "$limit" "$@"
   rc=$?
@@ -92,9 +105,14 @@ fi
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
   # shellcheck disable=SC2086  # KERNELS, GRID and LIVE_SET are lists of flags
   stage kernels "$KERNELS_TIMEOUT" python3 benchmarks/gpu_kernels.py $KERNELS --out "$OUT"
+  if [ "$GRAPHS" = 1 ]; then
+    if [ "$DEVICE" = cuda ]; then graphs_flags=(--model "$MODEL"); else graphs_flags=(--cpu-smoke --reps 2); fi
+    stage graphs "$GRAPHS_TIMEOUT" python3 benchmarks/gpu_graphs.py "${graphs_flags[@]}" --out "$OUT"
+  fi
   # shellcheck disable=SC2086
   stage calibrate "$CAL_TIMEOUT" python3 -m servesim.sim.cli calibrate --model "$MODEL" --backend "$BACKEND" \
-    --device "$DEVICE" --dtype "$DTYPE" $GRID --rounds "$ROUNDS" --time-budget "$CAL_BUDGET" --quiet --out "$PROFILE"
+    --device "$DEVICE" --dtype "$DTYPE" $GRID --rounds "$ROUNDS" --time-budget "$CAL_BUDGET" $CAL_FLAGS --quiet \
+    --out "$PROFILE"
   if [ -f "$PROFILE" ]; then
     stage roofline 120 sh -c "python3 benchmarks/roofline_vs_profile.py --profile '$PROFILE' --model '$MODEL' \
       --hardware '$HARDWARE' > '$OUT/roofline_vs_profile.txt'; cat '$OUT/roofline_vs_profile.txt'"

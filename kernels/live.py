@@ -30,6 +30,7 @@ from .model import LlamaModel
 from .runner import KVCache, ModelRunner
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+MAX_GRAPH_BATCH = 512  # vLLM's largest CUDA-graph capture size; bigger decode steps run eagerly
 
 
 class LiveExecutor:
@@ -144,6 +145,11 @@ def build_live_replica(sc: Scenario, kv: KVPlan, seed: int = 0):  # noqa: ANN201
     cache = KVCache(model_cfg, kv.num_blocks, kv.block_size, dtype=dtype, device=live.device,
                     num_host_blocks=kv.num_host_blocks)
     runner = ModelRunner(model, cache, kv.block_size)
+    if live.cuda_graphs:
+        longest = kv.num_blocks * kv.block_size  # no sequence outgrows the cache
+        if scheduler.config.max_model_len is not None:
+            longest = min(longest, scheduler.config.max_model_len)
+        runner.use_decode_graphs(min(scheduler.max_num_seqs, MAX_GRAPH_BATCH), longest)
     return scheduler, LiveExecutor(runner, scheduler.kv)
 
 

@@ -141,6 +141,10 @@ class LlamaModel:
             self._rope_sin = angles.sin().to(self.dtype).to(self.device)
         return self._rope_cos[positions], self._rope_sin[positions]
 
+    def rope_table_ptr(self) -> int:
+        """Address of the rotary cos table (captured CUDA graphs read it in place)."""
+        return self._rope_cos.data_ptr()
+
     def _decoder(self, input_ids: torch.Tensor, positions: torch.Tensor, num_positions: int,
                  attend) -> torch.Tensor:
         """All layers and the final norm; ``attend(layer, q, k, v) -> [T, Hq, D]`` is the attention."""

@@ -5,6 +5,7 @@ blocks. ``ModelRunner.execute`` turns a ``Batch`` (rows of new tokens over cache
 block tables of its requests into the packed tensors of one forward pass (vLLM's input
 preparation, vectorised with numpy), applies the step's swaps, runs the model and returns the
 greedy next token of every sampling row. It never mutates the requests: the live executor does.
+With ``use_decode_graphs`` its decode-only steps replay CUDA graphs instead (``graphs.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from servesim.sim.batch import Batch
 from servesim.sim.presets import ModelConfig
 from servesim.sim.request import Request
 
+from .graphs import DecodeGraphs
 from .model import AttentionMetadata, LlamaModel
 
 
@@ -99,10 +101,20 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.device = model.device
+        self.graphs: DecodeGraphs | None = None  # decode-only steps replayed from CUDA graphs (use_decode_graphs)
 
-    def prepare(self, batch: Batch, block_tables: list[list[int]]
-                ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """Packed (input_ids [T], positions [T], metadata) of ``batch``; block_tables in row order."""
+    def use_decode_graphs(self, max_batch: int, max_context: int, capture: bool | None = None) -> DecodeGraphs:
+        """Run decode-only steps of up to ``max_batch`` rows and ``max_context`` tokens through
+        ``DecodeGraphs`` (captured now on a GPU; the same padded path, eager, on a CPU)."""
+        self.graphs = DecodeGraphs(self.model, self.kv_cache.tensor, self.block_size, max_batch, max_context,
+                                   capture=capture)
+        self.graphs.capture_all()
+        return self.graphs
+
+    def host_arrays(self, batch: Batch, block_tables: list[list[int]]) -> dict[str, np.ndarray]:
+        """The packed layout of ``batch`` as host arrays (block_tables in row order): input_ids and
+        positions [T], slots [T], the padded block table [B, max blocks], seq_lens [B],
+        query_start_loc [B + 1], num_new_tokens / num_context_tokens [B] and samples [B]."""
         n = np.asarray(batch.num_new_tokens, dtype=np.int64)
         ctx = np.asarray(batch.num_context_tokens, dtype=np.int64)
         b, bs = len(n), self.block_size
@@ -135,24 +147,33 @@ class ModelRunner:
         table[np.arange(table.shape[1]) < table_lens[:, None]] = np.fromiter(
             chain.from_iterable(block_tables), dtype=np.int64, count=int(table_lens.sum()))
         slots = table[row, positions // bs] * bs + positions % bs
+        return {"input_ids": ids, "positions": positions, "slots": slots, "table": table, "seq_lens": seq_lens,
+                "query_start_loc": qsl, "num_new_tokens": n, "num_context_tokens": ctx,
+                "samples": np.asarray(batch.samples, dtype=bool)}
 
-        samples = np.asarray(batch.samples, dtype=bool)
+    def prepare(self, batch: Batch, block_tables: list[list[int]]
+                ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """Packed (input_ids [T], positions [T], metadata) of ``batch``; block_tables in row order."""
+        return self._device_inputs(self.host_arrays(batch, block_tables))
+
+    def _device_inputs(self, a: dict[str, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         dev = self.device
 
         def put(x: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
             return torch.from_numpy(x).to(device=dev, dtype=dtype)
 
+        n, qsl = a["num_new_tokens"], a["query_start_loc"]
         md = AttentionMetadata(
-            slot_mapping=put(slots, torch.int64),
-            block_tables=put(table, torch.int32),
-            seq_lens=put(seq_lens, torch.int32),
+            slot_mapping=put(a["slots"], torch.int64),
+            block_tables=put(a["table"], torch.int32),
+            seq_lens=put(a["seq_lens"], torch.int32),
             query_start_loc=put(qsl, torch.int32),
             max_query_len=int(n.max(initial=0)),
-            max_seq_len=int(seq_lens.max(initial=0)),
-            prefill_only=not ctx.any(),
-            logits_indices=put(qsl[1:][samples] - 1, torch.int64),
+            max_seq_len=int(a["seq_lens"].max(initial=0)),
+            prefill_only=not a["num_context_tokens"].any(),
+            logits_indices=put(qsl[1:][a["samples"]] - 1, torch.int64),
         )
-        return put(ids, torch.int64), put(positions, torch.int64), md
+        return put(a["input_ids"], torch.int64), put(a["positions"], torch.int64), md
 
     def compute_logits(self, batch: Batch, block_tables: list[list[int]]) -> torch.Tensor:
         """Apply the step's swaps (out, then in), run it; fp32 logits [sampling rows, vocab]."""
@@ -160,7 +181,10 @@ class ModelRunner:
         self.kv_cache.copy_blocks_in(batch.swap_in)
         if batch.size == 0 or batch.num_tokens == 0:
             return torch.empty(0, self.model.config.vocab_size, device=self.device)
-        input_ids, positions, md = self.prepare(batch, block_tables)
+        a = self.host_arrays(batch, block_tables)
+        if self.graphs is not None and self.graphs.covers(a["num_new_tokens"], a["num_context_tokens"], a["samples"]):
+            return self.graphs.logits(a["input_ids"], a["positions"], a["slots"], a["table"], a["seq_lens"])
+        input_ids, positions, md = self._device_inputs(a)
         return self.model.forward(input_ids, positions, md, self.kv_cache.tensor)
 
     def execute(self, batch: Batch, block_tables: list[list[int]]) -> list[int]:

@@ -73,6 +73,10 @@ class LiveConfig(ConfigModel):
     )
     threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's choice)")
     warmup_steps: int = Field(2, ge=0, description="untimed forward passes before the replay starts")
+    cuda_graphs: bool = Field(
+        False, description="replay decode-only steps from CUDA graphs captured at start-up, one per padded batch "
+        "size (1, 2, 4, 8, 16, 24, ... up to max_num_seqs, at most 512), as vLLM does by default; on a CPU the "
+        "same padded decode path runs without capture")
 
 
 class Scenario(ConfigModel):

@@ -1,4 +1,4 @@
-"""The GPU-session scripts' CPU paths: gpu_host_bound --cpu-smoke and live_steps_by_batch on shipped runs."""
+"""The GPU-session scripts' CPU paths: gpu_host_bound and gpu_graphs --cpu-smoke, live_steps_by_batch on shipped runs."""
 
 from __future__ import annotations
 
@@ -55,3 +55,12 @@ def test_servesim_commit_names_a_copied_tree_from_the_environment(monkeypatch):
     monkeypatch.delenv("SERVESIM_COMMIT")
     commit, _ = servesim_commit()
     assert commit != "0123abc"
+
+
+def test_graphs_cpu_smoke_compares_the_padded_path_with_the_eager_one(tmp_path, capsys):
+    assert _load("gpu_graphs").main(["--cpu-smoke", "--reps", "1", "--out", str(tmp_path)]) == 0
+    rows = pd.read_csv(tmp_path / "graphs.csv")
+    assert len(rows) == 6 and (rows["padded_rows"] >= rows["rows"]).all() and set(rows["padded_rows"]) == {1, 4, 8}
+    assert (rows["max_rel_diff"] < 1e-4).all() and (rows["same_tokens"] == 1.0).all()
+    assert (rows["eager_ms"] > 0).all() and (rows["graph_ms"] > 0).all()
+    assert "captured=False" in capsys.readouterr().out

@@ -212,3 +212,27 @@ def test_live_sessions_carry_the_generated_reply_into_the_next_turn_and_hit_the_
     sim = sim_module.simulate(sc, progress=False)
     assert res.requests_df["num_cached_tokens"].tolist() == sim.requests_df["num_cached_tokens"].tolist()
     assert res.requests_df["num_cached_tokens"].iloc[1:].gt(0).all()  # every later turn and session hit
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_decode_steps_through_the_graph_path_give_the_same_tokens_under_preemption(mode, reference_tokens, monkeypatch):
+    """live.cuda_graphs: decode-only steps go through DecodeGraphs' padded static buffers (eager on
+    a CPU); every other step the plain forward. Greedy tokens must not change."""
+    from servesim.kernels import graphs
+
+    made = []
+    init = graphs.DecodeGraphs.__init__
+
+    def spy(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(graphs.DecodeGraphs, "__init__", spy)
+    d = tiny_scenario(num_blocks=10, n=4, mode=mode).model_dump(mode="json", exclude_none=True)
+    d["live"]["cuda_graphs"] = True
+    tokens, res = _tokens(scenario_from_dict(d))
+    assert res.summary["num_preemptions"] > 0, "no KV pressure; the test proves little"
+    (g,) = made
+    assert g.sizes == [1, 2, 4, 8] and g.max_context == 80  # max_num_seqs 8; 10 blocks of 8 tokens
+    assert 0 < g.num_replays < res.summary["num_iterations"]  # decode steps only
+    assert tokens == reference_tokens

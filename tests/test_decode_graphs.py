@@ -1,0 +1,100 @@
+"""DecodeGraphs: a decode step padded to its capture size over static buffers gives the logits of
+the plain forward (on a CPU the padded path runs without capture; a GPU adds only the capture)."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from servesim.kernels.graphs import DecodeGraphs, capture_sizes  # noqa: E402
+from servesim.kernels.model import LlamaModel  # noqa: E402
+from servesim.kernels.runner import KVCache, ModelRunner  # noqa: E402
+from servesim.sim.batch import Batch  # noqa: E402
+from servesim.sim.presets import get_model  # noqa: E402
+from servesim.sim.request import Request  # noqa: E402
+
+BLOCK = 8
+TINY = get_model("tiny")
+
+
+def test_capture_sizes_follow_vllm_and_end_at_the_largest_batch():
+    assert capture_sizes(1) == [1]
+    assert capture_sizes(3) == [1, 2, 3]
+    assert capture_sizes(8) == [1, 2, 4, 8]
+    assert capture_sizes(20) == [1, 2, 4, 8, 16, 20]
+    assert capture_sizes(64)[-3:] == [48, 56, 64] and len(capture_sizes(64)) == 11
+    with pytest.raises(ValueError, match="max_batch"):
+        capture_sizes(0)
+
+
+def _prefilled(runner: ModelRunner, lens: list[int], seed: int) -> tuple[list[Request], list[list[int]]]:
+    """Requests whose prompts (lengths ``lens``) are prefilled into shuffled blocks, one token
+    sampled each: ready to decode."""
+    rng = np.random.default_rng(seed)
+    free = rng.permutation(runner.kv_cache.num_blocks).tolist()
+    reqs, tables = [], []
+    for i, n in enumerate(lens):
+        r = Request(i, 0.0, n, 64, prompt_token_ids=rng.integers(0, TINY.vocab_size, n).tolist())
+        tables.append([free.pop() for _ in range(-(-(n + 40) // BLOCK))])
+        reqs.append(r)
+    logits = runner.compute_logits(Batch.of(reqs, lens, [0] * len(lens)), tables)
+    for r, tok in zip(reqs, logits.argmax(-1).tolist(), strict=True):
+        r.output_token_ids.append(tok)
+    return reqs, tables
+
+
+def _decode(runner: ModelRunner, reqs: list[Request], tables: list[list[int]]) -> torch.Tensor:
+    ctx = [r.prompt_len + len(r.output_token_ids) - 1 for r in reqs]
+    logits = runner.compute_logits(Batch.of(reqs, [1] * len(reqs), ctx), tables)
+    for r, tok in zip(reqs, logits.argmax(-1).tolist(), strict=True):
+        r.output_token_ids.append(tok)
+    return logits
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.slow)])
+def test_padded_graph_path_matches_the_plain_forward_step_for_step(backend):
+    model = LlamaModel(TINY, seed=0, backend=backend)
+    plain = ModelRunner(model, KVCache(TINY, 96, BLOCK), BLOCK)
+    graphed = ModelRunner(model, KVCache(TINY, 96, BLOCK), BLOCK)
+    g = graphed.use_decode_graphs(max_batch=12, max_context=256)
+    assert g.sizes == [1, 2, 4, 8, 12] and not g.capture  # a CPU: the padded path, eager
+    lens = [5, 17, 40, 9, 33, 3, 24, 8, 11]
+    a, ta = _prefilled(plain, lens, seed=1)
+    b, tb = _prefilled(graphed, lens, seed=1)
+    assert g.num_replays == 0  # a prefill is not a decode step
+    # 9 rows (padded to 12), then 3 (padded to 4: rows of the bigger step must not linger), then 1, 5
+    for rows in (slice(0, 9), slice(2, 5), slice(7, 8), slice(0, 9, 2)):
+        want = _decode(plain, a[rows], ta[rows])
+        got = _decode(graphed, b[rows], tb[rows])
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert g.num_replays == 4
+    assert [r.output_token_ids for r in b] == [r.output_token_ids for r in a]
+
+
+def test_steps_that_are_not_plain_decodes_run_the_plain_forward():
+    model = LlamaModel(TINY, seed=0)
+    runner = ModelRunner(model, KVCache(TINY, 64, BLOCK), BLOCK)
+    g = runner.use_decode_graphs(max_batch=2, max_context=64)
+    reqs, tables = _prefilled(runner, [5, 7, 9], seed=2)
+    cases = [
+        Batch.of(reqs, [1, 1, 1], [5, 7, 9]),  # more rows than the largest capture size
+        Batch.of(reqs[:2], [1, 2], [5, 6]),  # a row with two new tokens
+        Batch.of(reqs[:1], [1], [5], [False]),  # a row that does not sample
+    ]
+    for batch in cases:
+        runner.compute_logits(batch, tables[:batch.size])
+    assert g.num_replays == 0
+    # a row whose new token would be the 65th of a 64-token max_context
+    assert not g.covers(np.array([1]), np.array([64]), np.array([True]))
+    assert g.covers(np.array([1]), np.array([63]), np.array([True]))
+
+
+def test_capture_needs_a_cuda_device():
+    model = LlamaModel(TINY, seed=0)
+    with pytest.raises(ValueError, match="CUDA device"):
+        DecodeGraphs(model, KVCache(TINY, 8, BLOCK).tensor, BLOCK, 4, 64, capture=True)
+    with pytest.raises(ValueError, match="max_context"):
+        DecodeGraphs(model, KVCache(TINY, 8, BLOCK).tensor, BLOCK, 4, 0)
