@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROWS = (1, 4, 16, 64, 128, 256)
+ROWS = (1, 3, 16, 50, 128, 250)  # 3, 50 and 250 pad to capture sizes 4, 56 and 256
 CONTEXTS = (512, 2048)
 
 

@@ -9,7 +9,8 @@
 #      with the profile just fitted, and the dynamics check (--replay-steps).
 # GRAPHS=1: decode steps replay CUDA graphs (calibrate --cuda-graphs, live.cuda_graphs: true), and a
 # stage before the calibration checks graphed decode steps against eager ones and times both
-# (benchmarks/gpu_graphs.py). SKIP="kernels host-bound" leaves those stages out.
+# (benchmarks/gpu_graphs.py); LIVE_ALSO_EAGER=1 adds the live validate without graphs, against the
+# scenario's own profile. SKIP="kernels host-bound" leaves those stages out.
 # Everything goes under $OUT (default results/gpu-run), with the log, nvidia-smi's view and its
 # once-a-second clocks / power / load for the whole session (dmon.txt). Each stage
 # runs in its own time box and a failed or cut stage does not stop the next: a GPU lease is counted
@@ -123,6 +124,10 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
     [ -n "$LIVE" ] && stage live-validate "$LIVE_TIMEOUT" python3 -m servesim.sim.cli validate "$LIVE" $LIVE_SET \
       --set "cost_model.path=$(realpath "$PROFILE")" --profile "$PROFILE" --replay-steps --quiet \
       --out "$OUT/live-validate"
+    # shellcheck disable=SC2086
+    [ -n "$LIVE" ] && [ "$GRAPHS" = 1 ] && [ "${LIVE_ALSO_EAGER:-0}" = 1 ] && stage live-validate-eager "$LIVE_TIMEOUT" \
+      python3 -m servesim.sim.cli validate "$LIVE" ${LIVE_SET/--set live.cuda_graphs=true/} --replay-steps --quiet \
+      --out "$OUT/live-validate-eager"
   else
     echo "no profile at $PROFILE: roofline and live-validate stages skipped"
   fi
