@@ -393,6 +393,21 @@ class ValidationResult:
         return not self.failed
 
 
+def graphs_mismatch(cost_model: object, live_graphs: bool) -> str | None:
+    """A line saying the measured profile was calibrated with CUDA graphs on and the live run has
+    them off, or the reverse (decode steps then differ by up to 5x on a GPU); None when they agree
+    or the cost model is no ``servesim calibrate`` profile."""
+    provenance = getattr(cost_model, "provenance", None)
+    if not provenance or "backend" not in provenance:  # roofline, imported GPU profile
+        return None
+    measured = bool(provenance.get("cuda_graphs", False))
+    if measured == live_graphs:
+        return None
+    return (f"the profile was calibrated with CUDA graphs {'on' if measured else 'off'} (calibrate "
+            f"{'--cuda-graphs' if measured else 'without --cuda-graphs'}) but live.cuda_graphs is "
+            f"{str(live_graphs).lower()}: its decode steps price another engine")
+
+
 def validate(
     sc: Scenario,
     out_dir: str | Path,
@@ -432,6 +447,10 @@ def validate(
     say = log or (lambda _msg: None)
     out = Path(out_dir)
     phases = 3 if replay_steps else 2
+    # on a CPU the padded decode path costs what the plain one does: only a GPU run can mismatch
+    mismatch = graphs_mismatch(cost_model, sc.live.cuda_graphs) if sc.live.device == "cuda" else None
+    if mismatch:
+        say(f"servesim validate: note: {mismatch}")
 
     requests = validation_requests(sc)
     before = _signature(requests)

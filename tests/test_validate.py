@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -296,3 +297,15 @@ def test_repeated_live_runs_report_their_median_and_spread(tmp_path, capsys):
         assert by[m]["live_spread_pct"] == pytest.approx(100 * abs(a - b) / ((a + b) / 2))
     assert len(doc["step_check"]["all"]["bias_pct_by_run"]) == 2
     assert main(["validate", str(path), "--out", str(tmp_path / "bad"), "--quiet", "--repeats", "0"]) == 2
+
+
+def test_a_profile_calibrated_with_the_other_graph_setting_is_named_before_the_live_run():
+    from servesim.calibration.validate import graphs_mismatch
+    from servesim.sim.cost_model import load_profile
+
+    graphed = load_profile(Path(__file__).resolve().parents[1] / "calibration/profiles/h200-llama-3.1-8b-triton-graphs.json")
+    eager = load_profile(Path(__file__).resolve().parents[1] / "calibration/profiles/h200-llama-3.1-8b-triton.json")
+    assert graphs_mismatch(graphed, True) is None and graphs_mismatch(eager, False) is None
+    assert "calibrated with CUDA graphs on" in graphs_mismatch(graphed, False)
+    assert "live.cuda_graphs is true" in graphs_mismatch(eager, True)
+    assert graphs_mismatch(object(), True) is None  # the roofline: nothing to compare
