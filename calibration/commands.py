@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -195,17 +196,66 @@ def calibrate(opts: CalibrateOptions) -> dict[str, Any]:
                         "median_gap_s": engine.median_gap_s},
         "raw_csv": path.with_suffix(".csv").name, "gemm_csv": path.stem + "-gemm.csv",
     }
-    held = {r: {k: round(v, 5) if isinstance(v, float) else v for k, v in e.items()}
-            for r, e in result.held_out.items()}
     profile = to_profile_dict({r: c.tolist() for r, c in result.coefs.items()}, tile_tokens=result.tile,
                               overhead={"step_s": engine.step_s, "per_seq_s": engine.per_seq_s},
-                              provenance=provenance, held_out_error=held, gemm_tables=gemm)
+                              provenance=provenance, held_out_error=_rounded(result.held_out), gemm_tables=gemm,
+                              floors=result.floors)
     save_profile(path, profile)  # the raw CSVs beside it were written after the last round
     fitting.plot_fit(result, path.with_suffix(".png"),
                      title=f"{opts.model} {opts.backend}/{opts.device} ({info['device_name'][:40]})")
     return {**profile, "paths": [str(path), str(path.with_suffix(".csv")), str(path.with_name(path.stem + "-gemm.csv")),
                                  str(path.with_suffix(".png"))],
             "train_error": result.train}
+
+
+def _rounded(errors: dict[str, dict]) -> dict[str, dict]:
+    return {r: {k: round(v, 5) if isinstance(v, float) else v for k, v in e.items()} for r, e in errors.items()}
+
+
+def refit(path: str | Path, out: str | Path | None = None) -> dict[str, Any]:
+    """Fit a ``servesim calibrate`` profile again from the raw CSV beside it (no device needed):
+    same held-out split (the provenance's fraction and seed), same GEMM tables and engine-loop
+    overhead, today's fit (tile, host floors). Writes ``out`` (default: over ``path``) and its plot;
+    the provenance keeps the first fit's held-out error under ``refit``."""
+    from servesim.sim.cost_model import FittedCostModel, ProfileError
+    from servesim.sim.scenario import ScenarioError
+
+    path = Path(path)
+    try:
+        model = FittedCostModel.from_profile(path)
+    except ProfileError as e:
+        raise ScenarioError(f"calibrate refit: {e}") from None
+    prov = model.provenance
+    if "raw_csv" not in prov:
+        raise ScenarioError(f"calibrate refit: {path} names no raw_csv in its provenance; only a profile written by "
+                            "servesim calibrate (with its NAME.csv beside it) can be refit")
+    raw_path = path.with_name(prov["raw_csv"])
+    if not raw_path.is_file():
+        raise ScenarioError(f"calibrate refit: {raw_path} (the profile's raw_csv) is missing; it must sit beside the "
+                            "profile")
+    raw = pd.read_csv(raw_path)
+    missing = {"round", "shape", "regime", "seconds"} - set(raw.columns)
+    if missing:
+        raise ScenarioError(f"calibrate refit: {raw_path} lacks column(s) {sorted(missing)}")
+    result = fitting.fit(raw, holdout=prov.get("holdout_fraction", 0.2), seed=prov.get("holdout_seed", 0),
+                         gemm=model.gemm)
+    commit, dirty = servesim_commit()
+    previous = prov.get("refit", {}).get("first_held_out_error", model.held_out_error)
+    provenance = {**prov, "refit": {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                                    "servesim_commit": commit, "servesim_dirty": dirty,
+                                    "first_held_out_error": previous}}
+    out_path = Path(out) if out else path
+    if out_path.resolve() != path.resolve():
+        provenance["raw_csv"] = str(Path(os.path.relpath(raw_path.resolve(), out_path.resolve().parent)))
+    profile = to_profile_dict({r: c.tolist() for r, c in result.coefs.items()}, tile_tokens=result.tile,
+                              overhead=model.overhead, provenance=provenance,
+                              held_out_error=_rounded(result.held_out),
+                              gemm_tables=model.gemm.to_dict() if model.gemm else None, floors=result.floors)
+    save_profile(out_path, profile)
+    fitting.plot_fit(result, out_path.with_suffix(".png"),
+                     title=f"{prov.get('model', '?')} {prov.get('backend', '?')}/{prov.get('device', '?')} "
+                           f"({str(prov.get('device_name', ''))[:40]}), refit")
+    return {**profile, "paths": [str(out_path), str(out_path.with_suffix(".png"))], "train_error": result.train}
 
 
 def _write_raw(path: Path, rows: list[dict], gemm_rows: list[dict]) -> None:
@@ -235,6 +285,10 @@ def format_report(profile: dict[str, Any]) -> str:
             n = e["n"] + t.get("n", 0)
             lines.append(f"{r:<8} {n:>6} {100 * e['median_ape']:>19.2f}% {100 * e['p90_ape']:>7.2f}% "
                          f"{100 * e['max_ape']:>7.2f}% {100 * t.get('median_ape', float('nan')):>16.2f}%")
+    floors = {r: body["floor_s"] for r, body in profile["regimes"].items() if body.get("floor_s")}
+    if floors:
+        lines.append("host floor, max(floor, fitted terms): " + ", ".join(
+            f"{r} {1e3 * f:.1f} ms" for r, f in floors.items()))
     dev = prov.get("round_deviation") or {}
     if dev:
         lines.append("timing noise, one round of a shape against its mean over rounds (median): " + ", ".join(

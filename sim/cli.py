@@ -222,7 +222,8 @@ def _add_calibrate(sub) -> None:  # noqa: ANN001 - argparse's private subparsers
     cal.add_argument("--seed", type=int, default=0, help="seed of the grid, the shuffles and the split (0)")
     cal.add_argument("--quiet", action="store_true", help="no progress bar")
     cal.set_defaults(fn=cmd_calibrate)
-    imp = cal.add_subparsers(dest="calibrate_action", metavar="ACTION").add_parser(
+    actions = cal.add_subparsers(dest="calibrate_action", metavar="ACTION")
+    imp = actions.add_parser(
         "import", help="build a GPU profile from published kernel measurements (no GPU needed)",
         description="Read public per-kernel GPU measurements (LLMServingSim, Vidur, inference-sim), assemble a "
                     "servesim-gpu-profile/1, print and store its held-out error per regime.")
@@ -242,6 +243,27 @@ def _add_calibrate(sub) -> None:  # noqa: ANN001 - argparse's private subparsers
                      help="GPU-GPU link for TP all-reduce when no measured table is given (16e9)")
     imp.add_argument("--link-latency-us", type=float, default=None, help="per all-reduce latency, us (20)")
     imp.set_defaults(fn=cmd_calibrate_import)
+    ref = actions.add_parser(
+        "refit", help="fit a calibrated profile again from the raw CSV beside it (no device needed)",
+        description="Refit a servesim calibrate profile from its raw timings (NAME.csv beside it) with this "
+                    "servesim's fit: same held-out split, GEMM tables and engine-loop overhead; prints the "
+                    "held-out error, keeps the first fit's in the provenance.")
+    ref.add_argument("refit_profile", metavar="PROFILE", help="the profile JSON (its raw CSV beside it)")
+    ref.add_argument("--out", dest="refit_out", metavar="P", help="write here instead of over PROFILE")
+    ref.set_defaults(fn=cmd_calibrate_refit)
+
+
+def cmd_calibrate_refit(args: argparse.Namespace) -> int:
+    from servesim.calibration.commands import format_report, refit
+
+    print(f"servesim calibrate refit: {args.refit_profile}")
+    profile = refit(args.refit_profile, args.refit_out)
+    print(format_report(profile))
+    first = profile["provenance"]["refit"]["first_held_out_error"].get("all")
+    if first:
+        print(f"first fit, all regimes: held-out median {100 * first['median_ape']:.2f} %, "
+              f"p90 {100 * first['p90_ape']:.2f} %")
+    return 0
 
 
 def cmd_calibrate_import(args: argparse.Namespace) -> int:

@@ -57,7 +57,8 @@ Profile file (JSON), written by ``save_profile`` and read by ``FittedCostModel.f
       "regimes": {                            # "prefill", "decode", "mixed", and/or "all";
         "decode": {"coef": [13 floats >= 0]}, # a missing regime falls back to "all", so either
         "prefill": {"coef": [...]},           # "all" or all three must be present; coefficients
-        "mixed": {"coef": [...]}              # are seconds per unit of each feature
+        "mixed": {"coef": [...],              # are seconds per unit of each feature;
+                  "floor_s": 0.033}           # optional host floor of the regime (below)
       },
       "overhead": {"step_s": 0.0, "per_seq_s": 0.0, "swap_bandwidth": null},
       "gemm_tables": {"tokens": [1, 2, ...], "linear_s": [...], "lm_head_s": [...]},  # or null
@@ -67,8 +68,11 @@ Profile file (JSON), written by ``save_profile`` and read by ``FittedCostModel.f
 
 ``overhead`` holds host-side time the kernel timings did not see (seconds per step, seconds per
 sequence) and the swap bandwidth in bytes/s (null: use the hardware preset's PCIe figure).
-Step time = coef[regime] . step_features + overhead.step_s + overhead.per_seq_s * seqs
-+ swap_bytes / swap_bandwidth. ``servesim-profile/1`` files (the first seven features only) still
+Step time = max(floor_s[regime], coef[regime] . step_features) + overhead.step_s + overhead.per_seq_s
+* seqs + swap_bytes / swap_bandwidth. ``floor_s`` (default 0) is the time below which an engine's
+steps do not go however small they are: an eager GPU engine that is host-bound below ~1.5k tokens
+takes what its CPU needs to launch ~1,100 kernels, and the fitted terms describe the device above
+it (calibration chooses it by cross-validation, README "Calibration"). ``servesim-profile/1`` files (the first seven features only) still
 load: their missing coefficients are zero.
 """
 
@@ -437,6 +441,12 @@ class RooflineCostModel:
 # Fitted profile
 
 
+def _check_floor(regime: str, floor: Any) -> float:
+    if isinstance(floor, bool) or not isinstance(floor, int | float) or not (math.isfinite(floor) and floor >= 0):
+        raise ProfileError(f"regimes.{regime}.floor_s must be a number of seconds >= 0, got {floor!r}")
+    return float(floor)
+
+
 def _check_coef(regime: str, coef: Any, num_features: int = len(FEATURE_NAMES)) -> tuple[float, ...]:
     if not isinstance(coef, Sequence) or len(coef) != num_features:
         raise ProfileError(f"regimes.{regime}.coef must be a list of {num_features} numbers "
@@ -479,8 +489,10 @@ class FittedCostModel:
                  overhead: Mapping[str, Any] | None = None, swap_bandwidth: float | None = None,
                  provenance: Mapping[str, Any] | None = None,
                  held_out_error: Mapping[str, Any] | None = None, num_features: int = len(FEATURE_NAMES),
-                 gemm_tables: GemmTables | Mapping[str, Any] | None = None) -> None:
-        """``coefs`` maps regime ("prefill"/"decode"/"mixed"/"all") to one coefficient per feature.
+                 gemm_tables: GemmTables | Mapping[str, Any] | None = None,
+                 floors: Mapping[str, float] | None = None) -> None:
+        """``coefs`` maps regime ("prefill"/"decode"/"mixed"/"all") to one coefficient per feature;
+        ``floors`` a regime to its host floor in seconds (absent: 0).
 
         ``swap_bandwidth`` (bytes/s) is used when the profile's overhead does not name one;
         ``num_features`` < 13 reads a legacy coefficient list (the first features only).
@@ -495,6 +507,9 @@ class FittedCostModel:
         if not isinstance(tile_tokens, int) or tile_tokens < 1:
             raise ProfileError(f"tile_tokens must be a positive integer, got {tile_tokens!r}")
         self.coefs = checked
+        self.floors = {r: _check_floor(r, f) for r, f in (floors or {}).items() if f}
+        if set(self.floors) - set(checked):
+            raise ProfileError(f"floor_s given for regime(s) without coefficients: {sorted(set(self.floors) - set(checked))}")
         self.tile = tile_tokens
         self.overhead = dict(overhead or {})
         self.provenance = dict(provenance or {})
@@ -510,6 +525,9 @@ class FittedCostModel:
         self._swap_bw = float(bw) if bw else math.inf
         self._dec, self._pre, self._mix = (Coefficients(*checked.get(r, checked.get("all")))
                                            for r in ("decode", "prefill", "mixed"))
+        # a regime without coefficients of its own falls back to "all", and so does its floor
+        self._floor_dec, self._floor_pre, self._floor_mix = (
+            self.floors.get(r if r in checked else "all", 0.0) for r in ("decode", "prefill", "mixed"))
         self._extras = any(any(c[len(BASE_FEATURE_NAMES):]) for c in checked.values())
         if isinstance(gemm_tables, Mapping):
             try:
@@ -543,21 +561,25 @@ class FittedCostModel:
         regimes = data.get("regimes")
         if not isinstance(regimes, dict) or not regimes:
             raise ProfileError("regimes must be a non-empty object like {\"all\": {\"coef\": [...]}}")
-        coefs = {}
+        coefs, floors = {}, {}
         for name, body in regimes.items():
             if not isinstance(body, dict) or "coef" not in body:
                 raise ProfileError(f"regimes.{name} must be an object with a 'coef' list")
+            unknown = set(body) - {"coef", "floor_s"}
+            if unknown:
+                raise ProfileError(f"regimes.{name}: unknown key(s) {sorted(unknown)}; use coef and floor_s")
             coefs[name] = body["coef"]
+            floors[name] = body.get("floor_s", 0.0)
         return cls(coefs, tile_tokens=data.get("tile_tokens", TILE_TOKENS), overhead=data.get("overhead"),
                    swap_bandwidth=swap_bandwidth, provenance=data.get("provenance"),
                    held_out_error=data.get("held_out_error"), num_features=len(features),
-                   gemm_tables=data.get("gemm_tables"))
+                   gemm_tables=data.get("gemm_tables"), floors=floors)
 
     def to_profile_dict(self) -> dict[str, Any]:
         """This model as a profile dict (what ``save_profile`` writes)."""
         return to_profile_dict(self.coefs, tile_tokens=self.tile, overhead=self.overhead,
                                provenance=self.provenance, held_out_error=self.held_out_error,
-                               gemm_tables=self.gemm.to_dict() if self.gemm else None)
+                               gemm_tables=self.gemm.to_dict() if self.gemm else None, floors=self.floors)
 
     @property
     def needs_rows(self) -> bool:
@@ -587,13 +609,23 @@ class FittedCostModel:
                   + c.paged_prefill_seqs * pseqs)
             if self.gemm is not None:
                 t += c.linear_measured_s * self.gemm.linear(tokens) + c.lm_head_measured_s * self.gemm.lm_head(n)
-        return t
+        return self._floored(t, sums, swap_bytes) if self.floors else t
 
     def step_time(self, sums: StepSums, swap_bytes: float = 0.0) -> float:
         """``iteration_time`` from a step's ``step_sums``; only for profiles without row-level terms."""
         if self._extras:
             raise ValueError("this profile weighs row-level features; price the step with iteration_time(q, ctx)")
-        return self._base_time(sums, swap_bytes)
+        t = self._base_time(sums, swap_bytes)
+        return self._floored(t, sums, swap_bytes) if self.floors and sums[0] else t
+
+    def _floored(self, t: float, sums: StepSums, swap_bytes: float) -> float:
+        """``t`` with its executor part (all but the engine loop and the swap) raised to the regime's floor."""
+        n, n_dec = sums[0], sums[1]
+        floor = self._floor_dec if n_dec == n else self._floor_pre if n_dec == 0 else self._floor_mix
+        if not floor:
+            return t
+        outside = self._step_s + self._per_seq_s * n + (swap_bytes / self._swap_bw if swap_bytes else 0.0)
+        return max(t - outside, floor) + outside
 
     def _base_time(self, sums: StepSums, swap_bytes: float) -> float:
         swap = swap_bytes / self._swap_bw if swap_bytes else 0.0
@@ -613,13 +645,17 @@ class FittedCostModel:
 def to_profile_dict(coefs: Mapping[str, Sequence[float]], *, tile_tokens: int = TILE_TOKENS,
                     overhead: Mapping[str, Any] | None = None, provenance: Mapping[str, Any] | None = None,
                     held_out_error: Mapping[str, Any] | None = None,
-                    gemm_tables: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A ``servesim-profile/2`` dict from fitted coefficients (seconds per feature unit)."""
+                    gemm_tables: Mapping[str, Any] | None = None,
+                    floors: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """A ``servesim-profile/2`` dict from fitted coefficients (seconds per feature unit) and the
+    regimes' host floors (seconds; written only where non-zero)."""
+    floors = floors or {}
     return {
         "format": PROFILE_FORMAT,
         "features": list(FEATURE_NAMES),
         "tile_tokens": int(tile_tokens),
-        "regimes": {r: {"coef": [float(c) for c in cs]} for r, cs in coefs.items()},
+        "regimes": {r: {"coef": [float(c) for c in cs], **({"floor_s": float(floors[r])} if floors.get(r) else {})}
+                    for r, cs in coefs.items()},
         "overhead": {"step_s": 0.0, "per_seq_s": 0.0, "swap_bandwidth": None, **(overhead or {})},
         "gemm_tables": dict(gemm_tables) if gemm_tables else None,
         "provenance": dict(provenance or {}),

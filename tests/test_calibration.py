@@ -91,6 +91,27 @@ def test_held_out_shapes_do_not_influence_the_fit():
     assert b.held_out["all"]["n"] == len(held_keys)
 
 
+def test_a_host_bound_engine_gets_a_floor_under_its_device_terms_and_a_device_bound_one_none():
+    shapes = build_grid(GridSpec())
+    raw = synthetic_raw(shapes, noise=0.03, seed=2)
+    plain = fit(raw, tile=1)
+    assert plain.floors == {}  # the CPU-like synthetic engine: no floor beats none
+    # the same engine behind a host that needs the median prefill's time to launch any step
+    t_pre = raw.loc[raw["regime"] == "prefill"].groupby("shape")["seconds"].mean()
+    floor = float(t_pre.median())
+    hosted = raw.copy()
+    pre = hosted["regime"] == "prefill"
+    jitter = 1 + 0.03 * np.random.default_rng(3).normal(size=int(pre.sum()))
+    hosted.loc[pre, "seconds"] = np.maximum(hosted.loc[pre, "seconds"], floor * jitter)
+    bent, straight = fit(hosted, tile=1), fit(hosted, tile=1, floors=False)
+    assert set(bent.floors) == {"prefill"} and bent.floors["prefill"] == pytest.approx(floor, rel=0.1)
+    assert bent.held_out["prefill"]["median_ape"] < 0.03 < straight.held_out["prefill"]["median_ape"]
+    assert bent.held_out["decode"] == plain.held_out["decode"]  # other regimes untouched
+    model = FittedCostModel({r: c.tolist() for r, c in bent.coefs.items()}, tile_tokens=1, floors=bent.floors)
+    small = model.iteration_time(np.array([16]), np.array([0]))
+    assert small == pytest.approx(bent.floors["prefill"])  # a tiny prefill costs the floor
+
+
 def test_a_regime_with_too_few_shapes_falls_back_to_all():
     shapes = [s for s in build_grid(GridSpec()) if s.regime != "mixed"][:150]
     shapes += [s for s in build_grid(GridSpec()) if s.regime == "mixed"][:5]

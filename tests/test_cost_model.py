@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from pydantic import ValidationError
-from servesim.sim.batch import step_sums
+from servesim.sim.batch import StepSums, step_sums
 from servesim.sim.cost_model import (
     FEATURE_NAMES,
     ROOFLINE_TERMS,
@@ -361,6 +361,24 @@ def test_fitted_model_round_trips_and_reproduces_coef_dot_features(tmp_path):
             assert cm.iteration_time(q, ctx) == pytest.approx(expected, rel=1e-12)
 
 
+def test_a_regime_floor_raises_small_steps_to_it_and_leaves_the_engine_loop_and_swaps_outside(tmp_path):
+    profile = example_profile(floors={"prefill": 0.05})
+    assert profile["regimes"]["prefill"]["floor_s"] == 0.05 and "floor_s" not in profile["regimes"]["decode"]
+    cm = FittedCostModel.from_profile(save_profile(tmp_path / "f.json", profile))
+    plain = FittedCostModel.from_profile_dict(example_profile())
+    assert cm.to_profile_dict() == profile
+    small, big = (arr(16), arr(0)), (arr(8000), arr(0))
+    loop = 1e-4 + 2e-6  # overhead.step_s + per_seq_s x 1 row: the engine loop, not the executor
+    assert plain.iteration_time(*small) < 0.05
+    assert cm.iteration_time(*small) == pytest.approx(0.05 + loop)
+    assert cm.iteration_time(*small, swap_bytes=1e9) == pytest.approx(0.05 + loop + 1e9 / cm._swap_bw)
+    assert cm.iteration_time(*big) == plain.iteration_time(*big) > 0.05 + loop  # above the floor: the terms
+    assert cm.iteration_time(arr(1, 1), arr(5, 9)) == plain.iteration_time(arr(1, 1), arr(5, 9))  # decode: no floor
+    # a regime without coefficients of its own falls back to "all", floor and all
+    fallback = FittedCostModel({"all": [0.0] * 12 + [0.0]}, floors={"all": 0.02})
+    assert fallback.iteration_time(arr(1), arr(9)) == fallback.step_time(StepSums(1, 1, 1, 0, 10, 0)) == 0.02
+
+
 def test_single_all_regime_serves_every_step():
     cm = FittedCostModel({"all": [0, 0, 0, 0, 0, 0, 1e-3, 0, 0, 0, 0, 0, 0]}, swap_bandwidth=1e9)
     assert cm.iteration_time(arr(1, 1), arr(5, 5)) == cm.iteration_time(arr(9), arr(0)) == pytest.approx(1e-3)
@@ -397,6 +415,9 @@ def test_missing_profile_file_names_the_path(tmp_path):
     (lambda p: p["regimes"]["decode"].update(coef=[1.0] * 3), "list of 13"),
     (lambda p: p["regimes"].pop("mixed"), "no 'all' regime"),
     (lambda p: p["regimes"].update(warmup={"coef": [0.0] * 13}), "unknown regime"),
+    (lambda p: p["regimes"]["mixed"].update(floor_s=-0.01), "floor_s must be a number of seconds >= 0"),
+    (lambda p: p["regimes"]["mixed"].update(floor_s="33 ms"), "floor_s must be a number"),
+    (lambda p: p["regimes"]["mixed"].update(floor=0.03), r"unknown key\(s\) \['floor'\]"),
 ])
 def test_bad_profiles_say_what_is_wrong(tmp_path, breakage, message):
     profile = example_profile()
