@@ -229,7 +229,7 @@ def refit(path: str | Path, out: str | Path | None = None) -> dict[str, Any]:
     if "raw_csv" not in prov:
         raise ScenarioError(f"calibrate refit: {path} names no raw_csv in its provenance; only a profile written by "
                             "servesim calibrate (with its NAME.csv beside it) can be refit")
-    raw_path = path.with_name(prov["raw_csv"])
+    raw_path = path.parent / prov["raw_csv"]  # beside the profile, or relative to it after refit --out
     if not raw_path.is_file():
         raise ScenarioError(f"calibrate refit: {raw_path} (the profile's raw_csv) is missing; it must sit beside the "
                             "profile")
@@ -285,7 +285,7 @@ def format_report(profile: dict[str, Any]) -> str:
             n = e["n"] + t.get("n", 0)
             lines.append(f"{r:<8} {n:>6} {100 * e['median_ape']:>19.2f}% {100 * e['p90_ape']:>7.2f}% "
                          f"{100 * e['max_ape']:>7.2f}% {100 * t.get('median_ape', float('nan')):>16.2f}%")
-    floors = {r: body["floor_s"] for r, body in profile["regimes"].items() if body.get("floor_s")}
+    floors = {r: body["floor_s"] for r, body in profile.get("regimes", {}).items() if body.get("floor_s")}
     if floors:
         lines.append("host floor, max(floor, fitted terms): " + ", ".join(
             f"{r} {1e3 * f:.1f} ms" for r, f in floors.items()))

@@ -144,6 +144,9 @@ def test_the_report_prints_the_timing_noise_beside_the_held_out_error():
     assert "timing noise, one round of a shape against its mean over rounds (median): decode 7.7 %, all 5.5 %" in report
     del profile["provenance"]["round_deviation"]  # profiles written before it: no line
     assert "timing noise" not in format_report(profile)
+    assert "host floor" not in report
+    profile["regimes"] = {"prefill": {"coef": [0.0], "floor_s": 0.0325}, "decode": {"coef": [0.0]}}
+    assert "host floor, max(floor, fitted terms): prefill 32.5 ms" in format_report(profile)
 
 
 # ---- servesim calibrate ----
@@ -219,3 +222,31 @@ def test_calibrate_quick_grid_end_to_end(tmp_path):
     profile = json.loads(out.read_text())
     assert profile["provenance"]["grid"]["quick"] is True
     assert FittedCostModel.from_profile(out).iteration_time(np.ones(8, dtype=np.int64), np.full(8, 100)) > 0
+
+
+def test_calibrate_refit_reproduces_a_profile_from_its_raw_csv_and_keeps_the_first_fit(tmp_path, capsys):
+    import shutil
+    from pathlib import Path
+
+    shipped = Path(__file__).resolve().parents[1] / "calibration" / "profiles"
+    for name in ("cpu-tiny.json", "cpu-tiny.csv"):
+        shutil.copy(shipped / name, tmp_path / name)
+    first = json.loads((tmp_path / "cpu-tiny.json").read_text())
+    out = tmp_path / "re" / "again.json"
+    assert main(["calibrate", "refit", str(tmp_path / "cpu-tiny.json"), "--out", str(out)]) == 0
+    report = capsys.readouterr().out
+    assert "held-out median APE" in report and "first fit, all regimes" in report and "host floor" not in report
+    again = json.loads(out.read_text())
+    assert again["provenance"]["refit"]["first_held_out_error"] == first["held_out_error"]
+    for regime, e in first["held_out_error"].items():  # the same split, no floor on this CPU: the same fit
+        assert again["held_out_error"][regime]["median_ape"] == pytest.approx(e["median_ape"], abs=1e-4), regime
+    assert again["provenance"]["raw_csv"] == "../cpu-tiny.csv" and out.with_suffix(".png").stat().st_size > 0
+    assert main(["calibrate", "refit", str(out)]) == 0  # a refit profile refits again (its CSV found)
+    assert json.loads(out.read_text())["provenance"]["refit"]["first_held_out_error"] == first["held_out_error"]
+    capsys.readouterr()
+    (tmp_path / "cpu-tiny.csv").unlink()
+    assert main(["calibrate", "refit", str(tmp_path / "cpu-tiny.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cpu-tiny.csv (the profile's raw_csv) is missing" in err[0]
+    assert main(["calibrate", "refit", str(shipped / "h100-sxm-llama-3.1-8b-tp1.json")]) == 2  # an imported profile
+    assert "not a servesim profile" in capsys.readouterr().err
