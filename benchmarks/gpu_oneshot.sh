@@ -30,6 +30,10 @@
 # Budget: the default stage limits sum to ~14 min; on an H200 the stages took 19 + 239 + 2 + 58 s
 # (README "H200"; the host-bound stage, added after, ~45 s). Inside a 10-minute call, as there:
 #   KERNELS_TIMEOUT=90 CAL_TIMEOUT=320 CAL_BUDGET=200 HOST_BOUND_TIMEOUT=90 LIVE_TIMEOUT=90
+# With GRAPHS=1 LIVE_ALSO_EAGER=1 SKIP=host-bound (H200 lease D, 392 s in all) the stages took
+# 24 + 24 (graphs) + 219 (CAL_BUDGET=180: 2 rounds) + 3 + 49 + 58 (eager live) s.
+# Export SERVESIM_COMMIT before the command, e.g. SERVESIM_COMMIT=$(git rev-parse --short HEAD) here
+# written into the command: never a placeholder (lease D's files had to be corrected by hand).
 #
 # A working tree copied elsewhere (no .git, or a stale one) names its commit in SERVESIM_COMMIT.
 # Every setting has an environment override; a CPU smoke run of the plumbing (no GPU needed):
