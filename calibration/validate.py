@@ -328,8 +328,11 @@ def host_share(live: RunResult) -> dict[str, float] | None:
     if "host_s" not in it or "forward_s" not in it or not len(it):
         return None
     ratio = (it["host_s"] / it["forward_s"].where(it["forward_s"] > 0)).dropna()
-    return {"total": float(it["host_s"].sum() / it["forward_s"].sum()), "median_step": float(ratio.median()),
-            "steps": int(len(ratio))}
+    share = {"total": float(it["host_s"].sum() / it["forward_s"].sum()), "median_step": float(ratio.median()),
+             "steps": int(len(ratio))}
+    if "graphed" in it:  # live.cuda_graphs: how many steps replayed a graph
+        share["graphed_steps"], share["all_steps"] = int(it["graphed"].sum()), len(it)
+    return share
 
 
 def format_host_share(share: Mapping[str, float] | None) -> str:
@@ -337,7 +340,9 @@ def format_host_share(share: Mapping[str, float] | None) -> str:
         return "live executor, host part: not recorded"
     return (f"live executor, host part (inputs + launches, before any wait for the device): "
             f"{100 * share['total']:.0f} % of its time, median step {100 * share['median_step']:.0f} % "
-            f"(near 100 % on a GPU: host-bound)")
+            f"(near 100 % on a GPU: host-bound)"
+            + (f"; {share['graphed_steps']} of {share['all_steps']} steps replayed from CUDA graphs"
+               if "graphed_steps" in share else ""))
 
 
 def format_step_check(check: Mapping[str, Mapping[str, float]]) -> str:

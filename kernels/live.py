@@ -47,6 +47,7 @@ class LiveExecutor:
         self.seconds: list[float] = []  # each step's executor time (the forward and its input preparation)
         # ... and its host part: from the step's start until the forward was launched (ModelRunner.execute_timed)
         self.host_seconds: list[float] = []
+        self.graphed: list[bool] = []  # ... and whether it was replayed from a CUDA graph (live.cuda_graphs)
 
     def run(self, batch: Batch) -> float:
         t0 = time.perf_counter()
@@ -54,7 +55,10 @@ class LiveExecutor:
         requests = batch.requests
         self.request_ids.append(np.fromiter((r.request_id for r in requests), dtype=np.int64, count=len(requests)))
         tables = [self.kv.block_table(r) for r in requests]
+        graphs = self.runner.graphs
+        replays = graphs.num_replays if graphs is not None else 0
         tokens, launched = self.runner.execute_timed(batch, tables)
+        self.graphed.append(graphs is not None and graphs.num_replays > replays)
         if self.cuda:
             torch.cuda.synchronize()
         # EOS is ignored (as in serving benchmarks): every request generates exactly output_len tokens.
@@ -234,4 +238,6 @@ def run_live(sc: Scenario, requests: list[Request] | None = None, progress: bool
             # GPU, host_s close to forward_s is a host-bound step (README "H200").
             result.iterations_df["forward_s"] = executor.seconds
             result.iterations_df["host_s"] = executor.host_seconds
+            if sc.live.cuda_graphs:
+                result.iterations_df["graphed"] = executor.graphed
     return result

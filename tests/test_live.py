@@ -235,4 +235,5 @@ def test_decode_steps_through_the_graph_path_give_the_same_tokens_under_preempti
     (g,) = made
     assert g.sizes == [1, 2, 4, 8] and g.max_context == 80  # max_num_seqs 8; 10 blocks of 8 tokens
     assert 0 < g.num_replays < res.summary["num_iterations"]  # decode steps only
+    assert res.iterations_df["graphed"].sum() == g.num_replays  # iterations.parquet says which steps
     assert tokens == reference_tokens

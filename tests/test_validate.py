@@ -266,6 +266,9 @@ def test_host_share_reads_the_live_columns_and_says_when_they_are_missing():
     assert "48 % of its time, median step 60 %" in format_host_share(share)
     assert host_share(SimpleNamespace(iterations_df=it.drop(columns="host_s"))) is None  # a simulated run
     assert format_host_share(None).endswith("not recorded")
+    assert "graphs" not in format_host_share(share)
+    graphed = host_share(SimpleNamespace(iterations_df=it.assign(graphed=[True, False, True])))
+    assert graphed["graphed_steps"] == 2 and "; 2 of 3 steps replayed from CUDA graphs" in format_host_share(graphed)
 
 
 def test_median_summary_and_spread_are_the_median_and_range_over_runs():
