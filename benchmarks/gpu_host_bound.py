@@ -11,8 +11,11 @@ executor's own ``ModelRunner`` and Triton kernels) it measures, per shape:
   CUDA events (kernels back to back, no launch gaps: what a CUDA-graph engine such as vLLM's decode
   path would pay for these kernels);
 
-under each of the given torch CPU thread counts (``live.threads`` / ``calibrate --threads``). A
-table is printed and a CSV written under ``--out``.
+under each of the given torch CPU thread counts (``live.threads`` / ``calibrate --threads``), and
+what came before a step changes its host time: ``idle_<G>ms_ms`` is the step right after the host
+sat idle G ms (``--gaps``), ``burst_ms`` the step after 20 back-to-back steps of the same shape (on
+the H200's lease D an eager mixed step's host part was 26.8 ms between CUDA-graph replays and
+43.7 ms between eager steps; README "H200"). A table is printed and a CSV written under ``--out``.
 
     python benchmarks/gpu_host_bound.py --out /tmp/host_bound           # needs a CUDA GPU
     python benchmarks/gpu_host_bound.py --cpu-smoke --out /tmp/hb       # the plumbing, tiny model, no GPU
@@ -51,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--threads", type=int, nargs="+", default=[2, 16], help="torch CPU thread counts (2 16)")
     ap.add_argument("--reps", type=int, default=5, help="timed steps per shape and thread count (5)")
+    ap.add_argument("--gaps", type=float, nargs="*", default=[0.0, 10.0, 50.0],
+                    help="idle gaps (ms) before a timed step (0 10 50); none: skip")
+    ap.add_argument("--burst", type=int, default=20, help="back-to-back steps before burst_ms (20; 0: skip)")
+    ap.add_argument("--gap-max-tokens", type=int, default=2048,
+                    help="idle/burst columns only for shapes of at most this many tokens (2048: the bigger "
+                         "ones are GPU-bound)")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="tiny model, torch kernels on the CPU, no graph timing: checks the script, not a GPU")
     args = ap.parse_args(argv)
@@ -115,8 +124,24 @@ def main(argv: list[str] | None = None) -> int:
             _, launched = runner.execute_timed(batch, tables)
             return (launched - t0) * 1e3
 
+    def after_ms(shape: Shape, idle_s: float = 0.0, burst: int = 0) -> float:
+        """One whole step (inputs, forward, greedy tokens) right after ``burst`` untimed steps of the
+        same shape (at least one) and then ``idle_s`` seconds of the host doing nothing."""
+        with stepped(bench, shape, rng) as (batch, reqs):
+            tables = [bench.kv.block_table(r) for r in reqs]
+            for _ in range(max(burst, 1)):
+                runner.execute(batch, tables)
+            sync()
+            if idle_s:
+                time.sleep(idle_s)
+            t0 = time.perf_counter()
+            runner.execute(batch, tables)  # .tolist() of the tokens waits for the device
+            return (time.perf_counter() - t0) * 1e3
+
     graph_ms = {name: gpu_ms(s) for name, s in shapes.items()}
-    print(f"{'shape':<24} {'threads':>7} {'wall_ms':>8} {'enqueue_ms':>10} {'gpu_ms':>7} {'host-bound':>10}")
+    extra = [f"idle_{gap:g}ms_ms" for gap in args.gaps] + (["burst_ms"] if args.burst else [])
+    print(f"{'shape':<24} {'threads':>7} {'wall_ms':>8} {'enqueue_ms':>10} {'gpu_ms':>7} {'host-bound':>10}"
+          + "".join(f" {c:>14}" for c in extra))
     for threads in args.threads:
         torch.set_num_threads(threads)
         for name, s in shapes.items():
@@ -125,9 +150,17 @@ def main(argv: list[str] | None = None) -> int:
             row = {"shape": name, "threads": threads, "tokens": s.num_tokens, "rows": len(s.q),
                    "wall_ms": statistics.median(wall), "wall_min_ms": min(wall), "wall_max_ms": max(wall),
                    "enqueue_ms": statistics.median(enq), "gpu_ms": graph_ms[name]}
+            small = s.num_tokens <= args.gap_max_tokens
+            for gap in args.gaps:
+                row[f"idle_{gap:g}ms_ms"] = (statistics.median(after_ms(s, gap / 1e3) for _ in range(args.reps))
+                                             if small else float("nan"))
+            if args.burst:
+                row["burst_ms"] = (statistics.median(after_ms(s, burst=args.burst) for _ in range(args.reps))
+                                   if small else float("nan"))
             rows.append(row)
             print(f"{name:<24} {threads:>7} {row['wall_ms']:>8.2f} {row['enqueue_ms']:>10.2f} {row['gpu_ms']:>7.2f} "
-                  f"{'yes' if row['enqueue_ms'] > row['gpu_ms'] else 'no':>10}", flush=True)
+                  f"{'yes' if row['enqueue_ms'] > row['gpu_ms'] else 'no':>10}"
+                  + "".join(f" {row[c]:>14.2f}" for c in extra), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with (out / "host_bound.csv").open("w", newline="") as f:

@@ -123,7 +123,7 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
       --hardware '$HARDWARE' > '$OUT/roofline_vs_profile.txt'; cat '$OUT/roofline_vs_profile.txt'"
     # the step's host part against its CUDA-graph GPU time (is the live engine host-bound here?)
     [ "$DEVICE" = cuda ] && stage host-bound "$HOST_BOUND_TIMEOUT" python3 benchmarks/gpu_host_bound.py --model "$MODEL" \
-      --out "$OUT"
+      --threads 2 --out "$OUT"
     # shellcheck disable=SC2086
     [ -n "$LIVE" ] && stage live-validate "$LIVE_TIMEOUT" python3 -m servesim.sim.cli validate "$LIVE" $LIVE_SET \
       --set "cost_model.path=$(realpath "$PROFILE")" --profile "$PROFILE" --replay-steps --quiet \

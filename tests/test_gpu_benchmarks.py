@@ -26,6 +26,8 @@ def test_host_bound_cpu_smoke_writes_one_row_per_shape_and_thread_count(tmp_path
     assert set(rows["threads"]) == {1, 2} and len(rows) == 2 * rows["shape"].nunique()
     assert (rows["wall_ms"] > 0).all() and (rows["enqueue_ms"] > 0).all()
     assert rows["gpu_ms"].isna().all()  # no graph replay without a GPU: reported as missing, not as 0
+    for col in ("idle_0ms_ms", "idle_10ms_ms", "idle_50ms_ms", "burst_ms"):  # what ran before a step
+        assert (rows[col] > 0).all(), col
     assert "decode 8 x 1024" in capsys.readouterr().out
 
 
