@@ -141,7 +141,10 @@ class DecodeGraphs:
         put(self.positions[:size], positions, 0)
         put(self.slots[:size], slots, -1)
         put(self.seq_lens[:size], seq_lens, 1)
-        put(self.block_tables[:size, :table.shape[1]], table, 0)
+        # A table wider than the graphs' (blocks held past max_context) is cut: covers() keeps every
+        # row's tokens within max_context, so the columns cut are never read.
+        w = min(table.shape[1], self.width)
+        put(self.block_tables[:size, :w], table[:, :w], 0)
         self.num_replays += 1
         if self.capture:
             if self.model.rope_table_ptr() != self._rope_ptr:

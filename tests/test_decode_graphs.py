@@ -98,3 +98,15 @@ def test_capture_needs_a_cuda_device():
         DecodeGraphs(model, KVCache(TINY, 8, BLOCK).tensor, BLOCK, 4, 64, capture=True)
     with pytest.raises(ValueError, match="max_context"):
         DecodeGraphs(model, KVCache(TINY, 8, BLOCK).tensor, BLOCK, 4, 0)
+
+
+def test_a_block_table_wider_than_the_graphs_is_cut_to_the_columns_a_row_can_read():
+    model = LlamaModel(TINY, seed=0)
+    plain = ModelRunner(model, KVCache(TINY, 96, BLOCK), BLOCK)
+    graphed = ModelRunner(model, KVCache(TINY, 96, BLOCK), BLOCK)
+    g = graphed.use_decode_graphs(max_batch=4, max_context=64)  # 8 columns
+    a, ta = _prefilled(plain, [20, 30], seed=4)
+    b, tb = _prefilled(graphed, [20, 30], seed=4)
+    assert max(map(len, tb)) > g.width  # the helper gives each request blocks for 40 more tokens: 9 > 8
+    torch.testing.assert_close(_decode(graphed, b, tb), _decode(plain, a, ta), rtol=1e-4, atol=1e-4)
+    assert g.num_replays == 1
