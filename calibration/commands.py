@@ -221,6 +221,8 @@ def refit(path: str | Path, out: str | Path | None = None) -> dict[str, Any]:
     from servesim.sim.scenario import ScenarioError
 
     path = Path(path)
+    if out and Path(out).is_dir():
+        raise ScenarioError(f"calibrate refit --out {out}: is a folder; name the profile's JSON file")
     try:
         model = FittedCostModel.from_profile(path)
     except ProfileError as e:

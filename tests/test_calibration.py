@@ -250,3 +250,5 @@ def test_calibrate_refit_reproduces_a_profile_from_its_raw_csv_and_keeps_the_fir
     assert len(err) == 1 and "cpu-tiny.csv (the profile's raw_csv) is missing" in err[0]
     assert main(["calibrate", "refit", str(shipped / "h100-sxm-llama-3.1-8b-tp1.json")]) == 2  # an imported profile
     assert "not a servesim profile" in capsys.readouterr().err
+    assert main(["calibrate", "refit", str(out), "--out", str(tmp_path)]) == 2
+    assert "is a folder" in capsys.readouterr().err
