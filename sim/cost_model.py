@@ -72,8 +72,8 @@ Step time = max(floor_s[regime], coef[regime] . step_features) + overhead.step_s
 * seqs + swap_bytes / swap_bandwidth. ``floor_s`` (default 0) is the time below which an engine's
 steps do not go however small they are: an eager GPU engine that is host-bound below ~1.5k tokens
 takes what its CPU needs to launch ~1,100 kernels, and the fitted terms describe the device above
-it (calibration chooses it by cross-validation, README "Calibration"). ``servesim-profile/1`` files (the first seven features only) still
-load: their missing coefficients are zero.
+it (calibration chooses it by cross-validation, README "Calibration"). ``servesim-profile/1`` files
+(the first seven features only) still load: their missing coefficients are zero.
 """
 
 from __future__ import annotations
@@ -507,7 +507,7 @@ class FittedCostModel:
         if not isinstance(tile_tokens, int) or tile_tokens < 1:
             raise ProfileError(f"tile_tokens must be a positive integer, got {tile_tokens!r}")
         self.coefs = checked
-        self.floors = {r: _check_floor(r, f) for r, f in (floors or {}).items() if f}
+        self.floors = {r: v for r, f in (floors or {}).items() if f is not None and (v := _check_floor(r, f))}
         if set(self.floors) - set(checked):
             raise ProfileError(f"floor_s given for regime(s) without coefficients: {sorted(set(self.floors) - set(checked))}")
         self.tile = tile_tokens

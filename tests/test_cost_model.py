@@ -417,6 +417,7 @@ def test_missing_profile_file_names_the_path(tmp_path):
     (lambda p: p["regimes"].update(warmup={"coef": [0.0] * 13}), "unknown regime"),
     (lambda p: p["regimes"]["mixed"].update(floor_s=-0.01), "floor_s must be a number of seconds >= 0"),
     (lambda p: p["regimes"]["mixed"].update(floor_s="33 ms"), "floor_s must be a number"),
+    (lambda p: p["regimes"]["mixed"].update(floor_s=""), "floor_s must be a number"),
     (lambda p: p["regimes"]["mixed"].update(floor=0.03), r"unknown key\(s\) \['floor'\]"),
 ])
 def test_bad_profiles_say_what_is_wrong(tmp_path, breakage, message):
