@@ -247,8 +247,10 @@ def refit(path: str | Path, out: str | Path | None = None) -> dict[str, Any]:
                                     "servesim_commit": commit, "servesim_dirty": dirty,
                                     "first_held_out_error": previous}}
     out_path = Path(out) if out else path
-    if out_path.resolve() != path.resolve():
-        provenance["raw_csv"] = str(Path(os.path.relpath(raw_path.resolve(), out_path.resolve().parent)))
+    if out_path.resolve() != path.resolve():  # the raw files stay where they are: name them from out_path
+        for key in ("raw_csv", "gemm_csv"):
+            if key in prov:
+                provenance[key] = os.path.relpath((path.parent / prov[key]).resolve(), out_path.resolve().parent)
     profile = to_profile_dict({r: c.tolist() for r, c in result.coefs.items()}, tile_tokens=result.tile,
                               overhead=model.overhead, provenance=provenance,
                               held_out_error=_rounded(result.held_out),

@@ -240,7 +240,8 @@ def test_calibrate_refit_reproduces_a_profile_from_its_raw_csv_and_keeps_the_fir
     assert again["provenance"]["refit"]["first_held_out_error"] == first["held_out_error"]
     for regime, e in first["held_out_error"].items():  # the same split, no floor on this CPU: the same fit
         assert again["held_out_error"][regime]["median_ape"] == pytest.approx(e["median_ape"], abs=1e-4), regime
-    assert again["provenance"]["raw_csv"] == "../cpu-tiny.csv" and out.with_suffix(".png").stat().st_size > 0
+    assert again["provenance"]["raw_csv"] == "../cpu-tiny.csv" and again["provenance"]["gemm_csv"] == "../cpu-tiny-gemm.csv"
+    assert out.with_suffix(".png").stat().st_size > 0
     assert main(["calibrate", "refit", str(out)]) == 0  # a refit profile refits again (its CSV found)
     assert json.loads(out.read_text())["provenance"]["refit"]["first_held_out_error"] == first["held_out_error"]
     capsys.readouterr()
