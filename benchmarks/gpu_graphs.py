@@ -61,11 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     cache.tensor.copy_(torch.randn(cache.tensor.shape, generator=gen, dtype=dtype, device=device))
     plain = ModelRunner(model, cache, bs)
     graphed = ModelRunner(model, cache, bs)
+    reserved = torch.cuda.memory_reserved if cuda else (lambda: 0)
+    before = reserved()
     t0 = time.perf_counter()
     graphs = graphed.use_decode_graphs(max(rows_list), max_ctx + bs)
     capture_s = time.perf_counter() - t0
+    graph_gib = (reserved() - before) / 2**30  # the graphs' pools and the static buffers
     print(f"{cfg.name} on {torch.cuda.get_device_name() if cuda else 'cpu'}: {len(graphs.sizes)} capture sizes "
-          f"{graphs.sizes[0]}..{graphs.sizes[-1]} captured={graphs.capture} in {capture_s:.1f} s", flush=True)
+          f"{graphs.sizes[0]}..{graphs.sizes[-1]} captured={graphs.capture} in {capture_s:.1f} s, "
+          f"{graph_gib:.2f} GiB more reserved", flush=True)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     rng = np.random.default_rng(0)
     out_rows = []
