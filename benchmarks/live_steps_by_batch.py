@@ -2,7 +2,8 @@
 
 For each validation folder (``validation.json`` + ``live/iterations.parquet``, and ``live-2/`` ...
 when it was run with ``--repeats``) it prints the median duration of the live run's decode-only
-steps per batch-size bucket, the median TPOT live and simulated, and the step check's forward
+steps per batch-size bucket, of its mixed steps, the host part of both where the run recorded it
+(``host_s``), the median TPOT live and simulated, and the step check's forward
 bias (the profile's prediction for the live steps' own shapes, predicted / measured - 1). Used on
 the H200 runs under results/gpu/h200/live/ (README "H200: servesim's own engine, measured"):
 
@@ -26,7 +27,14 @@ def decode_medians(run: Path) -> dict[str, float]:
     groups = dec.groupby(pd.cut(dec["batch_size"], BUCKETS), observed=True)["duration"].median() * 1e3
     out = {f"batch {iv.left + 1}-{iv.right}" if iv.right < BUCKETS[-1] else f"batch > {iv.left}": v
            for iv, v in groups.items()}
-    return {**out, "decode, all": float(dec["duration"].median() * 1e3), "steps": float(len(it))}
+    mixed = it[(it["num_prefill_tokens"] > 0) & (it["num_decode_tokens"] > 0)]
+    row = {**out, "decode, all": float(dec["duration"].median() * 1e3),
+           "mixed, all": float(mixed["duration"].median() * 1e3) if len(mixed) else float("nan")}
+    # the executor's host part (runs since host_s was recorded): how host-bound each kind of step was
+    for name, steps in (("decode", dec), ("mixed", mixed)):
+        row[f"{name} host part (ms)"] = (float(steps["host_s"].median() * 1e3) if "host_s" in it and len(steps)
+                                         else float("nan"))
+    return {**row, "steps": float(len(it))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         if len(lives) > 1:  # the table's live column is the median over the repeats
             extra[folder.name + " #1"]["median TPOT live (ms)"] = tpot["live"]
     table = pd.concat([pd.DataFrame(cols), pd.DataFrame(extra)])
-    print("median live decode-step duration (ms) by batch size; sim vs live (--repeats: the median over runs)")
+    print("median live step duration (ms): decode by batch size, mixed; the executor's host part; sim vs live "
+          "(--repeats: the median over runs)")
     print(table.round(1).to_string(na_rep="-"))
     return 0
 
