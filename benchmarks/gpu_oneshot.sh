@@ -9,8 +9,10 @@
 #      with the profile just fitted, and the dynamics check (--replay-steps).
 # GRAPHS=1: decode steps replay CUDA graphs (calibrate --cuda-graphs, live.cuda_graphs: true), and a
 # stage before the calibration checks graphed decode steps against eager ones and times both
-# (benchmarks/gpu_graphs.py); LIVE_ALSO_EAGER=1 adds the live validate without graphs, against the
-# scenario's own profile. SKIP="kernels host-bound" leaves those stages out.
+# (benchmarks/gpu_graphs.py); PIECEWISE=1 adds piecewise graphs for prefill and mixed steps
+# (calibrate --piecewise-graphs, live.piecewise_graphs: true, gpu_graphs.py --piecewise; not yet run
+# on a GPU); LIVE_ALSO_EAGER=1 adds the live validate without graphs, against the scenario's own
+# profile. SKIP="kernels host-bound" leaves those stages out.
 # Everything goes under $OUT (default results/gpu-run), with the log, nvidia-smi's view and its
 # once-a-second clocks / power / load for the whole session (dmon.txt). Each stage
 # runs in its own time box and a failed or cut stage does not stop the next: a GPU lease is counted
@@ -64,9 +66,16 @@ GRAPHS=${GRAPHS:-0}
 GRAPHS_TIMEOUT=${GRAPHS_TIMEOUT:-120}
 SKIP=${SKIP:-}
 CAL_FLAGS=""
+PIECEWISE=${PIECEWISE:-0}
 if [ "$GRAPHS" = 1 ]; then
   CAL_FLAGS="--cuda-graphs"
   LIVE_SET="$LIVE_SET --set live.cuda_graphs=true"
+fi
+GRAPHS_FLAGS=()
+if [ "$PIECEWISE" = 1 ]; then
+  CAL_FLAGS="$CAL_FLAGS --piecewise-graphs"
+  LIVE_SET="$LIVE_SET --set live.piecewise_graphs=true"
+  GRAPHS_FLAGS=(--piecewise)
 fi
 PROFILE="$OUT/${HARDWARE}-${MODEL}-${BACKEND}.json"
 mkdir -p "$OUT"
@@ -112,7 +121,7 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
   stage kernels "$KERNELS_TIMEOUT" python3 benchmarks/gpu_kernels.py $KERNELS --out "$OUT"
   if [ "$GRAPHS" = 1 ]; then
     if [ "$DEVICE" = cuda ]; then graphs_flags=(--model "$MODEL"); else graphs_flags=(--cpu-smoke --reps 2); fi
-    stage graphs "$GRAPHS_TIMEOUT" python3 benchmarks/gpu_graphs.py "${graphs_flags[@]}" --out "$OUT"
+    stage graphs "$GRAPHS_TIMEOUT" python3 benchmarks/gpu_graphs.py "${graphs_flags[@]}" ${GRAPHS_FLAGS[@]+"${GRAPHS_FLAGS[@]}"} --out "$OUT"
   fi
   # shellcheck disable=SC2086
   stage calibrate "$CAL_TIMEOUT" python3 -m servesim.sim.cli calibrate --model "$MODEL" --backend "$BACKEND" \
@@ -130,7 +139,8 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
       --out "$OUT/live-validate"
     # shellcheck disable=SC2086
     [ -n "$LIVE" ] && [ "$GRAPHS" = 1 ] && [ "${LIVE_ALSO_EAGER:-0}" = 1 ] && stage live-validate-eager "$LIVE_TIMEOUT" \
-      python3 -m servesim.sim.cli validate "$LIVE" ${LIVE_SET/--set live.cuda_graphs=true/} --replay-steps --quiet \
+      python3 -m servesim.sim.cli validate "$LIVE" $(echo "$LIVE_SET" | sed 's/--set live\.[a-z_]*graphs=true//g') \
+      --replay-steps --quiet \
       --out "$OUT/live-validate-eager"
   else
     echo "no profile at $PROFILE: roofline and live-validate stages skipped"

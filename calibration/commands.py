@@ -61,6 +61,8 @@ class CalibrateOptions:
     time_budget_s: float | None = None
     # Decode-only shapes replay CUDA graphs (live.cuda_graphs); on a CPU the same padded path, eager.
     cuda_graphs: bool = False
+    # Prefill and mixed shapes through piecewise graphs (live.piecewise_graphs).
+    piecewise_graphs: bool = False
 
 
 def default_profile_path(opts: CalibrateOptions) -> Path:
@@ -132,7 +134,8 @@ def calibrate(opts: CalibrateOptions) -> dict[str, Any]:
     shapes = build_grid(spec)
     t0 = time.perf_counter()
     bench = make_bench(get_model(opts.model), shapes, backend=opts.backend, device=opts.device, dtype=opts.dtype,
-                       block_size=opts.block_size, seed=opts.seed, cuda_graphs=opts.cuda_graphs)
+                       block_size=opts.block_size, seed=opts.seed, cuda_graphs=opts.cuda_graphs,
+                       piecewise_graphs=opts.piecewise_graphs)
     # Settle: the first seconds of a fresh process run slower (heap growth, one-off allocations,
     # clock ramp-up), so untimed steps over the grid come first.
     settle_rng = np.random.default_rng(opts.seed)
@@ -173,7 +176,7 @@ def calibrate(opts: CalibrateOptions) -> dict[str, Any]:
                                      dtype=opts.dtype, block_size=opts.block_size,
                                      num_requests=opts.engine_requests or (48 if opts.quick else 160),
                                      max_tokens=opts.max_tokens, seed=opts.seed, progress=opts.progress,
-                                     cuda_graphs=opts.cuda_graphs)
+                                     cuda_graphs=opts.cuda_graphs, piecewise_graphs=opts.piecewise_graphs)
     raw = pd.DataFrame(rows)
     result = fitting.fit(raw, holdout=opts.holdout, seed=opts.seed,
                          gemm=GemmTables(gemm["tokens"], gemm["linear_s"], gemm["lm_head_s"]))
@@ -182,7 +185,7 @@ def calibrate(opts: CalibrateOptions) -> dict[str, Any]:
     commit, dirty = servesim_commit()
     provenance = {
         **info, "backend": opts.backend, "model": opts.model, "dtype": opts.dtype, "block_size": opts.block_size,
-        "cuda_graphs": opts.cuda_graphs,
+        "cuda_graphs": opts.cuda_graphs, "piecewise_graphs": opts.piecewise_graphs,
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "servesim_commit": commit,
         "servesim_dirty": dirty,
         "grid": {**spec.as_dict(), "rounds": rounds, "rounds_planned": planned_rounds,

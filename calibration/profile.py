@@ -48,10 +48,10 @@ class Bench:
 
 
 def make_bench(config: ModelConfig, shapes: Iterable[Shape], *, backend: str, device: str, dtype: str,
-               block_size: int, seed: int = 0, cuda_graphs: bool = False) -> Bench:
+               block_size: int, seed: int = 0, cuda_graphs: bool = False, piecewise_graphs: bool = False) -> Bench:
     """A ``LiveExecutor`` over a cache just big enough for the largest shape; ``cuda_graphs``: its
     decode-only shapes replay CUDA graphs as in a live run with ``live.cuda_graphs``."""
-    from servesim.kernels.live import DTYPES, MAX_GRAPH_BATCH, LiveExecutor
+    from servesim.kernels.live import DTYPES, MAX_GRAPH_BATCH, MAX_PIECEWISE_TOKENS, LiveExecutor
     from servesim.kernels.model import LlamaModel
     from servesim.kernels.runner import KVCache, ModelRunner
 
@@ -61,10 +61,11 @@ def make_bench(config: ModelConfig, shapes: Iterable[Shape], *, backend: str, de
     cache = KVCache(config, need + 1, block_size, dtype=DTYPES[dtype], device=device)
     kv = BlockManager(need + 1, block_size)
     runner = ModelRunner(model, cache, block_size)
+    longest = max(q + c for s in shapes for q, c in zip(s.q, s.ctx, strict=True))
     if cuda_graphs:
-        rows = max(len(s.q) for s in shapes)
-        longest = max(q + c for s in shapes for q, c in zip(s.q, s.ctx, strict=True))
-        runner.use_decode_graphs(min(rows, MAX_GRAPH_BATCH), longest)
+        runner.use_decode_graphs(min(max(len(s.q) for s in shapes), MAX_GRAPH_BATCH), longest)
+    if piecewise_graphs:
+        runner.use_piecewise_graphs(min(max(s.num_tokens for s in shapes), MAX_PIECEWISE_TOKENS), longest)
     return Bench(LiveExecutor(runner, kv), kv, config)
 
 
@@ -194,7 +195,8 @@ class EngineOverhead:
 
 def measure_engine_overhead(model: str, scheduler: dict, *, backend: str, device: str, dtype: str,
                             block_size: int, num_requests: int, max_tokens: int, seed: int = 0,
-                            progress: bool | None = None, cuda_graphs: bool = False) -> EngineOverhead:
+                            progress: bool | None = None, cuda_graphs: bool = False,
+                            piecewise_graphs: bool = False) -> EngineOverhead:
     """Host time per iteration outside the executor, from the real replica loop on a burst."""
     from servesim.kernels.live import DTYPES, build_live_replica
     from servesim.kernels.runner import KVCache
@@ -202,7 +204,8 @@ def measure_engine_overhead(model: str, scheduler: dict, *, backend: str, device
     sc = scenario_from_dict({
         "name": "calibrate-engine-loop", "seed": seed, "model": model, "hardware": "cpu-2core",
         "scheduler": scheduler, "kv_cache": {"block_size": block_size, "num_blocks": 4096},
-        "live": {"backend": backend, "device": device, "dtype": dtype, "cuda_graphs": cuda_graphs},
+        "live": {"backend": backend, "device": device, "dtype": dtype, "cuda_graphs": cuda_graphs,
+                 "piecewise_graphs": piecewise_graphs},
         "workload": {"num_requests": num_requests, "arrival": {"process": "poisson", "rate": 1e6},
                      "prompt_len": {"dist": "uniform", "min": 16, "max": max(16, max_tokens // 2)},
                      "output_len": {"dist": "uniform", "min": 8, "max": 64},

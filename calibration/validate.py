@@ -341,7 +341,8 @@ def format_host_share(share: Mapping[str, float] | None) -> str:
     return (f"live executor, host part (inputs + launches, before any wait for the device): "
             f"{100 * share['total']:.0f} % of its time, median step {100 * share['median_step']:.0f} % "
             f"(near 100 % on a GPU: host-bound)"
-            + (f"; {share['graphed_steps']} of {share['all_steps']} steps replayed from CUDA graphs"
+            + (f"; {share['graphed_steps']} of {share['all_steps']} steps ran a CUDA-graph path (replayed on a GPU, "
+               "eager on a CPU)"
                if "graphed_steps" in share else ""))
 
 
@@ -398,19 +399,21 @@ class ValidationResult:
         return not self.failed
 
 
-def graphs_mismatch(cost_model: object, live_graphs: bool) -> str | None:
-    """A line saying the measured profile was calibrated with CUDA graphs on and the live run has
-    them off, or the reverse (decode steps then differ by up to 5x on a GPU); None when they agree
-    or the cost model is no ``servesim calibrate`` profile."""
+def graphs_mismatch(cost_model: object, live_graphs: bool, live_piecewise: bool = False) -> str | None:
+    """A line saying the measured profile was calibrated with CUDA graphs (decode: ``cuda_graphs``;
+    prefill and mixed: ``piecewise_graphs``) set otherwise than the live run (its steps then differ
+    by up to 5x on a GPU); None when they agree or the cost model is no ``servesim calibrate`` profile."""
     provenance = getattr(cost_model, "provenance", None)
     if not provenance or "backend" not in provenance:  # roofline, imported GPU profile
         return None
-    measured = bool(provenance.get("cuda_graphs", False))
-    if measured == live_graphs:
-        return None
-    return (f"the profile was calibrated with CUDA graphs {'on' if measured else 'off'} (calibrate "
-            f"{'--cuda-graphs' if measured else 'without --cuda-graphs'}) but live.cuda_graphs is "
-            f"{str(live_graphs).lower()}: its decode steps price another engine")
+    for key, flag, live, steps in (("cuda_graphs", "--cuda-graphs", live_graphs, "decode"),
+                                   ("piecewise_graphs", "--piecewise-graphs", live_piecewise, "prefill and mixed")):
+        measured = bool(provenance.get(key, False))
+        if measured != live:
+            return (f"the profile was calibrated with {key} {'on' if measured else 'off'} (calibrate "
+                    f"{flag if measured else 'without ' + flag}) but live.{key} is {str(live).lower()}: "
+                    f"its {steps} steps price another engine")
+    return None
 
 
 def validate(
@@ -453,7 +456,8 @@ def validate(
     out = Path(out_dir)
     phases = 3 if replay_steps else 2
     # on a CPU the padded decode path costs what the plain one does: only a GPU run can mismatch
-    mismatch = graphs_mismatch(cost_model, sc.live.cuda_graphs) if sc.live.device == "cuda" else None
+    mismatch = (graphs_mismatch(cost_model, sc.live.cuda_graphs, sc.live.piecewise_graphs)
+                if sc.live.device == "cuda" else None)
     if mismatch:
         say(f"servesim validate: note: {mismatch}")
 

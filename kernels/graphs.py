@@ -20,6 +20,7 @@ import bisect
 import numpy as np
 import torch
 
+from . import attention
 from .model import AttentionMetadata, LlamaModel
 
 
@@ -153,3 +154,154 @@ class DecodeGraphs:
             self._graphs[size].replay()
             return self._logits[size][:b]
         return self._forward(size)[:b]
+
+
+def token_capture_sizes(max_tokens: int) -> list[int]:
+    """Padded token counts of piecewise graphs up to ``max_tokens``: every 16 to 256, every 64 to
+    1,024, every 256 beyond (at most 1/4 of a step padding), and ``max_tokens`` itself."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    sizes = [s for s in (*range(16, 257, 16), *range(320, 1025, 64), *range(1280, max_tokens + 1, 256))
+             if s <= max_tokens]
+    if not sizes or sizes[-1] != max_tokens:
+        sizes.append(max_tokens)
+    return sizes
+
+
+class PiecewiseGraphs:
+    """Steps that are not plain decodes, with their layers' non-attention work replayed from CUDA
+    graphs and attention run eagerly between them (vLLM V1's piecewise graphs).
+
+    Per padded token count (``token_capture_sizes``) a chain of num_layers + 1 graphs: the embedding,
+    rotary and layer 0's q/k/v; for each layer its output projection, MLP and the next layer's q/k/v;
+    the last layer's and the final norm. Every piece reads and writes static buffers shared by all
+    sizes (the residual stream, q, k, v, the attention output), so the graphs hold no activations of
+    their own beyond a piece's temporaries. A step pads its tokens to the next size (padding: token 0
+    at position 0, written nowhere, attended by nothing); between pieces the step's own attention
+    (write_kv, then prefill or paged attention) runs on its real tokens into the static output; the
+    LM head runs eagerly on the sampled rows. On a CPU (or with ``capture=False``) the same pieces
+    run eagerly over the same buffers. Not yet run on a GPU (README "Live mode").
+    """
+
+    def __init__(self, model: LlamaModel, kv_tensor: torch.Tensor, max_tokens: int, max_context: int,
+                 capture: bool | None = None) -> None:
+        if max_context < 1:
+            raise ValueError(f"max_context must be >= 1 token, got {max_context}")
+        cfg = model.config
+        self.model = model
+        self.kv_tensor = kv_tensor
+        self.sizes = token_capture_sizes(max_tokens)
+        self.max_context = max_context
+        self.capture = model.device.type == "cuda" if capture is None else capture
+        if self.capture and model.device.type != "cuda":
+            raise ValueError("CUDA graphs need the model on a CUDA device")
+        n, dev, dt, d = self.sizes[-1], model.device, model.dtype, cfg.head_dim
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.x = torch.zeros(n, cfg.hidden_size, dtype=dt, device=dev)
+        self.q = torch.zeros(n, cfg.num_heads, d, dtype=dt, device=dev)
+        self.k = torch.zeros(n, cfg.num_kv_heads, d, dtype=dt, device=dev)
+        self.v = torch.zeros(n, cfg.num_kv_heads, d, dtype=dt, device=dev)
+        self.o = torch.zeros(n, cfg.num_heads, d, dtype=dt, device=dev)
+        self.cos = torch.zeros(n, d // 2, dtype=dt, device=dev)  # the step's rotary angles, from piece 0
+        self.sin = torch.zeros(n, d // 2, dtype=dt, device=dev)
+        self._graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
+        self._pool = None
+        self._rope_ptr = 0
+        self.num_replays = 0  # steps run through the pieces
+
+    @property
+    def max_tokens(self) -> int:
+        return self.sizes[-1]
+
+    def covers(self, num_tokens: int, max_seq_len: int) -> bool:
+        """A step the pieces run: 1..max_tokens tokens, no sequence past ``max_context``."""
+        return 0 < num_tokens <= self.max_tokens and max_seq_len <= self.max_context
+
+    def padded(self, tokens: int) -> int:
+        return self.sizes[bisect.bisect_left(self.sizes, tokens)]
+
+    # -- the pieces (each reads and writes the static buffers' first ``size`` rows) --------------
+
+    def _piece(self, size: int, i: int) -> None:
+        """Piece ``i`` of a chain: 0 = embedding + layer 0's q/k/v; 1..L-1 = layer i-1's output and
+        MLP + layer i's q/k/v; L = the last layer's output and MLP + the final norm."""
+        m, layers = self.model, len(self.model.layers)
+        x, cos, sin = self.x[:size], self.cos[:size], self.sin[:size]
+        if i == 0:
+            c, s = m._rope(self.positions[:size], self.max_context)
+            cos.copy_(c)
+            sin.copy_(s)
+            x.copy_(torch.nn.functional.embedding(self.input_ids[:size], m.embed))
+        else:
+            x.copy_(m.post_attention(i - 1, x, self.o[:size]))
+        if i == layers:
+            x.copy_(m.final_norm(x))
+            return
+        q, k, v = m.pre_attention(i, x, cos, sin)
+        self.q[:size].copy_(q)
+        self.k[:size].copy_(k)
+        self.v[:size].copy_(v)
+
+    def capture_all(self) -> float:
+        """Record every size's chain (largest first, one memory pool for their temporaries), each
+        piece after an eager run of it; returns the seconds it took. A no-op without capture."""
+        if not self.capture or self._graphs:
+            return 0.0
+        import time
+
+        t0 = time.perf_counter()
+        self._pool = torch.cuda.graph_pool_handle()
+        layers = len(self.model.layers)
+        with torch.inference_mode():
+            for size in reversed(self.sizes):
+                chain = []
+                for i in range(layers + 1):
+                    self._piece(size, i)
+                    torch.cuda.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=self._pool):
+                        self._piece(size, i)
+                    chain.append(graph)
+                self._graphs[size] = chain
+        torch.cuda.synchronize()
+        self._rope_ptr = self.model.rope_table_ptr()
+        return time.perf_counter() - t0
+
+    def logits(self, input_ids: np.ndarray, positions: np.ndarray, md: AttentionMetadata) -> torch.Tensor:
+        """fp32 logits [sampling rows, vocab] of one step: ``ModelRunner``'s host ids and positions
+        (its real tokens, in order) and its device metadata (``md.slot_mapping`` of the real tokens)."""
+        t = len(input_ids)
+        size = self.padded(t)
+        dev, m = self.model.device, self.model
+        pad = size - t
+        ids = np.concatenate([input_ids, np.zeros(pad, dtype=input_ids.dtype)]) if pad else input_ids
+        pos = np.concatenate([positions, np.zeros(pad, dtype=positions.dtype)]) if pad else positions
+        self.input_ids[:size].copy_(torch.from_numpy(ids).to(dev))
+        self.positions[:size].copy_(torch.from_numpy(pos).to(dev))
+        if self.capture and m.rope_table_ptr() != self._rope_ptr:
+            raise RuntimeError("the model's rotary table was reallocated after the CUDA graphs were captured "
+                               f"(a position past max_context {self.max_context}?)")
+        chain = self._graphs.get(size) if self.capture else None
+        q, k, v, o = self.q[:t], self.k[:t], self.v[:t], self.o[:t]
+        with torch.inference_mode():
+            for i in range(len(m.layers) + 1):
+                if chain is not None:
+                    chain[i].replay()
+                else:
+                    self._piece(size, i)
+                if i == len(m.layers):
+                    break
+                k_cache, v_cache = self.kv_tensor[i, 0], self.kv_tensor[i, 1]
+                attention.write_kv(k, v, k_cache, v_cache, md.slot_mapping, backend=m.backend)
+                if md.prefill_only:
+                    attention.prefill_attention(q, k, v, md.query_start_loc, md.max_query_len, scale=m.scale,
+                                                backend=m.backend, out=o)
+                else:
+                    attention.paged_attention(q, k_cache, v_cache, md.block_tables, md.seq_lens, md.query_start_loc,
+                                              md.max_query_len, scale=m.scale, backend=m.backend, out=o)
+            hidden = self.x[:t]
+            if md.logits_indices is not None:
+                hidden = hidden[md.logits_indices]
+            self.num_replays += 1
+            return m._logits(hidden)

@@ -31,6 +31,7 @@ from .runner import KVCache, ModelRunner
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 MAX_GRAPH_BATCH = 512  # vLLM's largest CUDA-graph capture size; bigger decode steps run eagerly
+MAX_PIECEWISE_TOKENS = 8192  # piecewise graphs' largest token count; bigger steps run eagerly
 
 
 class LiveExecutor:
@@ -55,10 +56,10 @@ class LiveExecutor:
         requests = batch.requests
         self.request_ids.append(np.fromiter((r.request_id for r in requests), dtype=np.int64, count=len(requests)))
         tables = [self.kv.block_table(r) for r in requests]
-        graphs = self.runner.graphs
-        replays = graphs.num_replays if graphs is not None else 0
+        used = [g for g in (self.runner.graphs, self.runner.piecewise) if g is not None]
+        replays = sum(g.num_replays for g in used)
         tokens, launched = self.runner.execute_timed(batch, tables)
-        self.graphed.append(graphs is not None and graphs.num_replays > replays)
+        self.graphed.append(sum(g.num_replays for g in used) > replays)
         if self.cuda:
             torch.cuda.synchronize()
         # EOS is ignored (as in serving benchmarks): every request generates exactly output_len tokens.
@@ -149,11 +150,13 @@ def build_live_replica(sc: Scenario, kv: KVPlan, seed: int = 0):  # noqa: ANN201
     cache = KVCache(model_cfg, kv.num_blocks, kv.block_size, dtype=dtype, device=live.device,
                     num_host_blocks=kv.num_host_blocks)
     runner = ModelRunner(model, cache, kv.block_size)
+    longest = kv.num_blocks * kv.block_size  # no sequence outgrows the cache
+    if scheduler.config.max_model_len is not None:
+        longest = min(longest, scheduler.config.max_model_len)
     if live.cuda_graphs:
-        longest = kv.num_blocks * kv.block_size  # no sequence outgrows the cache
-        if scheduler.config.max_model_len is not None:
-            longest = min(longest, scheduler.config.max_model_len)
         runner.use_decode_graphs(min(scheduler.max_num_seqs, MAX_GRAPH_BATCH), longest)
+    if live.piecewise_graphs:
+        runner.use_piecewise_graphs(min(scheduler.max_num_batched_tokens, MAX_PIECEWISE_TOKENS), longest)
     return scheduler, LiveExecutor(runner, scheduler.kv)
 
 
@@ -238,6 +241,6 @@ def run_live(sc: Scenario, requests: list[Request] | None = None, progress: bool
             # GPU, host_s close to forward_s is a host-bound step (README "H200").
             result.iterations_df["forward_s"] = executor.seconds
             result.iterations_df["host_s"] = executor.host_seconds
-            if sc.live.cuda_graphs:
+            if sc.live.cuda_graphs or sc.live.piecewise_graphs:
                 result.iterations_df["graphed"] = executor.graphed
     return result

@@ -145,24 +145,39 @@ class LlamaModel:
         """Address of the rotary cos table (captured CUDA graphs read it in place)."""
         return self._rope_cos.data_ptr()
 
+    # The decoder in pieces: what runs before a layer's attention, and what runs after it. The eager
+    # forward strings them together; graphs.PiecewiseGraphs captures them and runs attention between.
+
+    def pre_attention(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer ``i``'s q [T, Hq, D], k and v [T, Hkv, D] (rotary applied) from the residual stream x [T, h]."""
+        cfg, w = self.config, self.layers[i]
+        t, d = x.shape[0], cfg.head_dim
+        qkv = F.linear(rms_norm(x, w.attn_norm, cfg.rms_norm_eps), w.qkv, w.qkv_bias)
+        q, k, v = qkv.split([cfg.num_heads * d, cfg.num_kv_heads * d, cfg.num_kv_heads * d], dim=-1)
+        q = apply_rope(q.view(t, cfg.num_heads, d), cos, sin)
+        k = apply_rope(k.view(t, cfg.num_kv_heads, d), cos, sin)
+        return q, k, v.view(t, cfg.num_kv_heads, d)
+
+    def post_attention(self, i: int, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """The residual stream after layer ``i``: its output projection of o [T, Hq, D] and its MLP."""
+        cfg, w = self.config, self.layers[i]
+        x = x + F.linear(o.reshape(x.shape[0], cfg.num_heads * cfg.head_dim), w.o)
+        gate, up = F.linear(rms_norm(x, w.mlp_norm, cfg.rms_norm_eps), w.gate_up).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, w.down)
+
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.norm, self.config.rms_norm_eps)
+
     def _decoder(self, input_ids: torch.Tensor, positions: torch.Tensor, num_positions: int,
                  attend) -> torch.Tensor:
         """All layers and the final norm; ``attend(layer, q, k, v) -> [T, Hq, D]`` is the attention."""
-        cfg = self.config
-        t, d = input_ids.shape[0], cfg.head_dim
-        split = [cfg.num_heads * d, cfg.num_kv_heads * d, cfg.num_kv_heads * d]
         cos, sin = self._rope(positions, num_positions)
         x = F.embedding(input_ids, self.embed)
-        for i, w in enumerate(self.layers):
-            qkv = F.linear(rms_norm(x, w.attn_norm, cfg.rms_norm_eps), w.qkv, w.qkv_bias)
-            q, k, v = qkv.split(split, dim=-1)
-            q = apply_rope(q.view(t, cfg.num_heads, d), cos, sin)
-            k = apply_rope(k.view(t, cfg.num_kv_heads, d), cos, sin)
-            o = attend(i, q, k, v.view(t, cfg.num_kv_heads, d))
-            x = x + F.linear(o.reshape(t, cfg.num_heads * d), w.o)
-            gate, up = F.linear(rms_norm(x, w.mlp_norm, cfg.rms_norm_eps), w.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, w.down)
-        return rms_norm(x, self.norm, cfg.rms_norm_eps)
+        for i in range(len(self.layers)):
+            q, k, v = self.pre_attention(i, x, cos, sin)
+            x = self.post_attention(i, x, attend(i, q, k, v))
+        return self.final_norm(x)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden, self.lm_head).float()

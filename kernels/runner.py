@@ -19,7 +19,7 @@ from servesim.sim.batch import Batch
 from servesim.sim.presets import ModelConfig
 from servesim.sim.request import Request
 
-from .graphs import DecodeGraphs
+from .graphs import DecodeGraphs, PiecewiseGraphs
 from .model import AttentionMetadata, LlamaModel
 
 
@@ -102,6 +102,7 @@ class ModelRunner:
         self.block_size = block_size
         self.device = model.device
         self.graphs: DecodeGraphs | None = None  # decode-only steps replayed from CUDA graphs (use_decode_graphs)
+        self.piecewise: PiecewiseGraphs | None = None  # other steps' non-attention work (use_piecewise_graphs)
 
     def use_decode_graphs(self, max_batch: int, max_context: int, capture: bool | None = None) -> DecodeGraphs:
         """Run decode-only steps of up to ``max_batch`` rows and ``max_context`` tokens through
@@ -110,6 +111,13 @@ class ModelRunner:
                                    capture=capture)
         self.graphs.capture_all()
         return self.graphs
+
+    def use_piecewise_graphs(self, max_tokens: int, max_context: int, capture: bool | None = None) -> PiecewiseGraphs:
+        """Run the steps ``use_decode_graphs`` does not take (prefill, mixed) through
+        ``PiecewiseGraphs`` up to ``max_tokens`` tokens (captured now on a GPU; eager on a CPU)."""
+        self.piecewise = PiecewiseGraphs(self.model, self.kv_cache.tensor, max_tokens, max_context, capture=capture)
+        self.piecewise.capture_all()
+        return self.piecewise
 
     def host_arrays(self, batch: Batch, block_tables: list[list[int]]) -> dict[str, np.ndarray]:
         """The packed layout of ``batch`` as host arrays (block_tables in row order): input_ids and
@@ -185,6 +193,8 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.covers(a["num_new_tokens"], a["num_context_tokens"], a["samples"]):
             return self.graphs.logits(a["input_ids"], a["positions"], a["slots"], a["table"], a["seq_lens"])
         input_ids, positions, md = self._device_inputs(a)
+        if self.piecewise is not None and self.piecewise.covers(len(a["input_ids"]), md.max_seq_len):
+            return self.piecewise.logits(a["input_ids"], a["positions"], md)
         return self.model.forward(input_ids, positions, md, self.kv_cache.tensor)
 
     def execute(self, batch: Batch, block_tables: list[list[int]]) -> list[int]:

@@ -182,7 +182,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         quick=args.quick, rounds=args.rounds, threads=args.threads, block_size=args.block_size,
         max_num_seqs=args.max_num_seqs, max_tokens=args.max_tokens, max_context=args.max_context,
         holdout=args.holdout, seed=args.seed, progress=False if args.quiet else None,
-        time_budget_s=args.time_budget, cuda_graphs=args.cuda_graphs)
+        time_budget_s=args.time_budget, cuda_graphs=args.cuda_graphs, piecewise_graphs=args.piecewise_graphs)
     print(f"servesim calibrate: {opts.model} ({opts.dtype}, {opts.backend} on {opts.device}), "
           f"{'quick' if opts.quick else 'default'} grid")
     profile = calibrate(opts)
@@ -213,6 +213,9 @@ def _add_calibrate(sub) -> None:  # noqa: ANN001 - argparse's private subparsers
     cal.add_argument("--cuda-graphs", action="store_true",
                      help="decode-only shapes replay CUDA graphs, as a live run with live.cuda_graphs: true "
                           "(on a CPU the same padded path runs eagerly)")
+    cal.add_argument("--piecewise-graphs", action="store_true",
+                     help="prefill and mixed shapes run piecewise CUDA graphs, as a live run with "
+                          "live.piecewise_graphs: true (not yet run on a GPU)")
     cal.add_argument("--threads", type=int, default=2, help="torch CPU threads; match the scenario's live.threads (2)")
     cal.add_argument("--block-size", type=int, default=16, help="KV block size in tokens (16)")
     cal.add_argument("--max-num-seqs", type=int, default=32, help="largest batch in the grid (32)")

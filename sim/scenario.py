@@ -77,6 +77,10 @@ class LiveConfig(ConfigModel):
         False, description="replay decode-only steps from CUDA graphs captured at start-up, one per padded batch "
         "size (1, 2, 4, 8, 16, 24, ... up to max_num_seqs, at most 512), as vLLM does by default; on a CPU the "
         "same padded decode path runs without capture")
+    piecewise_graphs: bool = Field(
+        False, description="run prefill and mixed steps with their layers' non-attention work replayed from CUDA "
+        "graphs captured per padded token count (up to max_num_batched_tokens, at most 8192) and attention eager "
+        "between them, as vLLM V1 does; not yet run on a GPU")
 
 
 class Scenario(ConfigModel):

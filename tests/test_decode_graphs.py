@@ -110,3 +110,43 @@ def test_a_block_table_wider_than_the_graphs_is_cut_to_the_columns_a_row_can_rea
     assert max(map(len, tb)) > g.width  # the helper gives each request blocks for 40 more tokens: 9 > 8
     torch.testing.assert_close(_decode(graphed, b, tb), _decode(plain, a, ta), rtol=1e-4, atol=1e-4)
     assert g.num_replays == 1
+
+
+def test_token_capture_sizes_pad_by_at_most_a_quarter_and_end_at_the_budget():
+    from servesim.kernels.graphs import token_capture_sizes
+
+    sizes = token_capture_sizes(2048)
+    assert sizes[:3] == [16, 32, 48] and sizes[-3:] == [1536, 1792, 2048] and 256 in sizes and 1024 in sizes
+    assert all(b / a <= 1.25 for a, b in zip(sizes[4:], sizes[5:], strict=False))
+    assert token_capture_sizes(100)[-1] == 100 and token_capture_sizes(8) == [8]
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.slow)])
+def test_piecewise_path_matches_the_plain_forward_on_prefill_and_mixed_steps(backend):
+    model = LlamaModel(TINY, seed=0, backend=backend)
+    plain = ModelRunner(model, KVCache(TINY, 128, BLOCK), BLOCK)
+    pieced = ModelRunner(model, KVCache(TINY, 128, BLOCK), BLOCK)
+    pw = pieced.use_piecewise_graphs(max_tokens=96, max_context=400)
+    dg = pieced.use_decode_graphs(max_batch=8, max_context=400)
+    assert not pw.capture and pw.sizes[-1] == 96
+    lens = [37, 5, 20]
+    a, ta = _prefilled(plain, lens, seed=5)  # a prefill-only step of 62 tokens (padded to 64)
+    b, tb = _prefilled(pieced, lens, seed=5)
+    assert pw.num_replays == 1 and [r.output_token_ids for r in a] == [r.output_token_ids for r in b]
+    assert ta == tb
+    free = sorted(set(range(128)) - {blk for t in ta for blk in t})
+    for step in range(3):
+        # a mixed step: a new prompt chunk of 33 (then 10, then 1) tokens beside the three decodes
+        chunk = (33, 10, 1)[step]
+        new_a = Request(10 + step, 0.0, chunk, 4, prompt_token_ids=list(range(1, chunk + 1)))
+        new_b = Request(10 + step, 0.0, chunk, 4, prompt_token_ids=list(range(1, chunk + 1)))
+        blocks = free[5 * step:5 * step + 5]  # 5 blocks of 8 hold the 33-token chunk
+        ctx = [r.prompt_len + len(r.output_token_ids) - 1 for r in a]
+        want = plain.compute_logits(Batch.of([*a, new_a], [1, 1, 1, chunk], [*ctx, 0]), [*ta, blocks])
+        got = pieced.compute_logits(Batch.of([*b, new_b], [1, 1, 1, chunk], [*ctx, 0]), [*tb, blocks])
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        for r, s, tok in zip(a, b, want.argmax(-1).tolist()[:3], strict=False):
+            r.output_token_ids.append(tok)
+            s.output_token_ids.append(tok)
+    assert pw.num_replays == 4 and dg.num_replays == 0
+    assert not pw.covers(97, 10) and not pw.covers(10, 401) and pw.covers(96, 400)

@@ -62,7 +62,12 @@ def test_servesim_commit_names_a_copied_tree_from_the_environment(monkeypatch):
 def test_graphs_cpu_smoke_compares_the_padded_path_with_the_eager_one(tmp_path, capsys):
     assert _load("gpu_graphs").main(["--cpu-smoke", "--reps", "1", "--out", str(tmp_path)]) == 0
     rows = pd.read_csv(tmp_path / "graphs.csv")
-    assert len(rows) == 6 and (rows["padded_rows"] >= rows["rows"]).all() and set(rows["padded_rows"]) == {1, 4, 8}
+    assert len(rows) == 6 and (rows["padded"] >= rows["rows"]).all() and set(rows["padded"]) == {1, 4, 8}
     assert (rows["max_rel_diff"] < 1e-4).all() and (rows["same_tokens"] == 1.0).all()
     assert (rows["eager_ms"] > 0).all() and (rows["graph_ms"] > 0).all()
     assert "captured=False" in capsys.readouterr().out
+    assert _load("gpu_graphs").main(["--cpu-smoke", "--piecewise", "--reps", "1", "--out", str(tmp_path)]) == 0
+    rows = pd.read_csv(tmp_path / "graphs.csv")
+    steps = rows[rows["chunk"] > 0]  # a 20-token prefill and a 40-token chunk beside 3 decodes, at 2 contexts
+    assert len(steps) == 4 and (steps["padded"] >= steps["rows"] + steps["chunk"]).all()
+    assert (steps["max_rel_diff"] < 1e-4).all() and (steps["same_tokens"] == 1.0).all()

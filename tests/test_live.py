@@ -237,3 +237,14 @@ def test_decode_steps_through_the_graph_path_give_the_same_tokens_under_preempti
     assert 0 < g.num_replays < res.summary["num_iterations"]  # decode steps only
     assert res.iterations_df["graphed"].sum() == g.num_replays  # iterations.parquet says which steps
     assert tokens == reference_tokens
+
+
+def test_every_step_through_decode_and_piecewise_graphs_gives_the_same_tokens(reference_tokens):
+    """live.piecewise_graphs beside live.cuda_graphs: prefill and mixed steps through the pieces,
+    decode steps through the decode graphs, every step one of the two; tokens unchanged."""
+    d = tiny_scenario(num_blocks=10, n=4, mode="swap").model_dump(mode="json", exclude_none=True)
+    d["live"].update(cuda_graphs=True, piecewise_graphs=True)
+    tokens, res = _tokens(scenario_from_dict(d))
+    assert res.summary["num_preemptions"] > 0, "no KV pressure; the test proves little"
+    assert res.iterations_df["graphed"].all()  # max_num_batched_tokens 128: every step fits a piece chain
+    assert tokens == reference_tokens

@@ -268,7 +268,7 @@ def test_host_share_reads_the_live_columns_and_says_when_they_are_missing():
     assert format_host_share(None).endswith("not recorded")
     assert "graphs" not in format_host_share(share)
     graphed = host_share(SimpleNamespace(iterations_df=it.assign(graphed=[True, False, True])))
-    assert graphed["graphed_steps"] == 2 and "; 2 of 3 steps replayed from CUDA graphs" in format_host_share(graphed)
+    assert graphed["graphed_steps"] == 2 and "; 2 of 3 steps ran a CUDA-graph path" in format_host_share(graphed)
 
 
 def test_median_summary_and_spread_are_the_median_and_range_over_runs():
@@ -309,6 +309,7 @@ def test_a_profile_calibrated_with_the_other_graph_setting_is_named_before_the_l
     graphed = load_profile(Path(__file__).resolve().parents[1] / "calibration/profiles/h200-llama-3.1-8b-triton-graphs.json")
     eager = load_profile(Path(__file__).resolve().parents[1] / "calibration/profiles/h200-llama-3.1-8b-triton.json")
     assert graphs_mismatch(graphed, True) is None and graphs_mismatch(eager, False) is None
-    assert "calibrated with CUDA graphs on" in graphs_mismatch(graphed, False)
+    assert "calibrated with cuda_graphs on" in graphs_mismatch(graphed, False)
     assert "live.cuda_graphs is true" in graphs_mismatch(eager, True)
+    assert "live.piecewise_graphs is true: its prefill and mixed steps" in graphs_mismatch(graphed, True, True)
     assert graphs_mismatch(object(), True) is None  # the roofline: nothing to compare
