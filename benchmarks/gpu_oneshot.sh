@@ -20,7 +20,10 @@
 # round and stops its rounds at CAL_BUDGET seconds (calibrate --time-budget).
 #
 # SNAPSHOT=FILE.tgz also packs $OUT into FILE.tgz after every stage and every 30 s (a remote machine
-# that returns only a few files; an archive from the last snapshot survives a kill).
+# that returns only a few files; an archive from the last snapshot survives a kill). On the device
+# tool, whose returned folder is also called $OUT, name it first: `R=$OUT; OUT=/tmp/gpu-run
+# SNAPSHOT=$R/gpu-run.tgz bash ...` (in `OUT=/tmp/x SNAPSHOT=$OUT/y` the second $OUT is already /tmp/x,
+# and the archive stays on the machine: lease D's did).
 #
 # On the device tool's machine python3 has torch, triton, numpy, pandas, scipy, matplotlib, pyyaml,
 # tqdm and pyarrow but not simpy or pydantic: carry them as wheels in .whl/ (see the device tool's
