@@ -24,6 +24,21 @@ from . import attention
 from .model import AttentionMetadata, LlamaModel
 
 
+def _capture_flag(model: LlamaModel, capture: bool | None) -> bool:
+    """Whether to record graphs: on request, else when the model is on a CUDA device."""
+    capture = model.device.type == "cuda" if capture is None else capture
+    if capture and model.device.type != "cuda":
+        raise ValueError("CUDA graphs need the model on a CUDA device")
+    return capture
+
+
+def _check_rope(model: LlamaModel, captured_ptr: int, max_context: int) -> None:
+    """Captured graphs read the rotary table in place: it must be the one they were captured with."""
+    if model.rope_table_ptr() != captured_ptr:
+        raise RuntimeError("the model's rotary table was reallocated after the CUDA graphs were captured "
+                           f"(a position past max_context {max_context}?)")
+
+
 def capture_sizes(max_batch: int) -> list[int]:
     """vLLM's CUDA-graph batch sizes up to ``max_batch``: 1, 2, 4, 8, 16, 24, ... and ``max_batch``
     itself when it is not on the list."""
@@ -51,9 +66,7 @@ class DecodeGraphs:
         self.block_size = block_size
         self.sizes = capture_sizes(max_batch)
         self.width = -(-max_context // block_size)  # block-table columns
-        self.capture = model.device.type == "cuda" if capture is None else capture
-        if self.capture and model.device.type != "cuda":
-            raise ValueError("CUDA graphs need the model on a CUDA device")
+        self.capture = _capture_flag(model, capture)
         n, dev = self.sizes[-1], model.device
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
@@ -148,9 +161,7 @@ class DecodeGraphs:
         put(self.block_tables[:size, :w], table[:, :w], 0)
         self.num_replays += 1
         if self.capture:
-            if self.model.rope_table_ptr() != self._rope_ptr:
-                raise RuntimeError("the model's rotary table was reallocated after the CUDA graphs were captured "
-                                   f"(a position past max_context {self.max_context}?)")
+            _check_rope(self.model, self._rope_ptr, self.max_context)
             self._graphs[size].replay()
             return self._logits[size][:b]
         return self._forward(size)[:b]
@@ -192,9 +203,7 @@ class PiecewiseGraphs:
         self.kv_tensor = kv_tensor
         self.sizes = token_capture_sizes(max_tokens)
         self.max_context = max_context
-        self.capture = model.device.type == "cuda" if capture is None else capture
-        if self.capture and model.device.type != "cuda":
-            raise ValueError("CUDA graphs need the model on a CUDA device")
+        self.capture = _capture_flag(model, capture)
         n, dev, dt, d = self.sizes[-1], model.device, model.dtype, cfg.head_dim
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
@@ -268,20 +277,18 @@ class PiecewiseGraphs:
         self._rope_ptr = self.model.rope_table_ptr()
         return time.perf_counter() - t0
 
-    def logits(self, input_ids: np.ndarray, positions: np.ndarray, md: AttentionMetadata) -> torch.Tensor:
-        """fp32 logits [sampling rows, vocab] of one step: ``ModelRunner``'s host ids and positions
-        (its real tokens, in order) and its device metadata (``md.slot_mapping`` of the real tokens)."""
-        t = len(input_ids)
+    def logits(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+        """fp32 logits [sampling rows, vocab] of one step: ``ModelRunner``'s device inputs (ids and
+        positions of its real tokens, in order; ``md.slot_mapping`` of the same tokens)."""
+        t = input_ids.shape[0]
         size = self.padded(t)
-        dev, m = self.model.device, self.model
-        pad = size - t
-        ids = np.concatenate([input_ids, np.zeros(pad, dtype=input_ids.dtype)]) if pad else input_ids
-        pos = np.concatenate([positions, np.zeros(pad, dtype=positions.dtype)]) if pad else positions
-        self.input_ids[:size].copy_(torch.from_numpy(ids).to(dev))
-        self.positions[:size].copy_(torch.from_numpy(pos).to(dev))
-        if self.capture and m.rope_table_ptr() != self._rope_ptr:
-            raise RuntimeError("the model's rotary table was reallocated after the CUDA graphs were captured "
-                               f"(a position past max_context {self.max_context}?)")
+        m = self.model
+        self.input_ids[:t].copy_(input_ids)
+        self.positions[:t].copy_(positions)
+        self.input_ids[t:size].zero_()  # padding: token 0 at position 0
+        self.positions[t:size].zero_()
+        if self.capture:
+            _check_rope(m, self._rope_ptr, self.max_context)
         chain = self._graphs.get(size) if self.capture else None
         q, k, v, o = self.q[:t], self.k[:t], self.v[:t], self.o[:t]
         with torch.inference_mode():

@@ -194,7 +194,7 @@ class ModelRunner:
             return self.graphs.logits(a["input_ids"], a["positions"], a["slots"], a["table"], a["seq_lens"])
         input_ids, positions, md = self._device_inputs(a)
         if self.piecewise is not None and self.piecewise.covers(len(a["input_ids"]), md.max_seq_len):
-            return self.piecewise.logits(a["input_ids"], a["positions"], md)
+            return self.piecewise.logits(input_ids, positions, md)
         return self.model.forward(input_ids, positions, md, self.kv_cache.tensor)
 
     def execute(self, batch: Batch, block_tables: list[list[int]]) -> list[int]:
