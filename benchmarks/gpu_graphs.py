@@ -19,13 +19,13 @@ column is the prompt chunk's tokens (0: a decode step), ``padded`` the capture s
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 ROWS = (1, 3, 16, 50, 128, 250)  # 3, 50 and 250 pad to capture sizes 4, 56 and 256
 CONTEXTS = (512, 2048)
@@ -118,10 +118,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{eager / graph:>7.2f}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with (out / "graphs.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(out_rows[0]))
-        writer.writeheader()
-        writer.writerows(out_rows)
+    pd.DataFrame(out_rows).to_csv(out / "graphs.csv", index=False, na_rep="nan")
     print(f"capture {capture_s:.2f} s; torch {torch.__version__}; wrote {out / 'graphs.csv'}")
     return 0
 

@@ -24,13 +24,13 @@ the H200's lease D an eager mixed step's host part was 26.8 ms between CUDA-grap
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 SHAPES = {  # name: (q per row, ctx per row)
     "prefill 128": ((128,), (0,)),
@@ -163,10 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                   + "".join(f" {row[c]:>14.2f}" for c in extra), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with (out / "host_bound.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    pd.DataFrame(rows).to_csv(out / "host_bound.csv", index=False, na_rep="nan")
     print(f"device {torch.cuda.get_device_name() if cuda else 'cpu'}; torch {torch.__version__}; wrote {out / 'host_bound.csv'}")
     return 0
 
