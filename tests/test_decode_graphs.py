@@ -29,6 +29,13 @@ def test_capture_sizes_follow_vllm_and_end_at_the_largest_batch():
         capture_sizes(0)
 
 
+def _twin_runners(num_blocks: int, backend: str = "torch") -> tuple[ModelRunner, ModelRunner]:
+    """Two runners of one model, each over its own cache: the plain path and the one under test."""
+    model = LlamaModel(TINY, seed=0, backend=backend)
+    return (ModelRunner(model, KVCache(TINY, num_blocks, BLOCK), BLOCK),
+            ModelRunner(model, KVCache(TINY, num_blocks, BLOCK), BLOCK))
+
+
 def _prefilled(runner: ModelRunner, lens: list[int], seed: int) -> tuple[list[Request], list[list[int]]]:
     """Requests whose prompts (lengths ``lens``) are prefilled into shuffled blocks, one token
     sampled each: ready to decode."""
@@ -55,9 +62,7 @@ def _decode(runner: ModelRunner, reqs: list[Request], tables: list[list[int]]) -
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.slow)])
 def test_padded_graph_path_matches_the_plain_forward_step_for_step(backend):
-    model = LlamaModel(TINY, seed=0, backend=backend)
-    plain = ModelRunner(model, KVCache(TINY, 96, BLOCK), BLOCK)
-    graphed = ModelRunner(model, KVCache(TINY, 96, BLOCK), BLOCK)
+    plain, graphed = _twin_runners(96, backend)
     g = graphed.use_decode_graphs(max_batch=12, max_context=256)
     assert g.sizes == [1, 2, 4, 8, 12] and not g.capture  # a CPU: the padded path, eager
     lens = [5, 17, 40, 9, 33, 3, 24, 8, 11]
@@ -101,9 +106,7 @@ def test_capture_needs_a_cuda_device():
 
 
 def test_a_block_table_wider_than_the_graphs_is_cut_to_the_columns_a_row_can_read():
-    model = LlamaModel(TINY, seed=0)
-    plain = ModelRunner(model, KVCache(TINY, 96, BLOCK), BLOCK)
-    graphed = ModelRunner(model, KVCache(TINY, 96, BLOCK), BLOCK)
+    plain, graphed = _twin_runners(96)
     g = graphed.use_decode_graphs(max_batch=4, max_context=64)  # 8 columns
     a, ta = _prefilled(plain, [20, 30], seed=4)
     b, tb = _prefilled(graphed, [20, 30], seed=4)
@@ -123,9 +126,7 @@ def test_token_capture_sizes_pad_by_at_most_a_quarter_and_end_at_the_budget():
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.slow)])
 def test_piecewise_path_matches_the_plain_forward_on_prefill_and_mixed_steps(backend):
-    model = LlamaModel(TINY, seed=0, backend=backend)
-    plain = ModelRunner(model, KVCache(TINY, 128, BLOCK), BLOCK)
-    pieced = ModelRunner(model, KVCache(TINY, 128, BLOCK), BLOCK)
+    plain, pieced = _twin_runners(128, backend)
     pw = pieced.use_piecewise_graphs(max_tokens=96, max_context=400)
     dg = pieced.use_decode_graphs(max_batch=8, max_context=400)
     assert not pw.capture and pw.sizes[-1] == 96
