@@ -48,7 +48,7 @@ class LiveExecutor:
         self.seconds: list[float] = []  # each step's executor time (the forward and its input preparation)
         # ... and its host part: from the step's start until the forward was launched (ModelRunner.execute_timed)
         self.host_seconds: list[float] = []
-        self.graphed: list[bool] = []  # ... and whether it was replayed from a CUDA graph (live.cuda_graphs)
+        self.graphed: list[bool] = []  # ... and whether it ran a CUDA-graph path (live.cuda_graphs / piecewise_graphs)
 
     def run(self, batch: Batch) -> float:
         t0 = time.perf_counter()
@@ -56,10 +56,8 @@ class LiveExecutor:
         requests = batch.requests
         self.request_ids.append(np.fromiter((r.request_id for r in requests), dtype=np.int64, count=len(requests)))
         tables = [self.kv.block_table(r) for r in requests]
-        used = [g for g in (self.runner.graphs, self.runner.piecewise) if g is not None]
-        replays = sum(g.num_replays for g in used)
         tokens, launched = self.runner.execute_timed(batch, tables)
-        self.graphed.append(sum(g.num_replays for g in used) > replays)
+        self.graphed.append(self.runner.graphed)
         if self.cuda:
             torch.cuda.synchronize()
         # EOS is ignored (as in serving benchmarks): every request generates exactly output_len tokens.

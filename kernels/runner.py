@@ -5,7 +5,8 @@ blocks. ``ModelRunner.execute`` turns a ``Batch`` (rows of new tokens over cache
 block tables of its requests into the packed tensors of one forward pass (vLLM's input
 preparation, vectorised with numpy), applies the step's swaps, runs the model and returns the
 greedy next token of every sampling row. It never mutates the requests: the live executor does.
-With ``use_decode_graphs`` its decode-only steps replay CUDA graphs instead (``graphs.py``).
+With ``use_decode_graphs`` its decode-only steps replay CUDA graphs instead, and with
+``use_piecewise_graphs`` the other steps run their layers' non-attention work from graphs (``graphs.py``).
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ class ModelRunner:
         self.device = model.device
         self.graphs: DecodeGraphs | None = None  # decode-only steps replayed from CUDA graphs (use_decode_graphs)
         self.piecewise: PiecewiseGraphs | None = None  # other steps' non-attention work (use_piecewise_graphs)
+        self.graphed = False  # the last step ran one of the two graph paths
 
     def use_decode_graphs(self, max_batch: int, max_context: int, capture: bool | None = None) -> DecodeGraphs:
         """Run decode-only steps of up to ``max_batch`` rows and ``max_context`` tokens through
@@ -187,13 +189,16 @@ class ModelRunner:
         """Apply the step's swaps (out, then in), run it; fp32 logits [sampling rows, vocab]."""
         self.kv_cache.copy_blocks_out(batch.swap_out)
         self.kv_cache.copy_blocks_in(batch.swap_in)
+        self.graphed = False
         if batch.size == 0 or batch.num_tokens == 0:
             return torch.empty(0, self.model.config.vocab_size, device=self.device)
         a = self.host_arrays(batch, block_tables)
         if self.graphs is not None and self.graphs.covers(a["num_new_tokens"], a["num_context_tokens"], a["samples"]):
+            self.graphed = True
             return self.graphs.logits(a["input_ids"], a["positions"], a["slots"], a["table"], a["seq_lens"])
         input_ids, positions, md = self._device_inputs(a)
         if self.piecewise is not None and self.piecewise.covers(len(a["input_ids"]), md.max_seq_len):
+            self.graphed = True
             return self.piecewise.logits(input_ids, positions, md)
         return self.model.forward(input_ids, positions, md, self.kv_cache.tensor)
 
