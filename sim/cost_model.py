@@ -221,6 +221,7 @@ SAMPLER_LOGIT_PASSES = 2
 # benchmarks/roofline_vs_measured.py outside +-10 % and the smallest worst error.
 GEMM_BLEND = 2.5
 _INV_BLEND = 1 / GEMM_BLEND
+_FIXED_CACHE = 1 << 16  # (rows, tokens) shapes whose size-only terms a roofline keeps
 
 
 class RooflineCostModel:
@@ -323,9 +324,9 @@ class RooflineCostModel:
         n_ar = 2 * L + 1
         self._ar_fixed = n_ar * self.link.call_s(tp)
         self._ar_per_token = n_ar * self.link.per_byte_s(tp) * h * dt
-        # a decode step's (linear + head + sampler + small, comm, host) by its rows: only its KV
-        # tokens change from one decode step to the next
-        self._decode_fixed: dict[int, tuple[float, float, float]] = {}
+        # a step's (linear + head + sampler + small, comm, host) by its rows and tokens (a decode
+        # step's by its rows): only its attention (and swaps) depend on more
+        self._fixed: dict[int | tuple[int, int], tuple[float, float, float]] = {}
 
     @property
     def mixed_needs_rows(self) -> bool:
@@ -355,18 +356,26 @@ class RooflineCostModel:
         """``iteration_time`` from a step's ``step_sums``: the sum of ``_terms``, added in the same
         order, with a decode step's terms that depend only on its size looked up.
         ``longest_decode_kv``: the largest decode ctx + 1 of a mixed step (None: the mean)."""
-        n, _, tokens, pairs, decode_kv, prefill_kv = sums
-        if n == 0 or pairs:
+        n, n_dec, tokens, pairs, decode_kv, prefill_kv = sums
+        if n == 0:
             return sum(self._terms(sums, swap_bytes, longest_decode_kv))
-        fixed = self._decode_fixed.get(n) if n == tokens else None
+        # every term but attention and swap depends on (rows, tokens) alone: looked up, then added
+        # in _terms' order, so the sum is the same float
+        key = n if n == tokens else (n, tokens)
+        fixed = self._fixed.get(key)
         if fixed is None:
             linear, head, sampler, small, _, comm, _, host = self._terms((n, n, tokens, 0, 0, 0), 0.0)
             fixed = (linear + head + sampler + small, comm, host)
-            if n == tokens:
-                self._decode_fixed[n] = fixed
+            if len(self._fixed) >= _FIXED_CACHE:
+                self._fixed.clear()
+            self._fixed[key] = fixed
         lead, comm, host = fixed
         swap = swap_bytes / self._pcie if swap_bytes else 0.0
-        return lead + (self._attn_fixed + (decode_kv + tokens) * self._kv_s) + comm + swap + host
+        if pairs:
+            attn = self._attention(n, n_dec, tokens, pairs, decode_kv, prefill_kv, longest_decode_kv)
+        else:
+            attn = self._attn_fixed + (decode_kv + tokens) * self._kv_s
+        return lead + attn + comm + swap + host
 
     def breakdown(self, sums: tuple[int, int, int, int, int, int], swap_bytes: float = 0.0,
                   longest_decode_kv: int | None = None) -> dict[str, float]:

@@ -220,18 +220,30 @@ class BlockManager:
         """One more block for each of ``requests`` (a request may appear more than once), taken in
         that order, as ``allocate`` one block at a time would take them. ``False`` (and no change)
         if the blocks are short."""
-        if len(requests) > self.num_free_blocks:
+        k = len(requests)
+        if k > self.num_free_blocks:
             return False
+        if k == 0:
+            return True
         tables = self._tables
-        if self.enable_prefix_caching or len(self._free) < len(requests):
+        free = self._free
+        if self.enable_prefix_caching or len(free) < k:
             take = self._take_block
-        else:
-            take = self._free.pop
-        for req in requests:
+            for req in requests:
+                table = tables.get(req.request_id)
+                if table is None:
+                    table = tables[req.request_id] = []
+                table.append(take())
+            return True
+        # no sharing: the k blocks pop() would hand out, in pop order
+        taken = free[-k:]
+        del free[-k:]
+        taken.reverse()
+        for req, block in zip(requests, taken, strict=True):
             table = tables.get(req.request_id)
             if table is None:
                 table = tables[req.request_id] = []
-            table.append(take())
+            table.append(block)
         return True
 
     def _take_block(self) -> int:

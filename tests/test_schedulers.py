@@ -347,6 +347,9 @@ class _Generic:
         n = self.run.n
         return self._grow_rows(np.arange(n, dtype=np.int64), want - self.run.computed[:n], protect)
 
+    def _grow_decodes(self):  # noqa: ANN202
+        return self._grow_all(self.run.tokens[: self.run.n])
+
     def _make_batch(self, rows, new, decode_rows=0):  # noqa: ANN001, ANN202
         if rows is None:
             rows = np.arange(len(new), dtype=np.int64)

@@ -255,6 +255,10 @@ class Scheduler:
         """``RunningTable.grow_leading`` with this policy's preemption (every running row scheduled)."""
         return self.run.grow_leading(self.kv, want, self._preempt_until_fits, protect)
 
+    def _grow_decodes(self) -> np.ndarray | None:
+        """``_grow_all(tokens)`` for a step in which every running row decodes one token."""
+        return self.run.grow_decodes(self.kv, self._preempt_until_fits)
+
     def _const_views(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Read-only (0..k-1, k ones, k Trues); the views are immutable, so they are cached."""
         views = self._c_views.get(k)

@@ -61,7 +61,7 @@ class ChunkedScheduler(Scheduler):
                 decode_rows = n
                 new_all = self._const_views(n)[1]
                 budget -= n
-                preempted = self._grow_all(tokens)
+                preempted = self._grow_decodes()
             else:
                 waiting_rows = (~decoding).nonzero()[0].tolist()
                 if n_dec <= budget:

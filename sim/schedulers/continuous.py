@@ -72,7 +72,7 @@ class ContinuousScheduler(Scheduler):
             if n <= budget and np.count_nonzero(new_all == 1) == n:
                 # every row decodes and all fit: the oldest-first cut below would keep them all
                 budget -= n
-                preempted = self._grow_all(tokens)
+                preempted = self._grow_decodes()
                 if preempted is not None and preempted.any():
                     preempted_any = True
                     run.remove(preempted)

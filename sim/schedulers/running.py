@@ -44,10 +44,14 @@ class RunningTable:
     """Running requests as a structure of arrays, in admission order (oldest first).
 
     The columns are rows of one 2-D int64 array, so removing rows moves them all in one
-    operation; the float column (``last_tok``) is its last row's bits read as float64.
+    operation; the float column (``last_tok``) is its last row's bits read as float64. The first
+    three (computed, tokens, out) are also one flat view (``counters``): a step that adds one to
+    them for every row is then one contiguous operation over the whole capacity, including the
+    unused columns past ``n``, which hold nothing (``append`` writes all of a column).
     """
 
-    __slots__ = ("reqs", "n", "ints", "computed", "tokens", "out", "out_len", "nblocks", "prio", "last_tok")
+    __slots__ = ("reqs", "n", "ints", "computed", "tokens", "out", "out_len", "nblocks", "prio", "last_tok",
+                 "counters")
 
     def __init__(self, capacity: int) -> None:
         cap = max(capacity, 1)
@@ -64,6 +68,7 @@ class RunningTable:
         self.nblocks = ints[4]  # device blocks held
         self.prio = ints[5]
         self.last_tok = ints[6].view(np.float64)  # time of the last output token
+        self.counters = ints[:3].reshape(-1)  # computed, tokens, out over the whole capacity (a view)
 
     def append(self, req: Request, nblocks: int) -> int:
         i = self.n
@@ -92,15 +97,20 @@ class RunningTable:
         """Remove rows ``gone`` (ascending, distinct), keeping order; ``drop`` is their mask if known."""
         n = self.n
         k = n - len(gone)
-        if len(gone) == 1:  # the common case: shift the tail down by one
-            i = gone[0]
-            self.ints[:, i : n - 1] = self.ints[:, i + 1 : n]  # last_tok's bits too
+        ints = self.ints
+        if len(gone) <= _FEW_GONE:  # the common case: shift each stretch between them down
+            dst = gone[0]
+            for j, g in enumerate(gone, 1):
+                end = gone[j] if j < len(gone) else n
+                if end > g + 1:
+                    ints[:, dst : dst + end - g - 1] = ints[:, g + 1 : end]  # last_tok's bits too
+                    dst += end - g - 1
         else:
             if drop is None:
                 drop = np.zeros(n, dtype=bool)
                 drop[gone] = True
             keep = ~drop
-            self.ints[:, :k] = self.ints[:, :n][:, keep]
+            ints[:, :k] = ints[:, :n][:, keep]
         # A new list, never an in-place edit: a Batch handed out earlier still indexes the old one.
         reqs = list(self.reqs)
         for i in reversed(gone):
@@ -186,6 +196,24 @@ class RunningTable:
             nblocks[i] = b
         return preempted
 
+    def grow_decodes(self, kv: BlockManager, make_room: MakeRoom, protect: int = 0) -> np.ndarray | None:
+        """``grow_leading`` for a step in which every running row computes its one pending token
+        (``want`` is ``tokens``): a row needs a block exactly when its computed tokens fill the
+        blocks it holds, and then one. The same blocks in the same order, in fewer operations."""
+        n = self.n
+        nb = self.nblocks[:n]
+        todo = (self.computed[:n] >= nb * kv.block_size).nonzero()[0]
+        if len(todo) == 0:
+            return None
+        if len(todo) > kv.num_free_blocks:  # short: the policy preempts (the general path)
+            return self.grow_leading(kv, self.tokens[:n], make_room, protect)
+        reqs = self.reqs
+        if not kv.append_blocks([reqs[i] for i in todo.tolist()]):
+            raise AssertionError(f"{len(todo)} decode rows could not take a block with "
+                                 f"{kv.num_free_blocks} free")
+        nb[todo] += 1
+        return None
+
     # ---- one step's progress ---------------------------------------------------------------
     def advance(self, step: StepRows, new: np.ndarray, samples: np.ndarray,
                 now: float) -> tuple[np.ndarray, list[int], np.ndarray]:
@@ -215,45 +243,55 @@ class RunningTable:
         ``decode_rows`` plain decodes take the slices; a few rows after them (prefill chunks, the
         rows just admitted) are done one by one, which costs less than masks over every row."""
         m = decode_rows
-        if m >= k or k - m > _FEW_TAIL:  # (more than k: a count from before preempted rows left)
+        # (more than k: a count from before preempted rows left)
+        if m >= k or k - m > _FEW_TAIL or k != self.n:
             return self._advance_masked(k, m, new, s, now)
-        itl, first, done = self._advance_decodes_step(m, now)
+        # the rows after the decodes as they were before the step: the decodes' update adds one to
+        # every column's counters, and these rows are then written whole
+        tail = self.ints[:4, m:k].tolist()
+        itl, first, done = self._advance_decodes_step(m, now, every_column=True)
         tail_itl: list[float] = []
         tail_done: list[int] = []
-        computed, tokens, out, out_len, last = self.computed, self.tokens, self.out, self.out_len, self.last_tok
-        for i, q, sample in zip(range(m, k), new[m:k].tolist(), s[m:k].tolist(), strict=True):
-            c = int(computed[i]) + q
-            computed[i] = c
+        computed, tokens, out, last = self.computed, self.tokens, self.out, self.last_tok
+        for i, c, t, o, o_len, q, sample in zip(range(m, k), *tail, new[m:k].tolist(), s[m:k].tolist(),
+                                                strict=True):
+            computed[i] = c + q
             if sample:
-                o = int(out[i])
                 if o:
                     tail_itl.append(now - float(last[i]))
                 else:
                     first.append(i)
-                out[i] = o + 1
-                tokens[i] += 1
+                o += 1
+                t += 1
                 last[i] = now
-                if o + 1 >= out_len[i]:
+                if o >= o_len:
                     tail_done.append(i)
+            tokens[i] = t
+            out[i] = o
         if tail_itl:
             itl = np.concatenate([itl, tail_itl])
         if tail_done:
             done = np.concatenate([done, np.asarray(tail_done, dtype=np.int64)])
         return itl, first, done
 
-    def _advance_decodes_step(self, m: int, now: float) -> tuple[np.ndarray, list[int], np.ndarray]:
+    def _advance_decodes_step(self, m: int, now: float,
+                              every_column: bool = False) -> tuple[np.ndarray, list[int], np.ndarray]:
         """One step of rows 0..m-1, each computing one token and sampling: ITLs, first-token rows
-        and finished rows."""
+        and finished rows. ``every_column``: the counters of every column may take the step (the
+        caller rewrites rows m..n-1), which is one contiguous operation instead of a 2-D one."""
         out = self.out[:m]
         last = self.last_tok[:m]
-        had = out > 0
-        if np.count_nonzero(had) == m:
+        if np.count_nonzero(out) == m:  # (out >= 0: nonzero is > 0)
             itl = now - last
             first: list[int] = []
         else:
+            had = out > 0
             itl = now - last[had]
             first = (~had).nonzero()[0].tolist()
-        self.ints[:3, :m] += 1  # computed, tokens and out, one op
+        if every_column or m == self.n:
+            np.add(self.counters, 1, out=self.counters)  # computed, tokens and out of every column
+        else:
+            self.ints[:3, :m] += 1
         last.fill(now)
         return itl, first, (out >= self.out_len[:m]).nonzero()[0]
 
@@ -331,12 +369,13 @@ class RunningTable:
             taken = np.bincount([step for step, _ in events], minlength=k)
             self.nblocks[grow] += count[grow]
         itl0 = ends[0] - self.last_tok[:n]
-        self.ints[:3, :n] += k  # computed, tokens and out
+        np.add(self.counters, k, out=self.counters)  # computed, tokens and out of every row (and column)
         self.last_tok[:n] = ends[-1]
         return itl0, taken
 
 
 _FEW_TAIL = 8  # up to this many rows after a step's leading decodes are advanced one by one
+_FEW_GONE = 8  # up to this many removed rows are closed up stretch by stretch
 
 
 def _blocks_by_step(first: np.ndarray, block_size: int, k: int) -> int:
