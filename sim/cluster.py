@@ -35,7 +35,10 @@ class Cluster:
         else:
             self.router = Router(replicas, router, seed=seed)
         self.num_done = 0
-        self._done_ids: set[int] = set()
+        # requests reported done, to catch one reported twice: a flag per id for ids 0..N-1 (a
+        # generated workload's; one byte each, where a set of ints held ~65), a set for any other
+        self._done_flags = bytearray()
+        self._done_other: set[int] = set()
         self.on_progress: Callable[[int], None] | None = None
         # called with (answered turn, next turn) before the next turn's think time starts (live mode
         # writes the next prompt's token ids: the conversation so far, the reply as generated)
@@ -55,9 +58,16 @@ class Cluster:
         return -math.inf if self._unreleased else self._next_arrival
 
     def _count_done(self, req: Request) -> None:
-        if req.request_id in self._done_ids:
-            raise AssertionError(f"request {req.request_id} reported done twice")
-        self._done_ids.add(req.request_id)
+        rid = req.request_id
+        flags = self._done_flags
+        if 0 <= rid < len(flags):
+            if flags[rid]:
+                raise AssertionError(f"request {rid} reported done twice")
+            flags[rid] = 1
+        else:
+            if rid in self._done_other:
+                raise AssertionError(f"request {rid} reported done twice")
+            self._done_other.add(rid)
         self.num_done += 1
         self._answered(req)
         if req.next_turn is not None:
@@ -111,10 +121,11 @@ class Cluster:
 
     def run(self, requests: list[Request]) -> None:
         """Replay ``requests`` (sorted by arrival time) to the end, then check conservation."""
+        self._done_flags = bytearray(len(requests))
         self.env.process(self.arrivals(requests))
         self.env.run()
         check_conservation(requests, self.replicas, self.num_done)
-        if len(self._done_ids) != len(requests):
+        if self._done_flags.count(1) + len(self._done_other) != len(requests):
             raise AssertionError("some requests were never reported done")
 
 

@@ -221,7 +221,7 @@ SAMPLER_LOGIT_PASSES = 2
 # benchmarks/roofline_vs_measured.py outside +-10 % and the smallest worst error.
 GEMM_BLEND = 2.5
 _INV_BLEND = 1 / GEMM_BLEND
-_FIXED_CACHE = 1 << 16  # (rows, tokens) shapes whose size-only terms a roofline keeps
+_FIXED_CACHE = 4096  # (rows, tokens) shapes whose size-only terms a roofline keeps
 
 
 class RooflineCostModel:

@@ -155,3 +155,17 @@ def test_sarathi_chunked_prefill_lowers_p99_itl_and_tpot_with_long_prompts():
     chunk = summary("chunked", 512)
     assert chunk["p99_itl_ms"] < 0.5 * cont["p99_itl_ms"]
     assert chunk["p99_tpot_ms"] < cont["p99_tpot_ms"]
+
+
+@pytest.mark.parametrize("rid", [1, 10**12])  # an id of 0..N-1 (a flag) and one past them (a set)
+def test_a_request_reported_done_twice_is_caught(rid):
+    env = simpy.Environment()
+    kv = BlockManager(100, 16)
+    rep = Replica(env, 0, make_scheduler(ContinuousConfig(), kv), SimExecutor(ConstantCostModel(0.01), 1.0),
+                  MetricsRecorder())
+    cluster = Cluster(env, [rep])
+    reqs = [Request(0, 0.0, 10, 3), Request(rid, 0.5, 10, 3)]
+    cluster.run(reqs)
+    assert cluster.num_done == 2
+    with pytest.raises(AssertionError, match=f"request {rid} reported done twice"):
+        rep.on_done(reqs[1])
