@@ -513,7 +513,10 @@ class MetricsRecorder:
                 data[c.name] = pd.Series(data[c.name], dtype=object)
             else:
                 data[c.name] = np.asarray(data[c.name], dtype=c.dtype)
-        return pd.DataFrame({k: data[k] for k in REQUEST_COLUMNS})
+        # with an order every column is a fresh array (indexed or derived): the frame takes them as
+        # they are instead of copying them again (a million requests: ~45 MB less at the end of a
+        # run); without one some are the recorder's own columns, which the frame must not share
+        return pd.DataFrame({k: data[k] for k in REQUEST_COLUMNS}, copy=order is None)
 
     def iterations_frame(self) -> pd.DataFrame:
         """One row per engine iteration (times in seconds, sizes in tokens / blocks / requests), or

@@ -69,6 +69,19 @@ def _batch(new, ctx, samples):
     return Batch.of(reqs, new, np.asarray(ctx, dtype=np.int64), np.asarray(samples, dtype=bool))
 
 
+@pytest.mark.parametrize("order", [None, np.array([4, 3, 2, 1, 0])])
+def test_requests_frame_never_writes_through_to_the_recorded_columns(order):
+    rec = _recorder_with_four_requests()
+    before = {k: v.copy() for k, v in rec.request_columns().items()}
+    df = rec.requests_frame(order)
+    for col in ("prompt_len", "arrival_time", "finish_time", "num_preemptions"):
+        df.loc[0, col] = -7
+    after = rec.request_columns()
+    for k, v in before.items():
+        assert np.array_equal(after[k], v, equal_nan=v.dtype.kind == "f"), k
+    assert rec.requests_frame(order)["prompt_len"].iloc[0] != -7
+
+
 def test_requests_frame_derives_latencies_per_request():
     df = _recorder_with_four_requests().requests_frame()
     assert tuple(df.columns) == REQUEST_COLUMNS
