@@ -87,3 +87,11 @@ def test_a_decode_step_with_a_few_rows_after_the_decodes_matches_the_masked_upda
     assert _columns(fast) == _columns(ref)
     assert sorted(got[0].tolist()) == sorted(want[0].tolist())
     assert sorted(got[1]) == sorted(want[1]) and sorted(got[2].tolist()) == sorted(want[2].tolist())
+
+
+@pytest.mark.parametrize("gone", [[3, 1], [2, 2], [5, 9, 7]])
+def test_rows_to_remove_out_of_order_are_refused_before_anything_moves(gone):
+    t, rows = _table(12, 16)
+    with pytest.raises(AssertionError, match="ascending and distinct"):
+        t.remove_rows(gone)
+    assert t.n == 12 and _columns(t) == rows

@@ -98,6 +98,8 @@ class RunningTable:
         n = self.n
         k = n - len(gone)
         ints = self.ints
+        if len(gone) > 1 and any(a >= b for a, b in zip(gone, gone[1:], strict=False)):
+            raise AssertionError(f"rows to remove must be ascending and distinct, got {gone}")
         if len(gone) <= _FEW_GONE:  # the common case: shift each stretch between them down
             dst = gone[0]
             for j, g in enumerate(gone, 1):
