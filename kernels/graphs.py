@@ -16,6 +16,7 @@ against ``ModelRunner``'s unpadded forward, leaving only the capture itself to a
 from __future__ import annotations
 
 import bisect
+import time
 
 import numpy as np
 import torch
@@ -110,8 +111,6 @@ class DecodeGraphs:
         its kernels and sizes the rotary table; returns the seconds it took. A no-op without capture."""
         if not self.capture or self._graphs:
             return 0.0
-        import time
-
         t0 = time.perf_counter()
         self._reset_inputs(self.max_batch)
         for size in reversed(self.sizes):
@@ -257,8 +256,6 @@ class PiecewiseGraphs:
         piece after an eager run of it; returns the seconds it took. A no-op without capture."""
         if not self.capture or self._graphs:
             return 0.0
-        import time
-
         t0 = time.perf_counter()
         self._pool = torch.cuda.graph_pool_handle()
         layers = len(self.model.layers)

@@ -324,9 +324,9 @@ class RooflineCostModel:
         n_ar = 2 * L + 1
         self._ar_fixed = n_ar * self.link.call_s(tp)
         self._ar_per_token = n_ar * self.link.per_byte_s(tp) * h * dt
-        # a step's (linear + head + sampler + small, comm, host) by its rows and tokens (a decode
-        # step's by its rows): only its attention (and swaps) depend on more
-        self._fixed: dict[int | tuple[int, int], tuple[float, float, float]] = {}
+        # a step's (linear + head + sampler + small, comm, host) by its rows and tokens: only its
+        # attention (and swaps) depend on more
+        self._fixed: dict[tuple[int, int], tuple[float, float, float]] = {}
 
     @property
     def mixed_needs_rows(self) -> bool:
@@ -354,14 +354,14 @@ class RooflineCostModel:
     def step_time(self, sums: tuple[int, int, int, int, int, int], swap_bytes: float = 0.0,
                   longest_decode_kv: int | None = None) -> float:
         """``iteration_time`` from a step's ``step_sums``: the sum of ``_terms``, added in the same
-        order, with a decode step's terms that depend only on its size looked up.
+        order, with the terms that depend only on the step's rows and tokens looked up.
         ``longest_decode_kv``: the largest decode ctx + 1 of a mixed step (None: the mean)."""
         n, n_dec, tokens, pairs, decode_kv, prefill_kv = sums
         if n == 0:
             return sum(self._terms(sums, swap_bytes, longest_decode_kv))
         # every term but attention and swap depends on (rows, tokens) alone: looked up, then added
         # in _terms' order, so the sum is the same float
-        key = n if n == tokens else (n, tokens)
+        key = (n, tokens)
         fixed = self._fixed.get(key)
         if fixed is None:
             linear, head, sampler, small, _, comm, _, host = self._terms((n, n, tokens, 0, 0, 0), 0.0)
