@@ -199,10 +199,7 @@ def calibrate(opts: CalibrateOptions) -> dict[str, Any]:
                         "median_gap_s": engine.median_gap_s},
         "raw_csv": path.with_suffix(".csv").name, "gemm_csv": path.stem + "-gemm.csv",
     }
-    profile = to_profile_dict({r: c.tolist() for r, c in result.coefs.items()}, tile_tokens=result.tile,
-                              overhead={"step_s": engine.step_s, "per_seq_s": engine.per_seq_s},
-                              provenance=provenance, held_out_error=_rounded(result.held_out), gemm_tables=gemm,
-                              floors=result.floors)
+    profile = _profile_of(result, {"step_s": engine.step_s, "per_seq_s": engine.per_seq_s}, provenance, gemm)
     save_profile(path, profile)  # the raw CSVs beside it were written after the last round
     fitting.plot_fit(result, path.with_suffix(".png"),
                      title=f"{opts.model} {opts.backend}/{opts.device} ({info['device_name'][:40]})")
@@ -211,8 +208,14 @@ def calibrate(opts: CalibrateOptions) -> dict[str, Any]:
             "train_error": result.train}
 
 
-def _rounded(errors: dict[str, dict]) -> dict[str, dict]:
-    return {r: {k: round(v, 5) if isinstance(v, float) else v for k, v in e.items()} for r, e in errors.items()}
+def _profile_of(result: fitting.Fit, overhead: dict[str, Any], provenance: dict[str, Any],
+                gemm: dict[str, Any] | None) -> dict[str, Any]:
+    """The profile dict of a fit: its coefficients, tile, host floors and held-out error (rounded)."""
+    held = {r: {k: round(v, 5) if isinstance(v, float) else v for k, v in e.items()}
+            for r, e in result.held_out.items()}
+    return to_profile_dict({r: c.tolist() for r, c in result.coefs.items()}, tile_tokens=result.tile,
+                           overhead=overhead, provenance=provenance, held_out_error=held, gemm_tables=gemm,
+                           floors=result.floors)
 
 
 def refit(path: str | Path, out: str | Path | None = None) -> dict[str, Any]:
@@ -254,10 +257,7 @@ def refit(path: str | Path, out: str | Path | None = None) -> dict[str, Any]:
         for key in ("raw_csv", "gemm_csv"):
             if key in prov:
                 provenance[key] = os.path.relpath((path.parent / prov[key]).resolve(), out_path.resolve().parent)
-    profile = to_profile_dict({r: c.tolist() for r, c in result.coefs.items()}, tile_tokens=result.tile,
-                              overhead=model.overhead, provenance=provenance,
-                              held_out_error=_rounded(result.held_out),
-                              gemm_tables=model.gemm.to_dict() if model.gemm else None, floors=result.floors)
+    profile = _profile_of(result, model.overhead, provenance, model.gemm.to_dict() if model.gemm else None)
     save_profile(out_path, profile)
     fitting.plot_fit(result, out_path.with_suffix(".png"),
                      title=f"{prov.get('model', '?')} {prov.get('backend', '?')}/{prov.get('device', '?')} "
