@@ -12,9 +12,10 @@ Two workloads on one llama-3.1-8b replica with the chunked scheduler:
   near its capacity there (~3 steps per request, mixed steps of ~77 rows).
 
 The run is ``simulate`` (the workload generated inside, as ``servesim run`` does) then
-``write_results`` without plots into a temporary folder. Prints wall and CPU seconds (simulate +
-write; on a shared machine the CPU seconds move less), peak RSS (ru_maxrss), engine steps, and
-wall µs per step and per request.
+``write_results`` without plots into a temporary folder; the wall time includes loading the
+compiled step loops that ``simulate`` turns on for large runs (sim/row_kernels.py). Prints wall
+and CPU seconds (simulate + write; on a shared machine the CPU seconds move less), peak RSS
+(ru_maxrss), engine steps, and wall µs per step and per request.
 
     python benchmarks/sim_speed.py --workload sharegpt|conv [--requests 100000] [--rate R] [--profile]
         [--iterations full|binned|off] [--plain]
@@ -107,6 +108,11 @@ def main() -> None:
     print(f"simulated {s['duration_s']:.0f} s of traffic: {s['request_throughput']:.2f} req/s served, "
           f"mean batch {s['mean_batch_size']:.1f}, p99 TTFT {s['p99_ttft_ms']:.0f} ms, "
           f"p99 TPOT {s['p99_tpot_ms']:.1f} ms, preemptions {s['num_preemptions']}")
+    try:  # (older commits have no compiled loops)
+        from servesim.sim import row_kernels
+        print(f"compiled step loops: {'on' if row_kernels.ON else 'off'} (sim/row_kernels.py; SERVESIM_JIT)")
+    except ImportError:
+        pass
     if prof:
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 

@@ -107,6 +107,7 @@ class Batch:
     _requests: list[Request] | None = None
     _sums: StepSums | None = None
     _num_decode: int = -1
+    _longest: int = -1
 
     @property
     def requests(self) -> list[Request]:
@@ -137,10 +138,21 @@ class Batch:
             sums = self._sums = step_sums(self.num_new_tokens, self.num_context_tokens, self.decode_rows)
         return sums
 
+    def set_shape(self, seqs: int, decode_seqs: int, tokens: int, pairs: int, decode_kv: int, prefill_kv: int,
+                  longest_decode_kv: int, plain_decodes: int) -> None:
+        """The aggregates, computed by whoever built the rows (``row_kernels.batch_rows``): the
+        ``step_sums`` figures, the largest ctx + 1 of a row with q == 1 (0: none) and
+        ``num_decode_tokens``."""
+        self._sums = StepSums(seqs, decode_seqs, tokens, pairs, decode_kv, prefill_kv)
+        self._longest = longest_decode_kv
+        self._num_decode = plain_decodes
+
     @property
     def longest_decode_kv(self) -> int | None:
         """The largest ctx + 1 over rows with q == 1 (KV tokens a decode row reads), None without such
         rows. The leading ``decode_rows`` take one reduction, the few rows after them a loop."""
+        if self._longest >= 0:
+            return self._longest or None
         q = self.num_new_tokens
         ctx = self.num_context_tokens
         m = self.decode_rows

@@ -19,6 +19,7 @@ import pandas as pd
 import simpy
 from tqdm import tqdm
 
+from . import row_kernels
 from .cluster import Cluster, replica_summary
 from .cost_model import build_cost_model
 from .disagg import DisaggCluster, PrefillRecorder
@@ -195,6 +196,7 @@ def simulate(sc: Scenario, requests: Sequence[Request] | None = None, progress: 
     else:
         for req in requests:
             req.reset_progress()
+    row_kernels.use(row_kernels.want(len(requests)))  # compiled step loops for a large run
     env = simpy.Environment()
     if sc.cluster.disagg is not None:
         return simulate_disagg(sc, requests, env, progress, t0, iterations)

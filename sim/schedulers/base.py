@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
+from .. import row_kernels as rk
 from ..batch import Batch
 from ..config_model import ConfigModel
 from ..kv_cache import BlockManager
@@ -277,16 +278,21 @@ class Scheduler:
         of which the first ``decode_rows`` each compute their one pending token and sample."""
         run = self.run
         prefix = rows is None
+        shape = None
         if rows is None:
             k = len(new)
             rows, ones, trues = self._const_views(k)
-            ctx = run.computed[:k].copy()
             if decode_rows == k:
-                new, samples = ones, trues
-            else:
-                samples = ctx + new >= run.tokens[:k]
+                new = ones
         else:
             decode_rows = 0
+        new = new.astype(np.int64, copy=False)
+        if rk.ON:  # the rows and the step's aggregates in one compiled pass
+            ctx, samples, *shape = rk.batch_rows(run.computed, run.tokens, rows, new)
+        elif prefix:
+            ctx = run.computed[:k].copy()
+            samples = trues if decode_rows == k else ctx + new >= run.tokens[:k]
+        else:
             ctx = run.computed[rows]
             samples = ctx + new >= run.tokens[rows]
         pre, so, si = self._preempted_this_step, self._swap_out, self._swap_in
@@ -295,9 +301,12 @@ class Scheduler:
             self._swapped_in_now.clear()
         self.kv.end_step()
         self.scheduled = StepRows(rows, prefix, decode_rows)
-        return Batch(num_new_tokens=new.astype(np.int64, copy=False), num_context_tokens=ctx, samples=samples,
-                     preempted=pre, swap_out=so, swap_in=si, decode_rows=decode_rows,
-                     requests_of=partial(_requests_at, run.reqs, rows))
+        batch = Batch(num_new_tokens=new, num_context_tokens=ctx, samples=samples,
+                      preempted=pre, swap_out=so, swap_in=si, decode_rows=decode_rows,
+                      requests_of=partial(_requests_at, run.reqs, rows))
+        if shape is not None:
+            batch.set_shape(*shape)
+        return batch
 
     def _try_swap_in_one(self, now: float) -> bool:
         """Bring the oldest swapped request back into the running table if its blocks fit."""

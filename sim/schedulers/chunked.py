@@ -15,6 +15,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
+from .. import row_kernels as rk
 from ..batch import Batch
 from .base import PolicyConfig, Scheduler
 from .blocks import attach_cached_prefix, drop_cached_prefix
@@ -53,38 +54,17 @@ class ChunkedScheduler(Scheduler):
         new = _EMPTY
         decode_rows = 0
         if n:
-            tokens = run.tokens[:n]
-            need = tokens - run.computed[:n]
-            decoding = need == 1
-            n_dec = int(np.count_nonzero(decoding))
-            if n_dec == n and n <= budget:
-                decode_rows = n
+            split = rk.split_budget if rk.ON else _split_budget
+            new_all, left, decode_rows, given = split(run.computed, run.tokens, n, budget, threshold)
+            budget = left
+            if decode_rows == n:  # every running row decodes, within the budget
                 new_all = self._const_views(n)[1]
-                budget -= n
                 preempted = self._grow_decodes()
+            elif given == n:
+                preempted = self._grow_all(run.computed[:n] + new_all)
             else:
-                waiting_rows = (~decoding).nonzero()[0].tolist()
-                if n_dec <= budget:
-                    new_all = decoding.astype(np.int64)
-                    # the rows before the first prefill all decode: the step's sums and records
-                    # then skip them (the newest rows, at the end of the table, are the prefills)
-                    decode_rows = waiting_rows[0] if waiting_rows else 0
-                else:
-                    new_all = np.zeros(n, dtype=np.int64)
-                    new_all[decoding.nonzero()[0][:budget]] = 1
-                    n_dec = budget
-                budget -= n_dec
-                for i in waiting_rows:
-                    if budget <= 0:
-                        break
-                    chunk = min(int(need[i]), budget, threshold)
-                    new_all[i] = chunk
-                    budget -= chunk
-                if np.count_nonzero(new_all) == n:
-                    preempted = self._grow_all(run.computed[:n] + new_all)
-                else:
-                    rows = new_all.nonzero()[0]
-                    preempted = self._grow_rows(rows, new_all[rows])
+                rows = new_all.nonzero()[0]
+                preempted = self._grow_rows(rows, new_all[rows])
             if preempted is not None and preempted.any():
                 preempted_any = True
                 if decode_rows != n:
@@ -145,3 +125,35 @@ class ChunkedScheduler(Scheduler):
             new.append(chunk)
             budget -= chunk
         return budget
+
+
+def _split_budget(computed: np.ndarray, tokens: np.ndarray, n: int, budget: int,
+                  threshold: int) -> tuple[np.ndarray, int, int, int]:
+    """The step's token budget over running rows 0..n-1: one token to each decoding row (one
+    token pending), in table order while the budget lasts; what is left to the rows still
+    prefilling, in table order, each chunk capped at ``threshold``. Returns (tokens per row,
+    budget left, leading decode rows, rows given tokens); the leading decode rows are the rows
+    before the first prefilling one (n: none prefills) when every decode fits, else 0.
+    ``row_kernels.split_budget`` is the same split as one compiled loop."""
+    need = tokens[:n] - computed[:n]
+    decoding = need == 1
+    n_dec = int(np.count_nonzero(decoding))
+    if n_dec == n and n <= budget:
+        return _EMPTY, budget - n, n, n
+    waiting_rows = (~decoding).nonzero()[0].tolist()
+    if n_dec <= budget:
+        new = decoding.astype(np.int64)
+        lead = waiting_rows[0] if waiting_rows else 0
+    else:
+        new = np.zeros(n, dtype=np.int64)
+        new[decoding.nonzero()[0][:budget]] = 1
+        n_dec = budget
+        lead = 0
+    budget -= n_dec
+    for i in waiting_rows:
+        if budget <= 0:
+            break
+        chunk = min(int(need[i]), budget, threshold)
+        new[i] = chunk
+        budget -= chunk
+    return new, budget, lead, int(np.count_nonzero(new))

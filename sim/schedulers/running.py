@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import row_kernels as rk
 from ..kv_cache import BlockManager
 from ..request import Request
 
@@ -167,13 +168,20 @@ class RunningTable:
         n = self.n
         bs = kv.block_size
         nb = self.nblocks[:n]
-        todo = (want > nb * bs).nonzero()[0]
-        if len(todo) == 0:
-            return None
+        if rk.ON:
+            todo, blocks, counts_a = rk.blocks_short(nb, want, bs)
+            if len(todo) == 0:
+                return None
+            wanted = want[todo]
+            counts = counts_a.tolist()
+        else:
+            todo = (want > nb * bs).nonzero()[0]
+            if len(todo) == 0:
+                return None
+            wanted = want[todo]
+            blocks = (wanted + (bs - 1)) // bs
+            counts = (blocks - nb[todo]).tolist()
         rows = todo.tolist()
-        wanted = want[todo]
-        blocks = (wanted + (bs - 1)) // bs
-        counts = (blocks - nb[todo]).tolist()
         preempted = None
         if sum(counts) > kv.num_free_blocks:
             preempted = np.zeros(n, dtype=bool)
@@ -204,7 +212,10 @@ class RunningTable:
         blocks it holds, and then one. The same blocks in the same order, in fewer operations."""
         n = self.n
         nb = self.nblocks[:n]
-        todo = (self.computed[:n] >= nb * kv.block_size).nonzero()[0]
+        if rk.ON:
+            todo = rk.full_rows(self.computed, self.nblocks, n, kv.block_size)
+        else:
+            todo = (self.computed[:n] >= nb * kv.block_size).nonzero()[0]
         if len(todo) == 0:
             return None
         if len(todo) > kv.num_free_blocks:  # short: the policy preempts (the general path)
@@ -225,6 +236,9 @@ class RunningTable:
         inter-token latencies of the emitted tokens (seconds), the rows that emitted their first
         token and the rows that are done (all their outputs emitted), as table rows.
         """
+        if rk.ON:
+            itl, first, done = rk.advance_rows(self.ints, self.last_tok, step.rows, new, samples, now)
+            return itl, first.tolist(), done
         if step.whole:
             return self._advance_leading(len(step.rows), step.decode_rows, new, samples, now)
         rows = step.rows

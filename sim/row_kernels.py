@@ -1,0 +1,223 @@
+"""Compiled loops for the per-step array work over the running rows (large runs).
+
+A simulated step is ~40 small numpy calls at 0.3-1 µs each (a mask, a count, a gather, an add,
+each over the same few hundred rows): at a million requests that constant is most of the run.
+The loops here do one piece of a step's work in one pass, compiled by numba: a step's rows and
+aggregates (``batch_rows``), its outcome on the table (``advance_rows``), the rows that need KV
+blocks (``blocks_short``, ``full_rows``) and chunked prefill's split of the token budget
+(``split_budget``). They are mechanics, not policy: which rows run and how many tokens each
+computes is decided by the policy in plain Python, and the policy modules read the same either way.
+
+Every loop does the same integer and float operations, in the same order, as the numpy code it
+stands in for, which stays as the path for runs too small to pay for compiling (``want``) and
+for machines without numba; ``tests/test_row_kernels.py`` checks the two paths give identical
+runs. Loading the compiled loops costs ~0.5-1 s and ~80 MB once per process (LLVM's code
+generator), so ``simulate`` turns them on for runs of ``MIN_REQUESTS`` or more; ``SERVESIM_JIT=1``
+(always) or ``0`` (never) overrides. The first run on a machine also compiles them (a few seconds)
+and keeps the machine code in ``__pycache__`` (``cache=True``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+try:
+    import numba
+except ImportError:  # pragma: no cover - numba is a dependency; a Python without its wheels still runs
+    numba = None
+
+ON = False  # the compiled loops are in use (read by the callers every step)
+MIN_REQUESTS = 20_000  # runs this large turn them on (``want``)
+
+
+def _compiled(f: Callable[..., Any]) -> Callable[..., Any]:
+    return numba.njit(cache=True, nogil=True)(f) if numba is not None else f
+
+
+def want(num_requests: int) -> bool:
+    """Whether a run of ``num_requests`` requests should use the compiled loops."""
+    env = os.environ.get("SERVESIM_JIT", "").strip()
+    if env in ("0", "1"):
+        return env == "1"
+    return num_requests >= MIN_REQUESTS
+
+
+def use(on: bool) -> bool:
+    """Turn the compiled loops on (loading them now) or off; returns whether they are on
+    (False without numba)."""
+    global ON
+    if on and numba is not None and not ON:
+        _warm()
+    ON = on and numba is not None
+    return ON
+
+
+def _warm() -> None:
+    """Load (or compile) every loop for the argument types a run passes, so that cost falls here
+    rather than inside the first steps."""
+    ints = np.zeros((7, 4), dtype=np.int64)
+    last = np.zeros(4)
+    rows = np.arange(2, dtype=np.int64)
+    new = np.ones(2, dtype=np.int64)
+    ro = new.copy()
+    ro.flags.writeable = False
+    samples = np.ones(2, dtype=bool)
+    for q in (new, ro):
+        batch_rows(ints[0], ints[1], rows, q)
+        advance_rows(ints, last, rows, q, samples, 1.0)
+    blocks_short(ints[4], new, 16)
+    full_rows(ints[0], ints[4], 2, 16)
+    split_budget(ints[0], ints[1], 2, 8, 8)
+
+
+@_compiled
+def batch_rows(computed: np.ndarray, tokens: np.ndarray, rows: np.ndarray, q: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, int, int, int, int, int, int, int, int]:
+    """A step's per-row context and sample flags, and its aggregates, in one pass over ``rows``
+    (row j computes ``q[j]`` tokens): (ctx, samples, then ``batch.step_sums``' six figures, the
+    largest ctx + 1 over rows with q == 1 (0 without one) and the plain decodes (q == 1,
+    sampling, ctx > 0)). A row samples when its computation reaches the end of its tokens."""
+    k = rows.shape[0]
+    ctx = np.empty(k, dtype=np.int64)
+    samples = np.empty(k, dtype=np.bool_)
+    n_dec = total = pairs = decode_kv = prefill_kv = longest = plain = 0
+    for j in range(k):
+        i = rows[j]
+        c = computed[i]
+        qj = q[j]
+        s = c + qj >= tokens[i]
+        ctx[j] = c
+        samples[j] = s
+        total += qj
+        if qj == 1:
+            n_dec += 1
+            decode_kv += c + 1
+            if c + 1 > longest:
+                longest = c + 1
+            if s and c > 0:
+                plain += 1
+        else:
+            pairs += qj * c + qj * (qj + 1) // 2
+            prefill_kv += c + qj
+    return ctx, samples, k, n_dec, total, pairs, decode_kv, prefill_kv, longest, plain
+
+
+@_compiled
+def advance_rows(ints: np.ndarray, last: np.ndarray, rows: np.ndarray, new: np.ndarray, samples: np.ndarray,
+                 now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Apply a finished step to table ``rows`` (row j computed ``new[j]`` tokens; ``samples[j]``:
+    it emitted one). ``ints`` rows 0-3 are computed, tokens, out, out_len and ``last`` the time of
+    each row's last token (``RunningTable``). Returns the inter-token latencies of the emitted
+    tokens, the rows that emitted their first token and the rows now done, each in step order."""
+    k = rows.shape[0]
+    itl = np.empty(k, dtype=np.float64)
+    first = np.empty(k, dtype=np.int64)
+    done = np.empty(k, dtype=np.int64)
+    ni = nf = nd = 0
+    for j in range(k):
+        i = rows[j]
+        ints[0, i] += new[j]
+        if samples[j]:
+            o = ints[2, i]
+            if o > 0:
+                itl[ni] = now - last[i]
+                ni += 1
+            else:
+                first[nf] = i
+                nf += 1
+            o += 1
+            ints[2, i] = o
+            ints[1, i] += 1
+            last[i] = now
+            if o >= ints[3, i]:
+                done[nd] = i
+                nd += 1
+    return itl[:ni], first[:nf], done[:nd]
+
+
+@_compiled
+def blocks_short(nblocks: np.ndarray, want: np.ndarray, block_size: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows i < len(want) whose ``want[i]`` tokens need more than the ``nblocks[i]`` blocks they
+    hold: (rows, blocks each then holds, blocks each takes), in row order."""
+    n = want.shape[0]
+    rows = np.empty(n, dtype=np.int64)
+    blocks = np.empty(n, dtype=np.int64)
+    counts = np.empty(n, dtype=np.int64)
+    k = 0
+    for i in range(n):
+        w = want[i]
+        nb = nblocks[i]
+        if w > nb * block_size:
+            b = (w + block_size - 1) // block_size
+            rows[k] = i
+            blocks[k] = b
+            counts[k] = b - nb
+            k += 1
+    return rows[:k], blocks[:k], counts[:k]
+
+
+@_compiled
+def full_rows(computed: np.ndarray, nblocks: np.ndarray, n: int, block_size: int) -> np.ndarray:
+    """Rows i < n whose computed tokens fill every block they hold (a decode there needs one more)."""
+    rows = np.empty(n, dtype=np.int64)
+    k = 0
+    for i in range(n):
+        if computed[i] >= nblocks[i] * block_size:
+            rows[k] = i
+            k += 1
+    return rows[:k]
+
+
+@_compiled
+def split_budget(computed: np.ndarray, tokens: np.ndarray, n: int, budget: int, threshold: int
+                 ) -> tuple[np.ndarray, int, int, int]:
+    """Chunked prefill's split of a step's token budget over running rows 0..n-1: one token to
+    each decoding row (one token pending) in table order while the budget lasts, then what is
+    left to the rows still prefilling, in table order, each capped at ``threshold``.
+
+    Returns (tokens per row, budget left, leading decode rows, rows given tokens). The leading
+    decode rows are the rows before the first prefilling one (n: none prefills) when every
+    decode fits, else 0.
+    """
+    new = np.zeros(n, dtype=np.int64)
+    n_dec = 0
+    for i in range(n):
+        if tokens[i] - computed[i] == 1:
+            n_dec += 1
+    lead = 0
+    if n_dec <= budget:
+        lead = -1
+        for i in range(n):
+            if tokens[i] - computed[i] == 1:
+                new[i] = 1
+            elif lead < 0:
+                lead = i
+        if lead < 0:
+            lead = n
+    else:
+        left = budget
+        for i in range(n):
+            if left == 0:
+                break
+            if tokens[i] - computed[i] == 1:
+                new[i] = 1
+                left -= 1
+        n_dec = budget
+    budget -= n_dec
+    given = n_dec
+    for i in range(n):
+        if budget <= 0:
+            break
+        need = tokens[i] - computed[i]
+        if need != 1:
+            chunk = min(need, budget, threshold)
+            new[i] = chunk
+            budget -= chunk
+            if chunk != 0:
+                given += 1
+    return new, budget, lead, given

@@ -1,0 +1,180 @@
+"""The compiled step loops (sim/row_kernels.py) against the numpy code they stand in for.
+
+Each loop is checked on random rows against the numpy path, and whole runs are simulated with the
+loops on and off: shipped scenarios (every policy and preset), randomized ones (preemption modes,
+prefix caching, swap, several replicas) and a run large enough for ``simulate`` to turn them on by
+itself. Identical means identical here: every latency, step and summary figure, bit for bit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from servesim.sim import row_kernels as rk
+from servesim.sim.batch import Batch, step_sums
+from servesim.sim.request import Request
+from servesim.sim.scenario import load_scenario, scenario_from_dict
+from servesim.sim.schedulers.chunked import _split_budget
+from servesim.sim.schedulers.running import RunningTable, StepRows
+from servesim.sim.simulate import simulate
+from test_fast_forward import SCENARIOS_DIR, SHIPPED, assert_same_run, random_scenario
+
+pytestmark = pytest.mark.skipif(rk.numba is None, reason="numba is not installed")
+
+
+@pytest.fixture
+def jit_state():
+    """Restores whether the loops were on, whatever a test did."""
+    was = rk.ON
+    yield
+    rk.use(was)
+
+
+def both_ways(sc, monkeypatch, **kw):
+    monkeypatch.setenv("SERVESIM_JIT", "0")
+    plain = simulate(sc, progress=False, **kw)
+    assert not rk.ON
+    monkeypatch.setenv("SERVESIM_JIT", "1")
+    compiled = simulate(sc, progress=False, **kw)
+    assert rk.ON
+    return plain, compiled
+
+
+# ---- the loops, one by one -------------------------------------------------------------------
+def test_batch_rows_gives_the_batch_its_numpy_rows_and_aggregates():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(1, 40))
+        computed = rng.integers(0, 3000, n).astype(np.int64)
+        tokens = computed + rng.integers(1, 600, n) * (rng.random(n) < 0.3) + 1
+        rows = np.sort(rng.choice(n, int(rng.integers(1, n + 1)), replace=False)).astype(np.int64)
+        q = np.minimum(tokens[rows] - computed[rows], rng.integers(1, 700, len(rows))).astype(np.int64)
+        ctx, samples, *shape = rk.batch_rows(computed, tokens, rows, q)
+        want_ctx = computed[rows]
+        want_samples = want_ctx + q >= tokens[rows]
+        assert np.array_equal(ctx, want_ctx) and np.array_equal(samples, want_samples)
+        ref = Batch(num_new_tokens=q, num_context_tokens=want_ctx, samples=want_samples)
+        assert tuple(shape[:6]) == tuple(step_sums(q, want_ctx))
+        assert (shape[6] or None) == ref.longest_decode_kv
+        assert shape[7] == ref.num_decode_tokens
+        got = Batch(num_new_tokens=q, num_context_tokens=ctx, samples=samples)
+        got.set_shape(*shape)
+        assert (got.sums, got.longest_decode_kv, got.num_decode_tokens) == (
+            ref.sums, ref.longest_decode_kv, ref.num_decode_tokens)
+
+
+def _table(rng, n: int) -> RunningTable:
+    table = RunningTable(4)
+    for i in range(n):
+        req = Request(request_id=i, arrival_time=0.0, prompt_len=int(rng.integers(1, 900)),
+                      output_len=int(rng.integers(3, 40)))
+        if rng.random() < 0.5:  # decoding: every token but the last sampled one computed
+            req.num_output_tokens = int(rng.integers(0, 3))
+            req.num_computed_tokens = req.prompt_len + req.num_output_tokens - 1
+        else:  # prefilling
+            req.num_computed_tokens = int(rng.integers(0, req.prompt_len))
+        req.last_token_time = float(rng.random())
+        table.append(req, int(rng.integers(0, 80)))
+    return table
+
+
+def test_advance_rows_is_the_tables_numpy_advance():
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        n = int(rng.integers(1, 30))
+        a = _table(rng, n)
+        b = RunningTable(4)  # the same rows again: one copy advanced each way
+        b._bind(a.ints.copy())
+        b.reqs, b.n = list(a.reqs), a.n
+        whole = bool(rng.random() < 0.5)
+        rows = np.arange(n, dtype=np.int64) if whole else np.sort(
+            rng.choice(n, int(rng.integers(1, n + 1)), replace=False)).astype(np.int64)
+        need = a.tokens[rows] - a.computed[rows]
+        new = np.minimum(need, rng.integers(1, 50, len(rows))).astype(np.int64)
+        samples = a.computed[rows] + new >= a.tokens[rows]
+        plain = (new == 1) & samples
+        lead = int(np.argmin(plain)) if not plain.all() else len(rows)
+        step = StepRows(rows, whole, lead if whole else 0)
+        now = 1.0 + float(rng.random())
+        rk.use(False)
+        want = a.advance(step, new, samples, now)
+        got_itl, got_first, got_done = rk.advance_rows(b.ints, b.last_tok, rows, new, samples, now)
+        assert np.array_equal(got_itl, want[0]) and got_first.tolist() == want[1]
+        assert np.array_equal(got_done, want[2])
+        assert np.array_equal(a.ints[:, :n], b.ints[:, :n])
+
+
+def test_blocks_short_and_full_rows_find_the_numpy_rows():
+    rng = np.random.default_rng(2)
+    for _ in range(300):
+        n = int(rng.integers(1, 50))
+        bs = int(rng.choice([1, 8, 16]))
+        nblocks = rng.integers(0, 20, n).astype(np.int64)
+        computed = np.maximum(nblocks * bs - rng.integers(0, 2 * bs, n), 0).astype(np.int64)
+        want = computed + rng.integers(0, 3 * bs, n)
+        rows, blocks, counts = rk.blocks_short(nblocks, want, bs)
+        todo = (want > nblocks * bs).nonzero()[0]
+        assert np.array_equal(rows, todo)
+        assert np.array_equal(blocks, (want[todo] + bs - 1) // bs)
+        assert np.array_equal(counts, blocks - nblocks[todo])
+        assert np.array_equal(rk.full_rows(computed, nblocks, n, bs), (computed >= nblocks * bs).nonzero()[0])
+
+
+def test_split_budget_is_the_chunked_policys_split():
+    rng = np.random.default_rng(3)
+    for _ in range(2000):
+        n = int(rng.integers(1, 40))
+        computed = rng.integers(0, 500, n).astype(np.int64)
+        tokens = computed + np.where(rng.random(n) < float(rng.random()), 1, rng.integers(2, 900, n))
+        budget = int(rng.choice([1, 4, 16, 64, 512, 8192]))
+        threshold = int(rng.choice([budget, 8, 100]))
+        new, left, lead, given = rk.split_budget(computed, tokens, n, budget, threshold)
+        ref_new, ref_left, ref_lead, ref_given = _split_budget(computed, tokens, n, budget, threshold)
+        assert (left, lead, given) == (ref_left, ref_lead, ref_given)
+        if ref_lead != n:  # every row decodes: the caller uses its own ones
+            assert np.array_equal(new, ref_new)
+
+
+# ---- whole runs ------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", SHIPPED, ids=[str(p.relative_to(SCENARIOS_DIR)) for p in SHIPPED])
+def test_shipped_scenario_is_the_same_with_the_compiled_loops(path: Path, monkeypatch, jit_state):
+    sc = load_scenario(path, ["workload.num_requests=150"])
+    assert_same_run(*both_ways(sc, monkeypatch), replicas=sc.cluster.num_replicas)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_scenario_is_the_same_with_the_compiled_loops(seed: int, monkeypatch, jit_state):
+    sc = random_scenario(seed)
+    assert_same_run(*both_ways(sc, monkeypatch, fast_forward=bool(seed % 3)), replicas=sc.cluster.num_replicas)
+
+
+def test_a_large_run_turns_them_on_and_a_small_one_off(monkeypatch, jit_state):
+    monkeypatch.delenv("SERVESIM_JIT", raising=False)
+    assert rk.want(rk.MIN_REQUESTS) and not rk.want(rk.MIN_REQUESTS - 1)
+    monkeypatch.setenv("SERVESIM_JIT", "0")
+    assert not rk.want(10**9)
+    monkeypatch.setenv("SERVESIM_JIT", "1")
+    assert rk.want(1)
+    monkeypatch.delenv("SERVESIM_JIT")
+    sc = scenario_from_dict({
+        "name": "large", "seed": 4, "model": "llama-3.1-8b", "hardware": "h100-sxm",
+        "scheduler": {"type": "chunked", "max_num_seqs": 64, "max_num_batched_tokens": 512},
+        "workload": {"num_requests": rk.MIN_REQUESTS, "arrival": {"process": "poisson", "rate": 400.0},
+                     "prompt_len": {"dist": "uniform", "min": 4, "max": 64},
+                     "output_len": {"dist": "uniform", "min": 1, "max": 8}},
+    })
+    rk.use(False)
+    compiled = simulate(sc, progress=False, iterations="binned")
+    assert rk.ON
+    monkeypatch.setenv("SERVESIM_JIT", "0")
+    plain = simulate(sc, progress=False, iterations="binned")
+    assert not rk.ON
+    assert_same_run(plain, compiled)
+
+
+def test_without_numba_they_stay_off(monkeypatch, jit_state):
+    rk.use(False)
+    monkeypatch.setattr(rk, "numba", None)
+    assert rk.use(True) is False and not rk.ON
