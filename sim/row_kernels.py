@@ -65,25 +65,27 @@ def _warm() -> None:
     new = np.ones(2, dtype=np.int64)
     ro = new.copy()
     ro.flags.writeable = False
-    samples = np.ones(2, dtype=bool)
-    for q in (new, ro):
-        batch_rows(ints[0], ints[1], rows, q)
-        advance_rows(ints, last, rows, q, samples, 1.0)
-    blocks_short(ints[4], new, 16)
-    full_rows(ints[0], ints[4], 2, 16)
-    split_budget(ints[0], ints[1], 2, 8, 8)
+    flags = np.ones(2, dtype=bool)
+    out = np.zeros(4, dtype=np.int64)
+    ro_rows = rows.copy()
+    ro_rows.flags.writeable = False
+    for r in (rows, ro_rows):  # (a whole-table step's rows and ones are read-only views)
+        for q in (new, ro):
+            batch_rows(ints[0], ints[1], r, q, out, flags)
+            advance_rows(ints, last, r, q, flags, 1.0, last, out, out)
+    blocks_short(ints[4], new, 16, out, out, out)
+    full_rows(ints[0], ints[4], 2, 16, out)
+    split_budget(ints[0], ints[1], 2, 8, 8, out)
 
 
 @_compiled
-def batch_rows(computed: np.ndarray, tokens: np.ndarray, rows: np.ndarray, q: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray, int, int, int, int, int, int, int, int]:
-    """A step's per-row context and sample flags, and its aggregates, in one pass over ``rows``
-    (row j computes ``q[j]`` tokens): (ctx, samples, then ``batch.step_sums``' six figures, the
-    largest ctx + 1 over rows with q == 1 (0 without one) and the plain decodes (q == 1,
-    sampling, ctx > 0)). A row samples when its computation reaches the end of its tokens."""
+def batch_rows(computed: np.ndarray, tokens: np.ndarray, rows: np.ndarray, q: np.ndarray, ctx: np.ndarray,
+               samples: np.ndarray) -> tuple[int, int, int, int, int, int, int, int]:
+    """A step's per-row context and sample flags, written into ``ctx`` and ``samples``, and its
+    aggregates, in one pass over ``rows`` (row j computes ``q[j]`` tokens): ``batch.step_sums``'
+    six figures, the largest ctx + 1 over rows with q == 1 (0 without one) and the plain decodes
+    (q == 1, sampling, ctx > 0). A row samples when its computation reaches the end of its tokens."""
     k = rows.shape[0]
-    ctx = np.empty(k, dtype=np.int64)
-    samples = np.empty(k, dtype=np.bool_)
     n_dec = total = pairs = decode_kv = prefill_kv = longest = plain = 0
     for j in range(k):
         i = rows[j]
@@ -103,22 +105,19 @@ def batch_rows(computed: np.ndarray, tokens: np.ndarray, rows: np.ndarray, q: np
         else:
             pairs += qj * c + qj * (qj + 1) // 2
             prefill_kv += c + qj
-    return ctx, samples, k, n_dec, total, pairs, decode_kv, prefill_kv, longest, plain
+    return k, n_dec, total, pairs, decode_kv, prefill_kv, longest, plain
 
 
 @_compiled
 def advance_rows(ints: np.ndarray, last: np.ndarray, rows: np.ndarray, new: np.ndarray, samples: np.ndarray,
-                 now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 now: float, itl: np.ndarray, first: np.ndarray, done: np.ndarray) -> tuple[int, int, int]:
     """Apply a finished step to table ``rows`` (row j computed ``new[j]`` tokens; ``samples[j]``:
     it emitted one). ``ints`` rows 0-3 are computed, tokens, out, out_len and ``last`` the time of
-    each row's last token (``RunningTable``). Returns the inter-token latencies of the emitted
-    tokens, the rows that emitted their first token and the rows now done, each in step order."""
-    k = rows.shape[0]
-    itl = np.empty(k, dtype=np.float64)
-    first = np.empty(k, dtype=np.int64)
-    done = np.empty(k, dtype=np.int64)
+    each row's last token (``RunningTable``). Writes the inter-token latencies of the emitted
+    tokens into ``itl``, the rows that emitted their first token into ``first`` and the rows now
+    done into ``done``, each in step order, and returns how many of each."""
     ni = nf = nd = 0
-    for j in range(k):
+    for j in range(rows.shape[0]):
         i = rows[j]
         ints[0, i] += new[j]
         if samples[j]:
@@ -136,20 +135,17 @@ def advance_rows(ints: np.ndarray, last: np.ndarray, rows: np.ndarray, new: np.n
             if o >= ints[3, i]:
                 done[nd] = i
                 nd += 1
-    return itl[:ni], first[:nf], done[:nd]
+    return ni, nf, nd
 
 
 @_compiled
-def blocks_short(nblocks: np.ndarray, want: np.ndarray, block_size: int
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def blocks_short(nblocks: np.ndarray, want: np.ndarray, block_size: int, rows: np.ndarray, blocks: np.ndarray,
+                 counts: np.ndarray) -> int:
     """Rows i < len(want) whose ``want[i]`` tokens need more than the ``nblocks[i]`` blocks they
-    hold: (rows, blocks each then holds, blocks each takes), in row order."""
-    n = want.shape[0]
-    rows = np.empty(n, dtype=np.int64)
-    blocks = np.empty(n, dtype=np.int64)
-    counts = np.empty(n, dtype=np.int64)
+    hold, written in row order into ``rows`` with the blocks each then holds (``blocks``) and
+    takes (``counts``); returns how many."""
     k = 0
-    for i in range(n):
+    for i in range(want.shape[0]):
         w = want[i]
         nb = nblocks[i]
         if w > nb * block_size:
@@ -158,33 +154,32 @@ def blocks_short(nblocks: np.ndarray, want: np.ndarray, block_size: int
             blocks[k] = b
             counts[k] = b - nb
             k += 1
-    return rows[:k], blocks[:k], counts[:k]
+    return k
 
 
 @_compiled
-def full_rows(computed: np.ndarray, nblocks: np.ndarray, n: int, block_size: int) -> np.ndarray:
-    """Rows i < n whose computed tokens fill every block they hold (a decode there needs one more)."""
-    rows = np.empty(n, dtype=np.int64)
+def full_rows(computed: np.ndarray, nblocks: np.ndarray, n: int, block_size: int, rows: np.ndarray) -> int:
+    """Rows i < n whose computed tokens fill every block they hold (a decode there needs one
+    more), written into ``rows``; returns how many."""
     k = 0
     for i in range(n):
         if computed[i] >= nblocks[i] * block_size:
             rows[k] = i
             k += 1
-    return rows[:k]
+    return k
 
 
 @_compiled
-def split_budget(computed: np.ndarray, tokens: np.ndarray, n: int, budget: int, threshold: int
-                 ) -> tuple[np.ndarray, int, int, int]:
-    """Chunked prefill's split of a step's token budget over running rows 0..n-1: one token to
-    each decoding row (one token pending) in table order while the budget lasts, then what is
-    left to the rows still prefilling, in table order, each capped at ``threshold``.
+def split_budget(computed: np.ndarray, tokens: np.ndarray, n: int, budget: int, threshold: int,
+                 new: np.ndarray) -> tuple[int, int, int]:
+    """Chunked prefill's split of a step's token budget over running rows 0..n-1, written into
+    ``new`` (length n): one token to each decoding row (one token pending) in table order while
+    the budget lasts, then what is left to the rows still prefilling, in table order, each capped
+    at ``threshold``.
 
-    Returns (tokens per row, budget left, leading decode rows, rows given tokens). The leading
-    decode rows are the rows before the first prefilling one (n: none prefills) when every
-    decode fits, else 0.
+    Returns (budget left, leading decode rows, rows given tokens). The leading decode rows are
+    the rows before the first prefilling one (n: none prefills) when every decode fits, else 0.
     """
-    new = np.zeros(n, dtype=np.int64)
     n_dec = 0
     for i in range(n):
         if tokens[i] - computed[i] == 1:
@@ -195,18 +190,20 @@ def split_budget(computed: np.ndarray, tokens: np.ndarray, n: int, budget: int, 
         for i in range(n):
             if tokens[i] - computed[i] == 1:
                 new[i] = 1
-            elif lead < 0:
-                lead = i
+            else:
+                new[i] = 0
+                if lead < 0:
+                    lead = i
         if lead < 0:
             lead = n
     else:
         left = budget
         for i in range(n):
-            if left == 0:
-                break
-            if tokens[i] - computed[i] == 1:
+            if left > 0 and tokens[i] - computed[i] == 1:
                 new[i] = 1
                 left -= 1
+            else:
+                new[i] = 0
         n_dec = budget
     budget -= n_dec
     given = n_dec
@@ -220,4 +217,4 @@ def split_budget(computed: np.ndarray, tokens: np.ndarray, n: int, budget: int, 
             budget -= chunk
             if chunk != 0:
                 given += 1
-    return new, budget, lead, given
+    return budget, lead, given

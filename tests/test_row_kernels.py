@@ -51,7 +51,9 @@ def test_batch_rows_gives_the_batch_its_numpy_rows_and_aggregates():
         tokens = computed + rng.integers(1, 600, n) * (rng.random(n) < 0.3) + 1
         rows = np.sort(rng.choice(n, int(rng.integers(1, n + 1)), replace=False)).astype(np.int64)
         q = np.minimum(tokens[rows] - computed[rows], rng.integers(1, 700, len(rows))).astype(np.int64)
-        ctx, samples, *shape = rk.batch_rows(computed, tokens, rows, q)
+        ctx = np.full(len(rows), -7, dtype=np.int64)
+        samples = np.zeros(len(rows), dtype=bool)
+        shape = rk.batch_rows(computed, tokens, rows, q, ctx, samples)
         want_ctx = computed[rows]
         want_samples = want_ctx + q >= tokens[rows]
         assert np.array_equal(ctx, want_ctx) and np.array_equal(samples, want_samples)
@@ -100,9 +102,10 @@ def test_advance_rows_is_the_tables_numpy_advance():
         now = 1.0 + float(rng.random())
         rk.use(False)
         want = a.advance(step, new, samples, now)
-        got_itl, got_first, got_done = rk.advance_rows(b.ints, b.last_tok, rows, new, samples, now)
-        assert np.array_equal(got_itl, want[0]) and got_first.tolist() == want[1]
-        assert np.array_equal(got_done, want[2])
+        itl, first, done = np.full(n, np.nan), np.full(n, -1), np.full(n, -1)
+        ni, nf, nd = rk.advance_rows(b.ints, b.last_tok, rows, new, samples, now, itl, first, done)
+        assert np.array_equal(itl[:ni], want[0]) and first[:nf].tolist() == want[1]
+        assert np.array_equal(done[:nd], want[2])
         assert np.array_equal(a.ints[:, :n], b.ints[:, :n])
 
 
@@ -114,12 +117,15 @@ def test_blocks_short_and_full_rows_find_the_numpy_rows():
         nblocks = rng.integers(0, 20, n).astype(np.int64)
         computed = np.maximum(nblocks * bs - rng.integers(0, 2 * bs, n), 0).astype(np.int64)
         want = computed + rng.integers(0, 3 * bs, n)
-        rows, blocks, counts = rk.blocks_short(nblocks, want, bs)
+        rows, blocks, counts = (np.full(n, -1) for _ in range(3))
+        k = rk.blocks_short(nblocks, want, bs, rows, blocks, counts)
         todo = (want > nblocks * bs).nonzero()[0]
-        assert np.array_equal(rows, todo)
-        assert np.array_equal(blocks, (want[todo] + bs - 1) // bs)
-        assert np.array_equal(counts, blocks - nblocks[todo])
-        assert np.array_equal(rk.full_rows(computed, nblocks, n, bs), (computed >= nblocks * bs).nonzero()[0])
+        assert np.array_equal(rows[:k], todo)
+        assert np.array_equal(blocks[:k], (want[todo] + bs - 1) // bs)
+        assert np.array_equal(counts[:k], blocks[:k] - nblocks[todo])
+        full = np.full(n, -1)
+        k = rk.full_rows(computed, nblocks, n, bs, full)
+        assert np.array_equal(full[:k], (computed >= nblocks * bs).nonzero()[0])
 
 
 def test_split_budget_is_the_chunked_policys_split():
@@ -130,7 +136,8 @@ def test_split_budget_is_the_chunked_policys_split():
         tokens = computed + np.where(rng.random(n) < float(rng.random()), 1, rng.integers(2, 900, n))
         budget = int(rng.choice([1, 4, 16, 64, 512, 8192]))
         threshold = int(rng.choice([budget, 8, 100]))
-        new, left, lead, given = rk.split_budget(computed, tokens, n, budget, threshold)
+        new = np.full(n, -9, dtype=np.int64)  # every entry must be written
+        left, lead, given = rk.split_budget(computed, tokens, n, budget, threshold, new)
         ref_new, ref_left, ref_lead, ref_given = _split_budget(computed, tokens, n, budget, threshold)
         assert (left, lead, given) == (ref_left, ref_lead, ref_given)
         if ref_lead != n:  # every row decodes: the caller uses its own ones

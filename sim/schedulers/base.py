@@ -288,7 +288,10 @@ class Scheduler:
             decode_rows = 0
         new = new.astype(np.int64, copy=False)
         if rk.ON:  # the rows and the step's aggregates in one compiled pass
-            ctx, samples, *shape = rk.batch_rows(run.computed, run.tokens, rows, new)
+            k = len(rows)
+            ctx = np.empty(k, dtype=np.int64)
+            samples = np.empty(k, dtype=bool)
+            shape = rk.batch_rows(run.computed, run.tokens, rows, new, ctx, samples)
         elif prefix:
             ctx = run.computed[:k].copy()
             samples = trues if decode_rows == k else ctx + new >= run.tokens[:k]

@@ -54,9 +54,11 @@ class ChunkedScheduler(Scheduler):
         new = _EMPTY
         decode_rows = 0
         if n:
-            split = rk.split_budget if rk.ON else _split_budget
-            new_all, left, decode_rows, given = split(run.computed, run.tokens, n, budget, threshold)
-            budget = left
+            if rk.ON:
+                new_all = np.empty(n, dtype=np.int64)
+                budget, decode_rows, given = rk.split_budget(run.computed, run.tokens, n, budget, threshold, new_all)
+            else:
+                new_all, budget, decode_rows, given = _split_budget(run.computed, run.tokens, n, budget, threshold)
             if decode_rows == n:  # every running row decodes, within the budget
                 new_all = self._const_views(n)[1]
                 preempted = self._grow_decodes()

@@ -52,7 +52,7 @@ class RunningTable:
     """
 
     __slots__ = ("reqs", "n", "ints", "computed", "tokens", "out", "out_len", "nblocks", "prio", "last_tok",
-                 "counters")
+                 "counters", "_scratch", "_itl")
 
     def __init__(self, capacity: int) -> None:
         cap = max(capacity, 1)
@@ -70,6 +70,10 @@ class RunningTable:
         self.prio = ints[5]
         self.last_tok = ints[6].view(np.float64)  # time of the last output token
         self.counters = ints[:3].reshape(-1)  # computed, tokens, out over the whole capacity (a view)
+        # what the compiled loops (row_kernels) write a step's row lists and ITLs into
+        cap = ints.shape[1]
+        self._scratch = (np.empty(cap, dtype=np.int64), np.empty(cap, dtype=np.int64), np.empty(cap, dtype=np.int64))
+        self._itl = np.empty(ints.shape[1])
 
     def append(self, req: Request, nblocks: int) -> int:
         i = self.n
@@ -169,17 +173,17 @@ class RunningTable:
         bs = kv.block_size
         nb = self.nblocks[:n]
         if rk.ON:
-            todo, blocks, counts_a = rk.blocks_short(nb, want, bs)
-            if len(todo) == 0:
+            rows_b, blocks_b, counts_b = self._scratch
+            k = rk.blocks_short(nb, want, bs, rows_b, blocks_b, counts_b)
+            if k == 0:
                 return None
-            wanted = want[todo]
-            counts = counts_a.tolist()
+            todo, blocks = rows_b[:k], blocks_b[:k]
+            counts = counts_b[:k].tolist()
         else:
             todo = (want > nb * bs).nonzero()[0]
             if len(todo) == 0:
                 return None
-            wanted = want[todo]
-            blocks = (wanted + (bs - 1)) // bs
+            blocks = (want[todo] + (bs - 1)) // bs
             counts = (blocks - nb[todo]).tolist()
         rows = todo.tolist()
         preempted = None
@@ -198,7 +202,7 @@ class RunningTable:
             return None
         alloc = kv.allocate
         nblocks = self.nblocks
-        for i, t, b in zip(rows, wanted.tolist(), blocks.tolist(), strict=True):
+        for i, t, b in zip(rows, want[todo].tolist(), blocks.tolist(), strict=True):
             if preempted[i]:
                 continue
             if not alloc(reqs[i], t):
@@ -213,7 +217,7 @@ class RunningTable:
         n = self.n
         nb = self.nblocks[:n]
         if rk.ON:
-            todo = rk.full_rows(self.computed, self.nblocks, n, kv.block_size)
+            todo = self._scratch[0][: rk.full_rows(self.computed, self.nblocks, n, kv.block_size, self._scratch[0])]
         else:
             todo = (self.computed[:n] >= nb * kv.block_size).nonzero()[0]
         if len(todo) == 0:
@@ -237,8 +241,9 @@ class RunningTable:
         token and the rows that are done (all their outputs emitted), as table rows.
         """
         if rk.ON:
-            itl, first, done = rk.advance_rows(self.ints, self.last_tok, step.rows, new, samples, now)
-            return itl, first.tolist(), done
+            first, done = self._scratch[0], self._scratch[1]
+            ni, nf, nd = rk.advance_rows(self.ints, self.last_tok, step.rows, new, samples, now, self._itl, first, done)
+            return self._itl[:ni].copy(), first[:nf].tolist(), done[:nd]
         if step.whole:
             return self._advance_leading(len(step.rows), step.decode_rows, new, samples, now)
         rows = step.rows
