@@ -3,9 +3,9 @@
 A simulated step is ~40 small numpy calls at 0.3-1 µs each (a mask, a count, a gather, an add,
 each over the same few hundred rows): at a million requests that constant is most of the run.
 The loops here do one piece of a step's work in one pass, compiled by numba: a step's rows and
-aggregates (``batch_rows``), its outcome on the table (``advance_rows``), the rows that need KV
-blocks (``blocks_short``, ``full_rows``) and chunked prefill's split of the token budget
-(``split_budget``). They are mechanics, not policy: which rows run and how many tokens each
+aggregates (``batch_rows``), its outcome on the table (``advance_rows``), the finished rows
+closed up (``close_rows``), the rows that need KV blocks (``blocks_short``, ``full_rows``) and
+chunked prefill's split of the token budget (``split_budget``). They are mechanics, not policy: which rows run and how many tokens each
 computes is decided by the policy in plain Python, and the policy modules read the same either way.
 
 Every loop does the same integer and float operations, in the same order, as the numpy code it
@@ -75,6 +75,7 @@ def _warm() -> None:
             advance_rows(ints, last, r, q, flags, 1.0, last, out, out)
     blocks_short(ints[4], new, 16, out, out, out)
     full_rows(ints[0], ints[4], 2, 16, out)
+    close_rows(ints, rows[1:], 2)
     split_budget(ints[0], ints[1], 2, 8, 8, out)
 
 
@@ -155,6 +156,28 @@ def blocks_short(nblocks: np.ndarray, want: np.ndarray, block_size: int, rows: n
             counts[k] = b - nb
             k += 1
     return k
+
+
+@_compiled
+def close_rows(ints: np.ndarray, gone: np.ndarray, n: int) -> int:
+    """Remove columns ``gone`` (ascending, distinct, < n) of ``ints[:, :n]``, moving the later
+    ones down in order; returns the columns left, or -1 (nothing moved) if ``gone`` is not
+    ascending and distinct."""
+    for g in range(1, gone.shape[0]):
+        if gone[g] <= gone[g - 1]:
+            return -1
+    if gone.shape[0] == 0:
+        return n
+    dst = gone[0]
+    g = 0
+    for src in range(gone[0], n):
+        if g < gone.shape[0] and src == gone[g]:
+            g += 1
+            continue
+        for r in range(ints.shape[0]):
+            ints[r, dst] = ints[r, src]
+        dst += 1
+    return dst
 
 
 @_compiled

@@ -128,6 +128,29 @@ def test_blocks_short_and_full_rows_find_the_numpy_rows():
         assert np.array_equal(full[:k], (computed >= nblocks * bs).nonzero()[0])
 
 
+def test_close_rows_is_the_tables_numpy_removal(jit_state):
+    rng = np.random.default_rng(4)
+    for _ in range(300):
+        n = int(rng.integers(1, 40))
+        a = _table(rng, n)
+        b = RunningTable(4)
+        b._bind(a.ints.copy())
+        b.reqs, b.n = list(a.reqs), a.n
+        gone = np.sort(rng.choice(n, int(rng.integers(0, n + 1)), replace=False)).astype(np.int64)
+        rk.use(False)
+        a.remove_rows(gone.tolist())
+        rk.use(True)
+        b.remove_rows(gone.tolist(), gone_rows=gone if rng.random() < 0.5 else None)
+        assert a.n == b.n and a.reqs == b.reqs
+        assert np.array_equal(a.ints[:, : a.n], b.ints[:, : b.n])
+    table = _table(rng, 5)
+    before = table.ints.copy()
+    for rows in ([3, 1], [2, 2]):
+        with pytest.raises(AssertionError, match="ascending"):
+            table.remove_rows(rows)
+        assert np.array_equal(table.ints, before) and table.n == 5  # nothing moved
+
+
 def test_split_budget_is_the_chunked_policys_split():
     rng = np.random.default_rng(3)
     for _ in range(2000):

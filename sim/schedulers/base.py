@@ -362,7 +362,7 @@ class Scheduler:
         self.kv.free(req)
 
     def _on_rows_finished(self, rows: np.ndarray) -> None:
-        self.run.remove_rows(rows.tolist())
+        self.run.remove_rows(rows.tolist(), gone_rows=rows)
 
     # ---- a stretch of plain decode steps (the engine's fast-forward) ---------------------------
     def decodes_ahead(self) -> bool:

@@ -96,16 +96,23 @@ class RunningTable:
 
     def remove(self, drop: np.ndarray) -> None:
         """Remove the rows where ``drop`` (bool, length n) is true, keeping order."""
-        self.remove_rows(drop.nonzero()[0].tolist(), drop)
+        gone = drop.nonzero()[0]
+        self.remove_rows(gone.tolist(), drop, gone)
 
-    def remove_rows(self, gone: list[int], drop: np.ndarray | None = None) -> None:
-        """Remove rows ``gone`` (ascending, distinct), keeping order; ``drop`` is their mask if known."""
+    def remove_rows(self, gone: list[int], drop: np.ndarray | None = None, gone_rows: np.ndarray | None = None) -> None:
+        """Remove rows ``gone`` (ascending, distinct), keeping order; ``drop`` is their mask and
+        ``gone_rows`` the same rows as an int64 array, if known."""
+        if not gone:
+            return
         n = self.n
         k = n - len(gone)
         ints = self.ints
-        if len(gone) > 1 and any(a >= b for a, b in zip(gone, gone[1:], strict=False)):
+        if rk.ON:
+            if rk.close_rows(ints, gone_rows if gone_rows is not None else np.array(gone, dtype=np.int64), n) < 0:
+                raise AssertionError(f"rows to remove must be ascending and distinct, got {gone}")
+        elif len(gone) > 1 and any(a >= b for a, b in zip(gone, gone[1:], strict=False)):
             raise AssertionError(f"rows to remove must be ascending and distinct, got {gone}")
-        if len(gone) <= _FEW_GONE:  # the common case: shift each stretch between them down
+        elif len(gone) <= _FEW_GONE:  # the common case: shift each stretch between them down
             dst = gone[0]
             for j, g in enumerate(gone, 1):
                 end = gone[j] if j < len(gone) else n
