@@ -8,6 +8,9 @@ itself. Identical means identical here: every latency, step and summary figure, 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +24,15 @@ from servesim.sim.schedulers.running import RunningTable, StepRows
 from servesim.sim.simulate import simulate
 from test_fast_forward import SCENARIOS_DIR, SHIPPED, assert_same_run, random_scenario
 
-pytestmark = pytest.mark.skipif(rk.numba is None, reason="numba is not installed")
+pytestmark = pytest.mark.skipif(not rk.available(), reason="numba is not installed")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def compiled():
+    """The loops below are the compiled ones (loaded once; each test leaves them on or off)."""
+    was = rk.ON
+    rk.use(True)
+    rk.use(was)
 
 
 @pytest.fixture
@@ -206,5 +217,16 @@ def test_a_large_run_turns_them_on_and_a_small_one_off(monkeypatch, jit_state):
 
 def test_without_numba_they_stay_off(monkeypatch, jit_state):
     rk.use(False)
-    monkeypatch.setattr(rk, "numba", None)
+    monkeypatch.setattr(rk, "_loaded", False)
+    monkeypatch.setattr(rk, "available", lambda: False)
     assert rk.use(True) is False and not rk.ON
+
+
+def test_a_small_run_does_not_import_numba():
+    code = ("import sys; from servesim.sim.scenario import load_scenario; from servesim.sim.simulate import simulate; "
+            "simulate(load_scenario('scenarios/quickstart.yaml', ['workload.num_requests=50']), progress=False); "
+            "print('numba' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "SERVESIM_JIT"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
+                         cwd=SCENARIOS_DIR.parent)
+    assert out.stdout.strip() == "False"
