@@ -11,7 +11,7 @@ computes is decided by the policy in plain Python, and the policy modules read t
 Every loop does the same integer and float operations, in the same order, as the numpy code it
 stands in for, which stays as the path for runs too small to pay for compiling (``want``) and
 for machines without numba; ``tests/test_row_kernels.py`` checks the two paths give identical
-runs. Loading the compiled loops costs ~0.5-1 s and ~80 MB once per process (LLVM's code
+runs. Loading the compiled loops costs ~0.6 s and ~80-115 MB once per process (LLVM's code
 generator), so ``simulate`` turns them on for runs of ``MIN_REQUESTS`` or more; ``SERVESIM_JIT=1``
 (always) or ``0`` (never) overrides. The first run on a machine also compiles them (a few seconds)
 and keeps the machine code in ``__pycache__`` (``cache=True``).
