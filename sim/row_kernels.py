@@ -5,8 +5,10 @@ each over the same few hundred rows): at a million requests that constant is mos
 The loops here do one piece of a step's work in one pass, compiled by numba: a step's rows and
 aggregates (``batch_rows``), its outcome on the table (``advance_rows``), the finished rows
 closed up (``close_rows``), the rows that need KV blocks (``blocks_short``, ``full_rows``) and
-chunked prefill's split of the token budget (``split_budget``). They are mechanics, not policy: which rows run and how many tokens each
-computes is decided by the policy in plain Python, and the policy modules read the same either way.
+chunked prefill's split of the token budget (``split_budget``). They are mechanics, not policy:
+which rows run and how many tokens each computes is decided by the policy in plain Python, and
+the policy modules read the same either way. The callers look them up on this module at each
+call (``rk.batch_rows(...)``): ``use`` replaces the plain functions with their compiled versions.
 
 Every loop does the same integer and float operations, in the same order, as the numpy code it
 stands in for, which stays as the path for runs too small to pay for compiling (``want``) and
