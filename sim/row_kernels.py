@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -60,18 +61,31 @@ def use(on: bool) -> bool:
     whether they are on (False without numba)."""
     global ON, _loaded
     if on and not _loaded:
-        if not available():
-            on = False
-        else:
-            import numba
-
-            g = globals()
-            for name in _KERNELS:
-                g[name] = numba.njit(cache=True, nogil=True)(g[name])
-            _loaded = True
-            _warm()
+        on = available() and _load()
     ON = on
     return ON
+
+
+def _load() -> bool:
+    """Compile (or load from the cache) every loop in place; False, with one warning, when numba is
+    installed but cannot be used (e.g. a numpy newer than it supports): the numpy path runs."""
+    global _loaded
+    g = globals()
+    plain = {name: g[name] for name in _KERNELS}
+    try:
+        import numba
+
+        for name in _KERNELS:
+            g[name] = numba.njit(cache=True, nogil=True)(plain[name])
+        _warm()
+    except Exception as e:  # noqa: BLE001 - any failure of the optional fast path falls back
+        g.update(plain)
+        warnings.warn(f"servesim: compiled step loops unavailable ({type(e).__name__}: {e}); "
+                      f"using the numpy path (same results, slower; SERVESIM_JIT=0 silences this)",
+                      RuntimeWarning, stacklevel=3)
+        return False
+    _loaded = True
+    return True
 
 
 def _warm() -> None:

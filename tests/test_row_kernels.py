@@ -222,6 +222,17 @@ def test_without_numba_they_stay_off(monkeypatch, jit_state):
     assert rk.use(True) is False and not rk.ON
 
 
+def test_a_numba_that_fails_to_load_falls_back_with_one_warning(monkeypatch, jit_state):
+    rk.use(False)
+    plain = rk.batch_rows
+    monkeypatch.setattr(rk, "_loaded", False)
+    monkeypatch.setattr(rk, "available", lambda: True)  # installed...
+    monkeypatch.setitem(sys.modules, "numba", None)  # ...but import numba raises ImportError
+    with pytest.warns(RuntimeWarning, match="numpy path"):
+        assert rk.use(True) is False
+    assert not rk.ON and rk.batch_rows is plain and not rk._loaded
+
+
 def test_a_small_run_does_not_import_numba():
     code = ("import sys; from servesim.sim.scenario import load_scenario; from servesim.sim.simulate import simulate; "
             "simulate(load_scenario('scenarios/quickstart.yaml', ['workload.num_requests=50']), progress=False); "
