@@ -93,14 +93,20 @@ def _table(rng, n: int) -> RunningTable:
     return table
 
 
+def _twin(table: RunningTable) -> RunningTable:
+    """A second table holding the same rows, to be changed the other way."""
+    twin = RunningTable(4)
+    twin._bind(table.ints.copy())
+    twin.reqs, twin.n = list(table.reqs), table.n
+    return twin
+
+
 def test_advance_rows_is_the_tables_numpy_advance():
     rng = np.random.default_rng(1)
     for _ in range(300):
         n = int(rng.integers(1, 30))
         a = _table(rng, n)
-        b = RunningTable(4)  # the same rows again: one copy advanced each way
-        b._bind(a.ints.copy())
-        b.reqs, b.n = list(a.reqs), a.n
+        b = _twin(a)  # one copy advanced each way
         whole = bool(rng.random() < 0.5)
         rows = np.arange(n, dtype=np.int64) if whole else np.sort(
             rng.choice(n, int(rng.integers(1, n + 1)), replace=False)).astype(np.int64)
@@ -144,9 +150,7 @@ def test_close_rows_is_the_tables_numpy_removal(jit_state):
     for _ in range(300):
         n = int(rng.integers(1, 40))
         a = _table(rng, n)
-        b = RunningTable(4)
-        b._bind(a.ints.copy())
-        b.reqs, b.n = list(a.reqs), a.n
+        b = _twin(a)
         gone = np.sort(rng.choice(n, int(rng.integers(0, n + 1)), replace=False)).astype(np.int64)
         rk.use(False)
         a.remove_rows(gone.tolist())

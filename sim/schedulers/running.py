@@ -73,7 +73,7 @@ class RunningTable:
         # what the compiled loops (row_kernels) write a step's row lists and ITLs into
         cap = ints.shape[1]
         self._scratch = (np.empty(cap, dtype=np.int64), np.empty(cap, dtype=np.int64), np.empty(cap, dtype=np.int64))
-        self._itl = np.empty(ints.shape[1])
+        self._itl = np.empty(cap)
 
     def append(self, req: Request, nblocks: int) -> int:
         i = self.n
