@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-import simpy
 import torch
 from scipy.optimize import nnls
 from servesim.sim.batch import Batch
+from servesim.sim.engine import SimEnvironment
 from servesim.sim.kv_cache import BlockManager
 from servesim.sim.presets import ModelConfig
 from servesim.sim.request import Request
@@ -226,7 +226,7 @@ def measure_engine_overhead(model: str, scheduler: dict, *, backend: str, device
 
     executor.run = timed_run  # type: ignore[method-assign]
     requests = generate_requests(sc.workload, sc.seed)
-    run_replicas(simpy.Environment(), sc, requests, lambda _r: (scheduler_obj, executor), progress)
+    run_replicas(SimEnvironment(), sc, requests, lambda _r: (scheduler_obj, executor), progress)
     starts = np.array([c[0] for c in calls[1:]])
     ends = np.array([c[1] for c in calls[:-1]])
     rows = np.array([c[2] for c in calls[1:]], dtype=np.float64)

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 import simpy
 from servesim.sim.batch import Batch
+from servesim.sim.engine import SimEnvironment
 from servesim.sim.request import Request
 from servesim.sim.scenario import Scenario, ScenarioError
 from servesim.sim.simulate import RunResult, build_scheduler, finish_run, plan_kv, run_replicas
@@ -163,7 +164,7 @@ def check_dynamics(sc: Scenario, requests: list[Request], trace: StepTrace, refe
     kv = plan_kv(sc)
     for r in requests:
         r.reset_progress()
-    env = simpy.Environment()
+    env = SimEnvironment()
     executor = ReplayExecutor(env, trace, tolerance_s)
     try:
         recorder, _ = run_replicas(env, sc, requests, lambda _r: (build_scheduler(sc, kv), executor), progress)

@@ -23,7 +23,7 @@ from . import row_kernels
 from .cluster import Cluster, replica_summary
 from .cost_model import build_cost_model
 from .disagg import DisaggCluster, PrefillRecorder
-from .engine import Replica, SimExecutor
+from .engine import Replica, SimEnvironment, SimExecutor
 from .kv_cache import BlockManager
 from .metrics import IterationsMode, LogHistogram, MetricsRecorder, summarize, write_run
 from .outputs import begin_folder, write_text
@@ -197,7 +197,7 @@ def simulate(sc: Scenario, requests: Sequence[Request] | None = None, progress: 
         for req in requests:
             req.reset_progress()
     row_kernels.use(row_kernels.want(len(requests)))  # compiled step loops for a large run
-    env = simpy.Environment()
+    env = SimEnvironment()
     if sc.cluster.disagg is not None:
         return simulate_disagg(sc, requests, env, progress, t0, iterations)
 

@@ -9,13 +9,14 @@ import pytest
 import simpy
 from servesim.sim.cluster import Cluster
 from servesim.sim.cost_model import ConstantCostModel
-from servesim.sim.engine import Replica, SimExecutor
+from servesim.sim.engine import Replica, SimEnvironment, SimExecutor
 from servesim.sim.kv_cache import BlockManager
 from servesim.sim.metrics import MetricsRecorder
 from servesim.sim.request import Request, RequestState
-from servesim.sim.scenario import scenario_from_dict
+from servesim.sim.scenario import load_scenario, scenario_from_dict
 from servesim.sim.schedulers import ContinuousConfig, make_scheduler
 from servesim.sim.simulate import simulate, write_results
+from test_fast_forward import SCENARIOS_DIR, SHIPPED, assert_same_run, random_scenario
 
 
 def scenario(**over):
@@ -169,3 +170,53 @@ def test_a_request_reported_done_twice_is_caught(rid):
     assert cluster.num_done == 2
     with pytest.raises(AssertionError, match=f"request {rid} reported done twice"):
         rep.on_done(reqs[1])
+
+
+# ---- the simulation clock moved without an event (SimEnvironment.skip_to) ---------------------
+def test_skip_to_moves_the_clock_only_past_no_due_event():
+    env = SimEnvironment()
+    assert env.skip_to(2.5) and env.now == 2.5  # nothing scheduled
+    env.timeout(1.0)  # due at 3.5
+    assert not env.skip_to(3.5) and env.now == 2.5  # an event due at the new time goes first
+    assert not env.skip_to(4.0) and env.now == 2.5
+    assert env.skip_to(3.25) and env.now == 3.25
+    env.run()
+    assert env.now == 3.5
+
+
+def _runs_with_and_without_skips(sc, monkeypatch):
+    from servesim.sim import simulate as simulate_module
+
+    plain_env = simpy.Environment
+    monkeypatch.setattr(simulate_module, "SimEnvironment", plain_env)
+    plain = simulate(sc, progress=False)
+    skips = []
+    real = SimEnvironment.skip_to
+
+    def counting(self, t):  # noqa: ANN001, ANN202
+        moved = real(self, t)
+        skips.append(moved)
+        return moved
+
+    monkeypatch.setattr(simulate_module, "SimEnvironment", SimEnvironment)
+    monkeypatch.setattr(SimEnvironment, "skip_to", counting)
+    skipped = simulate(sc, progress=False)
+    return plain, skipped, skips
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[str(p.relative_to(SCENARIOS_DIR)) for p in SHIPPED])
+def test_a_shipped_scenario_is_the_same_with_steps_that_skip_their_event(path, monkeypatch):
+    """Every request, step and summary figure, bit for bit, whether a step nothing can interrupt
+    yields a SimPy timeout or moves the clock itself."""
+    sc = load_scenario(path, ["workload.num_requests=150"])
+    plain, skipped, skips = _runs_with_and_without_skips(sc, monkeypatch)
+    assert_same_run(plain, skipped)
+    assert any(skips)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_random_scenario_is_the_same_with_steps_that_skip_their_event(seed, monkeypatch):
+    sc = random_scenario(seed)
+    plain, skipped, skips = _runs_with_and_without_skips(sc, monkeypatch)
+    assert_same_run(plain, skipped)
+    assert any(skips) and not all(skips)  # arrivals (and other replicas' steps) still interrupt
