@@ -15,7 +15,6 @@ many steps the row stands for (``busy_s``: their summed durations).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -45,11 +44,11 @@ class IterationBins:
         self.max_kv_usage = 0.0  # summarize's nanmax starts at 0 too
         self._pending: list[list[tuple[float, ...]]] = [[] for _ in range(num_replicas)]
 
-    def add(self, replica: int, start: float, row: Sequence[float]) -> None:
-        """One step: ``row`` holds SUM_COLUMNS' values for it (num_steps 1, busy_s its duration).
-        Staged as tuples and added a few thousand at a time."""
+    def add(self, replica: int, row: tuple[float, ...]) -> None:
+        """One step: ``row`` holds its start (seconds), then SUM_COLUMNS' values for it (num_steps 1,
+        busy_s its duration). Staged as tuples and added a few thousand at a time."""
         pending = self._pending[replica]
-        pending.append((start, *row))
+        pending.append(row)
         if len(pending) == _PENDING:
             self._flush(replica)
 

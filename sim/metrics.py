@@ -377,8 +377,8 @@ class MetricsRecorder:
         self._busy[replica] += duration
         num_tokens = batch.num_tokens
         num_decode = batch.num_decode_tokens
-        self._bins.add(replica, start, (  # type: ignore[union-attr]
-            1, duration, len(batch.num_new_tokens), num_tokens - num_decode, num_decode, num_tokens, kv_blocks_used,
+        self._bins.add(replica, (  # type: ignore[union-attr]
+            start, 1, duration, len(batch.num_new_tokens), num_tokens - num_decode, num_decode, num_tokens, kv_blocks_used,
             kv_blocks_total, num_waiting, num_running, num_swapped, num_preempted,
             len(batch.swap_out) + len(batch.swap_in), sched_overhead_s,
         ))  # fmt: skip

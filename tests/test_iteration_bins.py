@@ -55,7 +55,7 @@ def test_off_keeps_no_rows(runs):
 def test_bins_widen_instead_of_growing():
     bins = IterationBins(num_replicas=1)
     for i in range(100_000):  # a step every 50 ms for 5000 s
-        bins.add(0, i * 0.05, (1, 0.05, 8, 0, 8, 8, 10, 100, 0, 8, 0, 0, 0, 0.0))
+        bins.add(0, (i * 0.05, 1, 0.05, 8, 0, 8, 8, 10, 100, 0, 8, 0, 0, 0, 0.0))
     frame = bins.frame()
     assert len(frame) <= 2048 and frame["num_steps"].sum() == 100_000
     assert bins.width >= 5000 / 2048
