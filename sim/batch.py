@@ -108,6 +108,7 @@ class Batch:
     _sums: StepSums | None = None
     _num_decode: int = -1
     _longest: int = -1
+    _num_samples: int = -1
 
     @property
     def requests(self) -> list[Request]:
@@ -139,13 +140,22 @@ class Batch:
         return sums
 
     def set_shape(self, seqs: int, decode_seqs: int, tokens: int, pairs: int, decode_kv: int, prefill_kv: int,
-                  longest_decode_kv: int, plain_decodes: int) -> None:
+                  longest_decode_kv: int, plain_decodes: int, num_samples: int) -> None:
         """The aggregates, computed by whoever built the rows (``row_kernels.batch_rows``): the
-        ``step_sums`` figures, the largest ctx + 1 of a row with q == 1 (0: none) and
-        ``num_decode_tokens``."""
+        ``step_sums`` figures, the largest ctx + 1 of a row with q == 1 (0: none),
+        ``num_decode_tokens`` and ``num_samples``."""
         self._sums = StepSums(seqs, decode_seqs, tokens, pairs, decode_kv, prefill_kv)
         self._longest = longest_decode_kv
         self._num_decode = plain_decodes
+        self._num_samples = num_samples
+
+    @property
+    def num_samples(self) -> int:
+        """Rows that sample a token this step."""
+        k = self._num_samples
+        if k < 0:
+            k = self._num_samples = int(np.count_nonzero(self.samples))
+        return k
 
     @property
     def longest_decode_kv(self) -> int | None:

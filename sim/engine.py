@@ -271,9 +271,8 @@ class Replica:
                 overhead += clock() - t_sched
             start = env.now
             dt = last_dt = self.executor.run(batch)
-            # (count_nonzero: a bool array's cheapest reduction; ndarray.all goes through a Python wrapper)
             pending_prefill = (self.fast_forward and batch.decode_rows != len(batch.num_new_tokens)
-                               and np.count_nonzero(batch.samples) != len(batch.samples))
+                               and batch.num_samples != len(batch.samples))
             if realtime:
                 # the clock advances by what the step really took, scheduling included
                 dt = max(dt, self._wall_now() - start)

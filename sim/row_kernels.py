@@ -105,21 +105,23 @@ def _warm() -> None:
         for q in (new, ro):
             batch_rows(ints[0], ints[1], r, q, out, flags)
             advance_rows(ints, last, r, q, flags, 1.0, last, out, out)
-    blocks_short(ints[4], new, 16, out, out, out)
-    full_rows(ints[0], ints[4], 2, 16, out)
+    for q in (new, ro):
+        blocks_short(ints[4], ints[0], q, 16, out, out, out)
+    full_rows(ints[0], ints[4], 2, 16, 0, out)
     close_rows(ints, rows[1:], 2)
     split_budget(ints[0], ints[1], 2, 8, 8, out)
 
 
 @_compiled
 def batch_rows(computed: np.ndarray, tokens: np.ndarray, rows: np.ndarray, q: np.ndarray, ctx: np.ndarray,
-               samples: np.ndarray) -> tuple[int, int, int, int, int, int, int, int]:
+               samples: np.ndarray) -> tuple[int, int, int, int, int, int, int, int, int]:
     """A step's per-row context and sample flags, written into ``ctx`` and ``samples``, and its
     aggregates, in one pass over ``rows`` (row j computes ``q[j]`` tokens): ``batch.step_sums``'
-    six figures, the largest ctx + 1 over rows with q == 1 (0 without one) and the plain decodes
-    (q == 1, sampling, ctx > 0). A row samples when its computation reaches the end of its tokens."""
+    six figures, the largest ctx + 1 over rows with q == 1 (0 without one), the plain decodes
+    (q == 1, sampling, ctx > 0) and the rows that sample. A row samples when its computation
+    reaches the end of its tokens."""
     k = rows.shape[0]
-    n_dec = total = pairs = decode_kv = prefill_kv = longest = plain = 0
+    n_dec = total = pairs = decode_kv = prefill_kv = longest = plain = sampled = 0
     for j in range(k):
         i = rows[j]
         c = computed[i]
@@ -127,6 +129,8 @@ def batch_rows(computed: np.ndarray, tokens: np.ndarray, rows: np.ndarray, q: np
         s = c + qj >= tokens[i]
         ctx[j] = c
         samples[j] = s
+        if s:
+            sampled += 1
         total += qj
         if qj == 1:
             n_dec += 1
@@ -138,7 +142,7 @@ def batch_rows(computed: np.ndarray, tokens: np.ndarray, rows: np.ndarray, q: np
         else:
             pairs += qj * c + qj * (qj + 1) // 2
             prefill_kv += c + qj
-    return k, n_dec, total, pairs, decode_kv, prefill_kv, longest, plain
+    return k, n_dec, total, pairs, decode_kv, prefill_kv, longest, plain, sampled
 
 
 @_compiled
@@ -172,14 +176,14 @@ def advance_rows(ints: np.ndarray, last: np.ndarray, rows: np.ndarray, new: np.n
 
 
 @_compiled
-def blocks_short(nblocks: np.ndarray, want: np.ndarray, block_size: int, rows: np.ndarray, blocks: np.ndarray,
-                 counts: np.ndarray) -> int:
-    """Rows i < len(want) whose ``want[i]`` tokens need more than the ``nblocks[i]`` blocks they
-    hold, written in row order into ``rows`` with the blocks each then holds (``blocks``) and
-    takes (``counts``); returns how many."""
+def blocks_short(nblocks: np.ndarray, computed: np.ndarray, new: np.ndarray, block_size: int, rows: np.ndarray,
+                 blocks: np.ndarray, counts: np.ndarray) -> int:
+    """Rows i < len(new) whose ``computed[i] + new[i]`` tokens need more than the ``nblocks[i]``
+    blocks they hold, written in row order into ``rows`` with the blocks each then holds
+    (``blocks``) and takes (``counts``); returns how many."""
     k = 0
-    for i in range(want.shape[0]):
-        w = want[i]
+    for i in range(new.shape[0]):
+        w = computed[i] + new[i]
         nb = nblocks[i]
         if w > nb * block_size:
             b = (w + block_size - 1) // block_size
@@ -213,14 +217,19 @@ def close_rows(ints: np.ndarray, gone: np.ndarray, n: int) -> int:
 
 
 @_compiled
-def full_rows(computed: np.ndarray, nblocks: np.ndarray, n: int, block_size: int, rows: np.ndarray) -> int:
+def full_rows(computed: np.ndarray, nblocks: np.ndarray, n: int, block_size: int, free: int, rows: np.ndarray) -> int:
     """Rows i < n whose computed tokens fill every block they hold (a decode there needs one
-    more), written into ``rows``; returns how many."""
+    more), written into ``rows``; returns how many. When they are ``free`` or fewer, each of them
+    is counted one block more in ``nblocks`` (the blocks the caller then hands out); otherwise
+    ``nblocks`` is left as it was."""
     k = 0
     for i in range(n):
         if computed[i] >= nblocks[i] * block_size:
             rows[k] = i
             k += 1
+    if k <= free:
+        for j in range(k):
+            nblocks[rows[j]] += 1
     return k
 
 
@@ -273,3 +282,4 @@ def split_budget(computed: np.ndarray, tokens: np.ndarray, n: int, budget: int, 
             if chunk != 0:
                 given += 1
     return budget, lead, given
+

@@ -72,10 +72,11 @@ def test_batch_rows_gives_the_batch_its_numpy_rows_and_aggregates():
         assert tuple(shape[:6]) == tuple(step_sums(q, want_ctx))
         assert (shape[6] or None) == ref.longest_decode_kv
         assert shape[7] == ref.num_decode_tokens
+        assert shape[8] == ref.num_samples == int(want_samples.sum())
         got = Batch(num_new_tokens=q, num_context_tokens=ctx, samples=samples)
         got.set_shape(*shape)
-        assert (got.sums, got.longest_decode_kv, got.num_decode_tokens) == (
-            ref.sums, ref.longest_decode_kv, ref.num_decode_tokens)
+        assert (got.sums, got.longest_decode_kv, got.num_decode_tokens, got.num_samples) == (
+            ref.sums, ref.longest_decode_kv, ref.num_decode_tokens, ref.num_samples)
 
 
 def _table(rng, n: int) -> RunningTable:
@@ -133,16 +134,25 @@ def test_blocks_short_and_full_rows_find_the_numpy_rows():
         bs = int(rng.choice([1, 8, 16]))
         nblocks = rng.integers(0, 20, n).astype(np.int64)
         computed = np.maximum(nblocks * bs - rng.integers(0, 2 * bs, n), 0).astype(np.int64)
-        want = computed + rng.integers(0, 3 * bs, n)
+        new = rng.integers(0, 3 * bs, n)
+        want = computed + new
         rows, blocks, counts = (np.full(n, -1) for _ in range(3))
-        k = rk.blocks_short(nblocks, want, bs, rows, blocks, counts)
+        # (the table's columns run past its n rows: only the rows of ``new`` are read)
+        spare = np.concatenate([computed, rng.integers(0, 99, 5)])
+        k = rk.blocks_short(nblocks, spare, new, bs, rows, blocks, counts)
         todo = (want > nblocks * bs).nonzero()[0]
         assert np.array_equal(rows[:k], todo)
         assert np.array_equal(blocks[:k], (want[todo] + bs - 1) // bs)
         assert np.array_equal(counts[:k], blocks[:k] - nblocks[todo])
         full = np.full(n, -1)
-        k = rk.full_rows(computed, nblocks, n, bs, full)
-        assert np.array_equal(full[:k], (computed >= nblocks * bs).nonzero()[0])
+        todo = (computed >= nblocks * bs).nonzero()[0]
+        free = int(rng.integers(0, 2 * len(todo) + 2))
+        before = nblocks.copy()
+        k = rk.full_rows(computed, nblocks, n, bs, free, full)
+        assert np.array_equal(full[:k], todo)
+        if len(todo) <= free:  # they fit: each counted one block more, the other rows untouched
+            before[todo] += 1
+        assert np.array_equal(nblocks, before)
 
 
 def test_close_rows_is_the_tables_numpy_removal(jit_state):

@@ -343,12 +343,12 @@ class _Generic:
     """A policy with its whole-table shortcuts turned off: every step goes through the
     explicit-rows code (fancy indexing, aggregates from scratch), the reference for the fast paths."""
 
-    def _grow_all(self, want, protect=0):  # noqa: ANN001, ANN202
-        n = self.run.n
-        return self._grow_rows(np.arange(n, dtype=np.int64), want - self.run.computed[:n], protect)
+    def _grow_all(self, new, protect=0):  # noqa: ANN001, ANN202
+        return self._grow_rows(np.arange(self.run.n, dtype=np.int64), new, protect)
 
     def _grow_decodes(self):  # noqa: ANN202
-        return self._grow_all(self.run.tokens[: self.run.n])
+        n = self.run.n
+        return self._grow_all(self.run.tokens[:n] - self.run.computed[:n])
 
     def _make_batch(self, rows, new, decode_rows=0):  # noqa: ANN001, ANN202
         if rows is None:

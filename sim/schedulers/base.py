@@ -72,7 +72,9 @@ class StepOutput:
     """What one step produced, for the engine's metrics."""
 
     finished: list[Request]
-    itl: np.ndarray  # seconds between consecutive tokens of the same request, one per non-first token
+    # seconds between consecutive tokens of the same request, one per non-first token (possibly a
+    # view of the running table's buffer: valid until the next update)
+    itl: np.ndarray
     num_first_tokens: int
 
 
@@ -252,12 +254,13 @@ class Scheduler:
             preempted[v] = True
             self._preempt_row(v)
 
-    def _grow_all(self, want: np.ndarray, protect: int = 0) -> np.ndarray | None:
-        """``RunningTable.grow_leading`` with this policy's preemption (every running row scheduled)."""
-        return self.run.grow_leading(self.kv, want, self._preempt_until_fits, protect)
+    def _grow_all(self, new: np.ndarray, protect: int = 0) -> np.ndarray | None:
+        """``RunningTable.grow_leading`` with this policy's preemption (every running row scheduled,
+        row i computing ``new[i]`` tokens)."""
+        return self.run.grow_leading(self.kv, new, self._preempt_until_fits, protect)
 
     def _grow_decodes(self) -> np.ndarray | None:
-        """``_grow_all(tokens)`` for a step in which every running row decodes one token."""
+        """``_grow_all`` for a step in which every running row decodes one token."""
         return self.run.grow_decodes(self.kv, self._preempt_until_fits)
 
     def _const_views(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

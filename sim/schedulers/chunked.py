@@ -63,7 +63,7 @@ class ChunkedScheduler(Scheduler):
                 new_all = self._const_views(n)[1]
                 preempted = self._grow_decodes()
             elif given == n:
-                preempted = self._grow_all(run.computed[:n] + new_all)
+                preempted = self._grow_all(new_all)
             else:
                 rows = new_all.nonzero()[0]
                 preempted = self._grow_rows(rows, new_all[rows])

@@ -169,9 +169,10 @@ class RunningTable:
         self.nblocks[grown] = (want[kept] + bs - 1) // bs
         return preempted
 
-    def grow_leading(self, kv: BlockManager, want: np.ndarray, make_room: MakeRoom,
+    def grow_leading(self, kv: BlockManager, new: np.ndarray, make_room: MakeRoom,
                      protect: int = 0) -> np.ndarray | None:
-        """``grow`` for a step that schedules every running row, row i up to ``want[i]`` tokens.
+        """``grow`` for a step that schedules every running row, row i computing ``new[i]`` more
+        tokens (0: none).
 
         Works on whole-table views; the few rows crossing a block boundary are handled as plain
         ints. Returns the mask of preempted rows, or None when there was no shortage.
@@ -181,35 +182,37 @@ class RunningTable:
         nb = self.nblocks[:n]
         if rk.ON:
             rows_b, blocks_b, counts_b = self._scratch
-            k = rk.blocks_short(nb, want, bs, rows_b, blocks_b, counts_b)
+            k = rk.blocks_short(nb, self.computed, new, bs, rows_b, blocks_b, counts_b)
             if k == 0:
                 return None
             todo, blocks = rows_b[:k], blocks_b[:k]
             counts = counts_b[:k].tolist()
         else:
+            want = self.computed[:n] + new
             todo = (want > nb * bs).nonzero()[0]
             if len(todo) == 0:
                 return None
             blocks = (want[todo] + (bs - 1)) // bs
             counts = (blocks - nb[todo]).tolist()
         rows = todo.tolist()
-        preempted = None
-        if sum(counts) > kv.num_free_blocks:
-            preempted = np.zeros(n, dtype=bool)
-            need_by_row = np.zeros(n, dtype=np.int64)
-            need_by_row[todo] = counts
-            make_room(need_by_row, preempted, protect)
         reqs = self.reqs
-        if preempted is None:
+        if sum(counts) <= kv.num_free_blocks:
             failed = kv.extend_each([reqs[i] for i in rows], counts)
             if failed >= 0:
                 req = reqs[rows[failed]]
                 raise AssertionError(f"request {req.request_id}: allocation failed after preemption freed space")
             nb[todo] = blocks
             return None
+        # short: the policy preempts until the other rows' blocks fit
+        want_todo = (self.computed[todo] + new[todo]).tolist()
+        blocks_todo = blocks.tolist()
+        preempted = np.zeros(n, dtype=bool)
+        need_by_row = np.zeros(n, dtype=np.int64)
+        need_by_row[todo] = counts
+        make_room(need_by_row, preempted, protect)
         alloc = kv.allocate
         nblocks = self.nblocks
-        for i, t, b in zip(rows, want[todo].tolist(), blocks.tolist(), strict=True):
+        for i, t, b in zip(rows, want_todo, blocks_todo, strict=True):
             if preempted[i]:
                 continue
             if not alloc(reqs[i], t):
@@ -222,20 +225,23 @@ class RunningTable:
         (``want`` is ``tokens``): a row needs a block exactly when its computed tokens fill the
         blocks it holds, and then one. The same blocks in the same order, in fewer operations."""
         n = self.n
-        nb = self.nblocks[:n]
+        free = kv.num_free_blocks
+        # the rows that need a block, each counted one more block when they all fit
         if rk.ON:
-            todo = self._scratch[0][: rk.full_rows(self.computed, self.nblocks, n, kv.block_size, self._scratch[0])]
+            todo = self._scratch[0][: rk.full_rows(self.computed, self.nblocks, n, kv.block_size, free,
+                                                   self._scratch[0])]
         else:
+            nb = self.nblocks[:n]
             todo = (self.computed[:n] >= nb * kv.block_size).nonzero()[0]
+            if len(todo) <= free:
+                nb[todo] += 1
         if len(todo) == 0:
             return None
-        if len(todo) > kv.num_free_blocks:  # short: the policy preempts (the general path)
-            return self.grow_leading(kv, self.tokens[:n], make_room, protect)
+        if len(todo) > free:  # short: the policy preempts (the general path)
+            return self.grow_leading(kv, self.tokens[:n] - self.computed[:n], make_room, protect)
         reqs = self.reqs
         if not kv.append_blocks([reqs[i] for i in todo.tolist()]):
-            raise AssertionError(f"{len(todo)} decode rows could not take a block with "
-                                 f"{kv.num_free_blocks} free")
-        nb[todo] += 1
+            raise AssertionError(f"{len(todo)} decode rows could not take a block with {free} free")
         return None
 
     # ---- one step's progress ---------------------------------------------------------------
@@ -245,12 +251,13 @@ class RunningTable:
 
         Each row computed ``new`` tokens; rows with ``samples`` emitted one. Returns the
         inter-token latencies of the emitted tokens (seconds), the rows that emitted their first
-        token and the rows that are done (all their outputs emitted), as table rows.
+        token and the rows that are done (all their outputs emitted), as table rows. The latencies
+        and done rows may be views of the table's buffers: read them before its next ``advance``.
         """
         if rk.ON:
             first, done = self._scratch[0], self._scratch[1]
             ni, nf, nd = rk.advance_rows(self.ints, self.last_tok, step.rows, new, samples, now, self._itl, first, done)
-            return self._itl[:ni].copy(), first[:nf].tolist(), done[:nd]
+            return self._itl[:ni], first[:nf].tolist() if nf else [], done[:nd]
         if step.whole:
             return self._advance_leading(len(step.rows), step.decode_rows, new, samples, now)
         rows = step.rows
