@@ -5,7 +5,9 @@ each over the same few hundred rows): at a million requests that constant is mos
 The loops here do one piece of a step's work in one pass, compiled by numba: a step's rows and
 aggregates (``batch_rows``), its outcome on the table (``advance_rows``), the finished rows
 closed up (``close_rows``), the rows that need KV blocks (``blocks_short``, ``full_rows``) and
-chunked prefill's split of the token budget (``split_budget``). They are mechanics, not policy:
+chunked prefill's split of the token budget (``split_budget``); and one piece of arithmetic, the
+roofline's FA2 varlen attention term of a mixed step (``varlen_layer_s``), whose dozen small
+Python calls and float operations cost more than the rest of the cost model. They are mechanics, not policy:
 which rows run and how many tokens each computes is decided by the policy in plain Python, and
 the policy modules read the same either way. The callers look them up on this module at each
 call (``rk.batch_rows(...)``): ``use`` replaces the plain functions with their compiled versions.
@@ -22,6 +24,7 @@ and keeps the machine code in ``__pycache__`` (``cache=True``).
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import warnings
 from collections.abc import Callable
@@ -110,6 +113,7 @@ def _warm() -> None:
     full_rows(ints[0], ints[4], 2, 16, 0, out)
     close_rows(ints, rows[1:], 2)
     split_budget(ints[0], ints[1], 2, 8, 8, out)
+    varlen_layer_s(np.ones(4, dtype=np.int64), np.ones(5), 3, 2, 9, 8, 9, 5)
 
 
 @_compiled
@@ -283,3 +287,43 @@ def split_budget(computed: np.ndarray, tokens: np.ndarray, n: int, budget: int, 
                 given += 1
     return budget, lead, given
 
+
+@_compiled
+def varlen_layer_s(ints: np.ndarray, floats: np.ndarray, n: int, n_dec: int, tokens: int, decode_kv: int,
+                   prefill_kv: int, longest_decode_kv: int) -> float:
+    """``FA2VarlenAttention.layer_s`` (sim/varlen_attention.py, with its ``prefill_iterations``,
+    ``makespan`` and ``kv_read_s`` written out) for a step's integer sums: the same operations on
+    the same types in the same order, so the same float. ``ints`` is (heads, sms, block_n, group),
+    ``floats`` (tile_s, empty_cta_s, kv_token_s, head_token_bytes, l2_bytes);
+    ``longest_decode_kv`` 0 stands for None."""
+    heads, sms, bn, group = ints[0], ints[1], ints[2], ints[3]
+    t, empty_cta_s, kv_token_s, head_token_bytes, l2_bytes = floats[0], floats[1], floats[2], floats[3], floats[4]
+    rows = n - n_dec
+    q = (tokens - n_dec) / rows
+    ctx = prefill_kv / rows - q
+    # prefill_iterations(q, ctx, bn) with BLOCK_M = 64
+    tiles = math.ceil(q / 64)
+    keys = tiles * ctx + 64 * tiles * (tiles - 1) / 2 + q
+    its = keys / bn + tiles / 2
+    pre_longest = math.ceil((ctx + q) / bn)
+    dec_mean = math.ceil(decode_kv / n_dec / bn) if n_dec else 0
+    dec_longest = math.ceil(longest_decode_kv / bn) if n_dec and longest_decode_kv else dec_mean
+    pre_work = heads * rows * its * t
+    dec_work = heads * n_dec * dec_mean * t
+    blocks = heads * (n_dec + rows * tiles)
+    if dec_longest >= pre_longest:
+        long_work, long_blocks, long_longest = dec_work, heads * n_dec, dec_longest * t
+    else:
+        long_work, long_blocks, long_longest = pre_work, heads * rows * tiles, pre_longest * t
+    # makespan(...)
+    work = pre_work + dec_work
+    longest = max(dec_longest, pre_longest) * t
+    waves = (work / blocks) * ((blocks - 1) // sms) + longest
+    by_class = (long_work / long_blocks) * ((long_blocks - 1) // sms) + long_longest + (work - long_work) / sms
+    busy = min(waves, by_class)
+    busy += empty_cta_s * heads * n_dec * (tiles - 1) / sms
+    # kv_read_s(n_dec, rows * tiles, decode_kv, prefill_kv)
+    rereads = 1.0
+    if decode_kv * head_token_bytes > l2_bytes:
+        rereads = min(group, max(1.0, group * (n_dec + rows * tiles) / sms))
+    return max(busy, (prefill_kv + rereads * decode_kv) * kv_token_s)

@@ -36,6 +36,9 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from . import row_kernels as rk
 from .presets import HardwareConfig, ModelConfig
 
 BLOCK_M = 64  # query rows of a thread block (run_mha_fwd_splitkv_dispatch: "Fixed for all head dimensions")
@@ -97,13 +100,22 @@ class FA2VarlenAttention:
         self.head_token_bytes = 2 * model.head_dim * model.dtype_bytes  # K and V of one KV head
         self.l2_bytes = hardware.l2_bytes or 0.0
         self.tile_s = reference_tile_s(hardware) * self.block_n * model.head_dim / (128 * REFERENCE_HEAD_DIM)
+        # the constants as row_kernels.varlen_layer_s takes them
+        self._ints = np.array([self.heads, self.sms, self.block_n, self.group], dtype=np.int64)
+        self._floats = np.array([self.tile_s, self.empty_cta_s, self.kv_token_s, self.head_token_bytes,
+                                 self.l2_bytes], dtype=np.float64)
 
     def layer_s(self, n: int, n_dec: int, tokens: int, decode_kv: int, prefill_kv: int,
                 longest_decode_kv: int | None = None) -> float:
         """Seconds of one layer's varlen attention kernel (not its launch floor or KV write) for a
         step of ``n`` rows, ``n_dec`` of them decodes, ``tokens`` new tokens, decode rows' KV
         ``decode_kv`` = sum(ctx + 1) and prefill rows' ``prefill_kv`` = sum(ctx + q);
-        ``longest_decode_kv``: the largest decode ctx + 1 (None: every decode row at the mean)."""
+        ``longest_decode_kv``: the largest decode ctx + 1 (None: every decode row at the mean).
+        With the compiled step loops on, a step's integer sums take ``row_kernels.varlen_layer_s``,
+        the same arithmetic as one compiled call."""
+        if rk.ON and type(n + n_dec + tokens + decode_kv + prefill_kv) is int:  # (int unless one is not)
+            return rk.varlen_layer_s(self._ints, self._floats, n, n_dec, tokens, decode_kv, prefill_kv,
+                                     longest_decode_kv or 0)
         heads, sms, t, bn = self.heads, self.sms, self.tile_s, self.block_n
         rows = n - n_dec
         q = (tokens - n_dec) / rows

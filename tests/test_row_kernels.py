@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 from servesim.sim import row_kernels as rk
 from servesim.sim.batch import Batch, step_sums
+from servesim.sim.cost_model import RooflineCostModel
+from servesim.sim.presets import HARDWARE, get_hardware, get_model
 from servesim.sim.request import Request
 from servesim.sim.scenario import load_scenario, scenario_from_dict
 from servesim.sim.schedulers.chunked import _split_budget
@@ -77,6 +79,48 @@ def test_batch_rows_gives_the_batch_its_numpy_rows_and_aggregates():
         got.set_shape(*shape)
         assert (got.sums, got.longest_decode_kv, got.num_decode_tokens, got.num_samples) == (
             ref.sums, ref.longest_decode_kv, ref.num_decode_tokens, ref.num_samples)
+
+
+def test_varlen_layer_s_is_the_python_arithmetic(jit_state):
+    """The compiled FA2 varlen term against ``FA2VarlenAttention.layer_s`` on random integer step
+    shapes, on every GPU that runs FA2, models with 1-8 query heads per KV head, L2 holding the
+    decode KV and thrashing: the same float, not a close one."""
+    rng = np.random.default_rng(7)
+    fa2 = [name for name, hw in HARDWARE.items() if hw.flash_attention == 2]
+    assert len(fa2) >= 3
+    checked = 0
+    for hw_name in fa2:
+        for model, tp in (("llama-3.1-8b", 1), ("qwen3-32b", 2), ("llama-2-7b", 1)):
+            v = RooflineCostModel(get_model(model), get_hardware(hw_name), tp)._varlen
+            for _ in range(150):
+                n_dec = int(rng.integers(0, 300))
+                rows = int(rng.integers(1, 4))
+                q = [int(x) for x in rng.integers(2, 2048, rows)]
+                ctx = [int(x) for x in rng.integers(0, 8000, rows)]
+                dec_ctx = rng.integers(0, int(rng.choice([64, 4000, 60_000])), n_dec)
+                shape = (n_dec + rows, n_dec, n_dec + sum(q), int((dec_ctx + 1).sum()),
+                         sum(c + x for c, x in zip(ctx, q, strict=True)))
+                longest = int(dec_ctx.max()) + 1 if n_dec and rng.random() < 0.8 else None
+                rk.use(False)
+                want = v.layer_s(*shape, longest)
+                rk.use(True)
+                got = v.layer_s(*shape, longest)
+                assert got == want, (hw_name, model, shape, longest)
+                checked += 1
+    assert checked == len(fa2) * 3 * 150
+    # a step without prefill rows is no varlen step: both ways divide by zero
+    for on in (False, True):
+        rk.use(on)
+        with pytest.raises(ZeroDivisionError):
+            v.layer_s(5, 5, 5, 500, 0, 101)
+    # non-integer sums (a GPU profile's attention_layer_s readings) take the Python arithmetic
+    # instead of compiling a float version in the middle of a run
+    signatures = len(rk.varlen_layer_s.signatures)
+    rk.use(False)
+    want = v.layer_s(3.0, 2.0, 300.0, 2 * 900.5, 700.0, None)
+    rk.use(True)
+    assert v.layer_s(3.0, 2.0, 300.0, 2 * 900.5, 700.0, None) == want
+    assert len(rk.varlen_layer_s.signatures) == signatures
 
 
 def _table(rng, n: int) -> RunningTable:
