@@ -20,12 +20,10 @@ Llama -> Qwen and back on the RTX PRO 6000, and a seeded 80/20 split of the RTX 
 the rest at ``kvs``; the file sums three timed calls, the importer divides). ``--exact N``
 list-schedules every thread block of N sampled mixed shapes per table one by one, the structure
 without the closed form (its tile time set the same way, from the reference prefill scheduled
-block by block), next to the closed form. ``--decode-waves`` scores a candidate for the decode-only
-rows, which the roofline prices as a KV read plus floors (median 0.74-0.81 of the measured time,
-down to ~0.3 for short contexts in big batches): FA2's split-KV thread blocks (one per row, KV
-head and split, its split count chosen as the kernel chooses it) in waves over the SMs at a fitted
-latency per KV tile, fitted on one GPU and scored on the other. It is not in the roofline: adding
-it changes the GPU profiles' attention reading and every GPU result, a change of its own.
+block by block), next to the closed form. ``--decode-waves`` scores the decode-only term: FA2's
+split-KV thread blocks in waves (``FA2VarlenAttention.decode_waves_s``), whose two constants per GPU
+(``fa2_decode_tile_s``, ``fa2_decode_merge_s``) are fitted on that GPU's decode rows; printed: the
+KV-read pricing before it, the shipped constants, and each GPU priced with the other GPU's fit.
 
     python benchmarks/mixed_attention.py [--data ../shared/data/gpu] [--fit] [--skew] [--exact 300]
         [--decode-waves]
@@ -267,67 +265,48 @@ def exact(frame: pd.DataFrame, per_table: int) -> str:
     return "\n".join(lines)
 
 
-# --decode-waves: a candidate for the roofline's decode-only attention, not in it (yet)
-DECODE_LATENCY_GRID = np.round(np.arange(3.0, 10.01, 0.25), 2) * 1e-6  # seconds per KV tile of a block
-DECODE_COMBINE_GRID = (0.0, 2e-6, 4e-6)  # seconds of the kernel that merges split results
-
-
-def fa2_num_splits(blocks: int, slots: int, kv_tiles: int, most: int = 128) -> int:
-    """Pieces FA2 splits each decode row's keys into when the step is decode-only, as vLLM's
-    flash-attention fork chooses them (``csrc/flash_attn/flash_api.cpp``, ``num_splits_heuristic``,
-    called with twice the SM count as ``slots``): one when the blocks nearly fill the slots; else
-    the fewest splits whose last wave is at least 85 % as full as the fullest choice's, counting
-    only split counts that change the tiles each split walks."""
-    if blocks >= 0.8 * slots:
-        return 1
-    top = min(most, slots, kv_tiles)
-    fill: dict[int, float] = {}
-    for s in range(1, top + 1):
-        if s > 1 and -(-kv_tiles // s) == -(-kv_tiles // (s - 1)):
-            continue  # the same tiles per split as one split fewer
-        waves = blocks * s / slots
-        fill[s] = waves / math.ceil(waves)
-    best = max(fill.values())
-    return min(s for s, f in fill.items() if f >= 0.85 * best)
-
-
-def decode_waves_s(cm: RooflineCostModel, n: int, kv: int, latency: float, combine: float) -> float:
-    """One layer's decode-only attention (``n`` rows of ``kv`` cached tokens) as FA2 runs it with
-    GQA packing: one thread block per (row, KV head, split), each walking its keys ``block_n`` at a
-    time at ``latency`` seconds a tile (latency-bound: one block per SM, a handful of query rows),
-    in waves over the SMs; never faster than the roofline's KV read; the roofline's launch floors
-    and KV write; ``combine`` seconds more when the keys are split (the merge kernel)."""
-    v, layers = cm._varlen, cm.model.num_layers
-    keys = kv + 1
-    tiles = -(-keys // v.block_n)
-    blocks = n * (v.heads // v.group)
-    splits = fa2_num_splits(blocks, 2 * v.sms, tiles)
-    waves = -(-(blocks * splits) // v.sms)
-    kernel = max(waves * -(-tiles // splits) * latency, n * keys * cm._kv_s / layers)
-    return (cm._attn_fixed + n * cm._kv_s) / layers + kernel + (combine if splits > 1 else 0.0)
+# --decode-waves: the decode-only term's two constants per GPU (presets' fa2_decode_tile_s /
+# fa2_decode_merge_s), varied over a grid
+DECODE_TILE_GRID = np.round(np.arange(3.0, 10.01, 0.25), 2) * 1e-6  # seconds per KV tile of a block
+DECODE_MERGE_GRID = np.round(np.arange(0.0, 6.01, 0.5), 1) * 1e-6  # seconds of the kernel that merges splits
 
 
 def decode_waves(frame: pd.DataFrame) -> str:
-    """The candidate against today's roofline on every decode-only shape: its two constants fitted
-    on one GPU's tables (median + p90 APE), scored on the other GPU's."""
+    """The roofline's decode-only attention against the measured decode rows: as a KV read (before
+    the waves term), with each GPU's shipped constants, and with the constants fitted on the other
+    GPU's tables (median + p90 APE), the held-out score."""
     dec = frame[frame["regime"] == "decode"].reset_index(drop=True)
     measured = dec["seconds"].to_numpy()
-    today = attention_s(dec)
-    models = {key: roofline(*key) for key in dec.groupby(["model", "hardware", "tp"]).groups}
-    shapes = [(models[(r.model, r.hardware, r.tp)], int(r.n_decode), int(r.kv_decode)) for r in dec.itertuples()]
-    preds = {(lat, comb): np.array([decode_waves_s(cm, n, kv, lat, comb) for cm, n, kv in shapes])
-             for lat in DECODE_LATENCY_GRID for comb in DECODE_COMBINE_GRID}
+    keys = list(dec.groupby(["model", "hardware", "tp"]).groups)
+    rows = {key: (dec[["model", "hardware", "tp"]].apply(tuple, axis=1) == key).to_numpy() for key in keys}
+    sums = dec["sums"].to_numpy()
+
+    def priced(tile: float | None, merge: float) -> np.ndarray:
+        out = np.empty(len(dec))
+        for (model, hardware, tp), idx in rows.items():
+            hw = replace(get_hardware(hardware), fa2_decode_tile_s=tile, fa2_decode_merge_s=merge)
+            cm = RooflineCostModel(get_model(model), hw, tp)
+            out[idx] = [cm.breakdown(sums[i])["attention"] / cm.model.num_layers for i in np.flatnonzero(idx)]
+        return out
+
+    read = priced(None, 0.0)
+    shipped = attention_s(dec)
+    grid = {(t, m): priced(float(t), float(m)) for t in DECODE_TILE_GRID for m in DECODE_MERGE_GRID}
     pro, ada = (dec["gpu"] == "RTXPRO6000").to_numpy(), (dec["gpu"] == "RTX4090").to_numpy()
-    lines = ["| fit on | latency / tile, combine | scored on | shapes | roofline today: APE median / p90 | "
-             "waves, fitted on the other GPU: APE median / p90 |", "|---|---|---|---|---|---|"]
-    for fit_name, fit_rows, test_name, test_rows in (("RTX PRO 6000 (4 tables)", pro, "RTX 4090", ada),
+    lines = ["| scored on | shapes | KV read (before): APE median / p90 | shipped constants | fitted on | "
+             "its constants | held out: APE median / p90 |", "|---|---|---|---|---|---|---|"]
+    for test_name, test_rows, fit_name, fit_rows in (("RTX PRO 6000 (4 tables)", pro, "RTX 4090", ada),
                                                      ("RTX 4090", ada, "RTX PRO 6000 (4 tables)", pro)):
-        best = min(preds, key=lambda k: sum(_med_p90(preds[k][fit_rows], measured[fit_rows])))
-        t = _med_p90(today[test_rows], measured[test_rows])
-        w = _med_p90(preds[best][test_rows], measured[test_rows])
-        lines.append(f"| {fit_name} | {best[0] * 1e6:.2f} µs, {best[1] * 1e6:.0f} µs | {test_name} | "
-                     f"{test_rows.sum()} | {100 * t[0]:.1f} / {100 * t[1]:.1f} % | {100 * w[0]:.1f} / "
-                     f"{100 * w[1]:.1f} % |")
+        best = min(grid, key=lambda k: sum(_med_p90(grid[k][fit_rows], measured[fit_rows])))
+        r, s_, h = (_med_p90(p[test_rows], measured[test_rows]) for p in (read, shipped, grid[best]))
+        lines.append(f"| {test_name} | {test_rows.sum()} | {100 * r[0]:.1f} / {100 * r[1]:.1f} % | "
+                     f"{100 * s_[0]:.1f} / {100 * s_[1]:.1f} % | {fit_name} | {best[0] * 1e6:.2f} µs, "
+                     f"{best[1] * 1e6:.1f} µs | {100 * h[0]:.1f} / {100 * h[1]:.1f} % |")
+    for name, rows_ in (("RTX PRO 6000 (4 tables)", pro), ("RTX 4090", ada)):
+        own = min(grid, key=lambda k: sum(_med_p90(grid[k][rows_], measured[rows_])))
+        o = _med_p90(grid[own][rows_], measured[rows_])
+        lines.append(f"\nOwn fit, {name}: {own[0] * 1e6:.2f} µs a tile, {own[1] * 1e6:.1f} µs to merge, "
+                     f"APE {100 * o[0]:.1f} / {100 * o[1]:.1f} %")
     return "\n".join(lines)
 
 
@@ -337,7 +316,7 @@ def main() -> None:
     ap.add_argument("--fit", action="store_true", help="fit EMPTY_CTA_S on one set of tables, score another")
     ap.add_argument("--skew", action="store_true", help="also price skew.csv's mixed steps with unequal contexts")
     ap.add_argument("--decode-waves", action="store_true",
-                    help="also score a candidate decode-only model (FA2 split-KV blocks in waves), held out across GPUs")
+                    help="also score the decode-only term (FA2's blocks in waves): before, shipped, held out across GPUs")
     ap.add_argument("--exact", type=int, default=0, metavar="N",
                     help="also list-schedule N sampled mixed shapes per table block by block")
     args = ap.parse_args()
@@ -356,7 +335,7 @@ def main() -> None:
         print("\n## Unequal decode contexts (skew.csv, mixed steps)\n")
         print(skew(args.data))
     if args.decode_waves:
-        print("\n## Decode-only attention: a candidate, FA2's split-KV blocks in waves (not in the roofline)\n")
+        print("\n## Decode-only attention: a KV read before, FA2's blocks in waves now\n")
         print(decode_waves(frame))
     if args.exact:
         print("\n## The structure without the closed form: blocks list-scheduled one by one\n")

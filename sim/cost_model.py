@@ -318,6 +318,8 @@ class RooflineCostModel:
         self._pair_s = m.attention_flops_per_pair / tp / self._attn_rate
         self._varlen = FA2VarlenAttention(m, hw, kv_per_rank, m.num_heads // tp, self._stream_rate) \
             if hw.flash_attention == 2 and hw.sm_count else None
+        # decode-only steps as FA2's thread-block waves, on GPUs whose decode latency was measured
+        self._decode_waves = self._varlen if self._varlen is not None and hw.fa2_decode_tile_s else None
         self._pcie = hw.pcie_bandwidth
         # all-reduces of the hidden states: two per layer (after O and after down) and one after the
         # vocabulary-parallel embedding, as the GPU profiles' link spec counts them; 0 at tp 1
@@ -371,7 +373,7 @@ class RooflineCostModel:
             self._fixed[key] = fixed
         lead, comm, host = fixed
         swap = swap_bytes / self._pcie if swap_bytes else 0.0
-        if pairs:
+        if pairs or self._decode_waves is not None:
             attn = self._attention(n, n_dec, tokens, pairs, decode_kv, prefill_kv, longest_decode_kv)
         else:
             attn = self._attn_fixed + (decode_kv + tokens) * self._kv_s
@@ -407,6 +409,12 @@ class RooflineCostModel:
             return self._attn_fixed + tokens * self._kv_s \
                 + self.model.num_layers * self._varlen.layer_s(n, n_dec, tokens, decode_kv, prefill_kv,
                                                                longest_decode_kv)
+        if not pairs and decode_kv and self._decode_waves is not None:
+            # the KV read, or FA2's decode blocks in waves where they take longer (short contexts)
+            layers = self.model.num_layers
+            waves, merge = self._decode_waves.decode_waves_s(n_dec, decode_kv)
+            return self._attn_fixed + tokens * self._kv_s + max(decode_kv * self._kv_s, layers * waves) \
+                + layers * merge
         attn = self._attn_fixed + (decode_kv + tokens) * self._kv_s
         if pairs:
             attn += max(pairs * self._pair_s, prefill_kv * self._kv_s)

@@ -187,6 +187,13 @@ class HardwareConfig:
     # as FA2's varlen kernel runs it (sim/varlen_attention.py); otherwise as a decode KV read plus a
     # prefill. It is a fact about vLLM on that chip, not a measurement: unprofiled presets set it too.
     flash_attention: int | None = None
+    # FA2's decode-only steps (GQA-packed split-KV thread blocks, sim/varlen_attention.py): seconds a
+    # block spends per KV tile when latency-bound (short contexts, few rows) and what the merge
+    # kernel of a split adds, per layer. Fitted per GPU on LLMServingSim's measured decode attention
+    # (benchmarks/mixed_attention.py --decode-waves); None: not measured, and a decode step's
+    # attention stays a KV read plus launch floors.
+    fa2_decode_tile_s: float | None = None
+    fa2_decode_merge_s: float = 0.0
 
     @property
     def cuda_total_bytes(self) -> float:
@@ -276,6 +283,12 @@ class HardwareConfig:
 # L40S and RTX 4090 (sm89), RTX PRO 6000 (sm120) run FA2; H100 and H200 (sm90) run FA3, whose
 # varlen kernel packs GQA heads and splits KV with a scheduler of its own; no mixed-step
 # measurement of FA3 exists in ../shared/data/gpu, so they keep the decode-plus-prefill pricing.
+# fa2_decode_tile_s / fa2_decode_merge_s: each GPU's own fit (median + p90 APE, 0.25 us / 0.5 us
+# grid) on the decode-only rows of LLMServingSim's attention.csv (casys-kaist/LLMServingSim @
+# 5daddb21a545, MIT; one layer's vLLM 0.19 attention call): RTX PRO 6000 6.25 / 5.0 us (its four
+# tables), RTX 4090 7.0 / 2.5 us; either GPU's fit scores the other within ~3 points of its own
+# (benchmarks/mixed_attention.py --decode-waves). A100 and L40S run the same kernel but nobody
+# measured their decode latency here: they keep the KV-read pricing.
 H100_LINK = dict(interconnect="nvlink4", allreduce_efficiency=0.727, allreduce_latency_s=17.2e-6,
                  allreduce_hop_latency_s=1.80e-6)
 H100_FRACTIONS = dict(weight_bandwidth_fraction=0.89, stream_bandwidth_fraction=0.87, gemm_flops_fraction=0.76,
@@ -310,14 +323,16 @@ HARDWARE: dict[str, HardwareConfig] = {
                                    interconnect="pcie5", price_per_gpu_hour=1.79,
                                    weight_bandwidth_fraction=0.84, stream_bandwidth_fraction=0.84,
                                    gemm_flops_fraction=0.78, attention_flops_fraction=0.43, kernel_floor_s=3e-6,
-                                   sm_count=188, l2_bytes=128 * MiB, flash_attention=2),
+                                   sm_count=188, l2_bytes=128 * MiB, flash_attention=2,
+                                   fa2_decode_tile_s=6.25e-6, fa2_decode_merge_s=5.0e-6),
     "rtx-4090": HardwareConfig("rtx-4090", peak_flops=165.2e12, hbm_bandwidth=1.008e12,
                                memory_bytes=24564 * MiB, cuda_memory_bytes=23.64 * GiB,
                                pcie_bandwidth=25e9, interconnect_bandwidth=25e9,
                                interconnect="pcie4", price_per_gpu_hour=0.69,
                                weight_bandwidth_fraction=0.95, stream_bandwidth_fraction=0.93,
                                gemm_flops_fraction=1.0, attention_flops_fraction=0.62, kernel_floor_s=3e-6,
-                               sm_count=128, l2_bytes=72 * MiB, flash_attention=2),
+                               sm_count=128, l2_bytes=72 * MiB, flash_attention=2,
+                               fa2_decode_tile_s=7.0e-6, fa2_decode_merge_s=2.5e-6),
     # This machine (2 AMD EPYC cores, AVX2 FMA): fp32 PyTorch matmuls reach a few tens of GFLOP/s
     # and a stream copy ~10 GB/s. Rough on purpose: calibration/profiles/cpu-tiny.json replaces it.
     # memory_bytes is the slice of host RAM live mode may use for weights + KV, not the whole RAM.

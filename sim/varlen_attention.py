@@ -30,11 +30,19 @@ heads of 128 at that fraction of peak (``REFERENCE_*``). A step enters by its ro
 (``StepSums``) and its longest decode context: decode rows' work at their mean context, the
 schedule's end at the longest; several prefill rows enter as their mean row.
 ``benchmarks/mixed_attention.py`` scores it against LLMServingSim's measured attention tables.
+
+A decode-only step (``max_seqlen_q == 1``) runs the split-KV path FA2 keeps for decoding: each KV
+head's query heads packed into one block, keys split so the blocks fill the GPU
+(``fa2_num_splits``). With short contexts those blocks are latency-bound, not bandwidth-bound, and
+the measured times step with their waves over the SMs; ``decode_waves_s`` prices that where the
+GPU's latency per KV tile was measured (``HardwareConfig.fa2_decode_tile_s``), and the roofline
+takes the larger of it and the KV read (``--decode-waves`` in the benchmark).
 """
 
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
@@ -50,6 +58,26 @@ EMPTY_CTA_S = 0.55e-6
 # The shape the hardware's attention_flops_fraction was measured on: a causal prefill of this many
 # tokens, no cached context, this many query heads of this head dim (sim/presets.py sources).
 REFERENCE_TOKENS, REFERENCE_HEADS, REFERENCE_HEAD_DIM = 2048, 32, 128
+
+
+@lru_cache(maxsize=8192)
+def fa2_num_splits(blocks: int, slots: int, kv_tiles: int, most: int = 128) -> int:
+    """Pieces FA2 splits each row's keys into in a decode-only step, as vLLM's flash-attention fork
+    chooses them (``csrc/flash_attn/flash_api.cpp``, ``num_splits_heuristic``, which the kernel
+    calls with twice the SM count as ``slots``): one when the ``blocks`` nearly fill the slots; else
+    the fewest splits whose last wave is at least 85 % as full as the fullest choice's, counting only
+    split counts that change the ``kv_tiles`` each split walks."""
+    if blocks >= 0.8 * slots:
+        return 1
+    top = min(most, slots, kv_tiles)
+    fill: dict[int, float] = {}
+    for s in range(1, top + 1):
+        if s > 1 and -(-kv_tiles // s) == -(-kv_tiles // (s - 1)):
+            continue  # the same tiles per split as one split fewer
+        waves = blocks * s / slots
+        fill[s] = waves / math.ceil(waves)
+    best = max(fill.values())
+    return min(s for s, f in fill.items() if f >= 0.85 * best)
 
 
 def block_n(head_dim: int) -> int:
@@ -94,6 +122,9 @@ class FA2VarlenAttention:
         if not hardware.sm_count:
             raise ValueError(f"{hardware.name}: the FA2 varlen attention term needs sm_count")
         self.heads, self.group, self.sms = heads, heads // kv_heads, hardware.sm_count
+        self.kv_heads = kv_heads
+        self.decode_tile_s = hardware.fa2_decode_tile_s
+        self.decode_merge_s = hardware.fa2_decode_merge_s
         self.block_n = block_n(model.head_dim)
         self.empty_cta_s = EMPTY_CTA_S if empty_cta_s is None else empty_cta_s
         self.kv_token_s = 2 * kv_heads * model.head_dim * model.dtype_bytes / stream_rate  # K and V, one layer
@@ -134,6 +165,21 @@ class FA2VarlenAttention:
         # each decode row also launches tiles - 1 blocks per head that return at once
         busy += self.empty_cta_s * heads * n_dec * (tiles - 1) / sms
         return max(busy, self.kv_read_s(n_dec, rows * tiles, decode_kv, prefill_kv))
+
+    def decode_waves_s(self, n: int, decode_kv: float) -> tuple[float, float]:
+        """A decode-only step of ``n`` rows reading ``decode_kv`` KV tokens together, per layer:
+        (seconds of its thread blocks in waves, seconds of the merge kernel a split adds).
+
+        With ``max_seqlen_q == 1`` FA2 packs each KV head's query heads into one block and splits
+        keys (``fa2_num_splits``): one block per (row, KV head, split), each walking its keys
+        ``block_n`` at a time at ``decode_tile_s`` a tile (latency-bound: a few query rows, one
+        block per SM), in waves over the SMs; rows at their mean context. The caller takes the
+        larger of this and the KV read, which wins once rows hold a few thousand tokens."""
+        tiles = math.ceil(decode_kv / n / self.block_n)
+        blocks = n * self.kv_heads
+        splits = fa2_num_splits(blocks, 2 * self.sms, tiles)
+        waves = -(-(blocks * splits) // self.sms)
+        return waves * -(-tiles // splits) * self.decode_tile_s, self.decode_merge_s if splits > 1 else 0.0
 
     def kv_read_s(self, n_dec: int, prefill_tiles: float, decode_kv: int, prefill_kv: int) -> float:
         """Seconds of the layer's KV read from memory: prefill rows' once per KV head; decode rows'

@@ -72,20 +72,3 @@ def test_graphs_cpu_smoke_compares_the_padded_path_with_the_eager_one(tmp_path, 
     assert len(steps) == 4 and (steps["padded"] >= steps["rows"] + steps["chunk"]).all()
     assert (steps["max_rel_diff"] < 1e-4).all() and (steps["same_tokens"] == 1.0).all()
 
-
-def test_the_decode_wave_candidate_splits_keys_as_fa2_does():
-    ma = _load("mixed_attention")
-    assert ma.fa2_num_splits(400, 376, 9) == 1  # the blocks nearly fill the slots: no split
-    # 128 blocks on 376 slots, 9 KV tiles: 2 splits fill 68 % of a wave, 5 splits 85 % of two, and
-    # 3, 4, 6-8 are no better or not eligible: the fewest within 85 % of the best is 5
-    assert ma.fa2_num_splits(128, 376, 9) == 5
-    assert ma.fa2_num_splits(8, 376, 1) == 1  # one tile cannot be split
-    cm = ma.roofline("llama-3.1-8b", "rtx-pro-6000", 1)
-    layers = cm.model.num_layers
-    # a big batch of long rows is bound by the KV read, as the roofline prices it today
-    big = ma.decode_waves_s(cm, 256, 16384, 6.5e-6, 4e-6)
-    read = (cm._attn_fixed + 256 * cm._kv_s) / layers + 256 * 16385 * cm._kv_s / layers
-    assert big == pytest.approx(read)
-    # short rows: latency-bound waves, slower than the read (what the roofline misses)
-    small = ma.decode_waves_s(cm, 256, 16, 6.5e-6, 4e-6)
-    assert small > 2 * ((cm._attn_fixed + 256 * cm._kv_s) / layers + 256 * 17 * cm._kv_s / layers)

@@ -14,6 +14,7 @@ from servesim.sim.presets import get_hardware, get_model
 from servesim.sim.varlen_attention import (
     EMPTY_CTA_S,
     FA2VarlenAttention,
+    fa2_num_splits,
     makespan,
     prefill_iterations,
     reference_tile_s,
@@ -145,3 +146,42 @@ def test_the_fa2_term_follows_the_engines_attention_kernels(scheduler, varlen):
     plain = RooflineCostModel(get_model("llama-3.1-8b"), replace(get_hardware("a100-80g"), flash_attention=None))
     same = cost.iteration_time(q, ctx) == pytest.approx(plain.iteration_time(q, ctx), rel=1e-12)
     assert same is (not varlen)
+
+
+# ---- decode-only steps: FA2's split-KV blocks in waves ----------------------------------------
+def test_decode_keys_are_split_as_fa2_chooses():
+    assert fa2_num_splits(400, 376, 9) == 1  # the blocks nearly fill the slots: no split
+    # 128 blocks on 376 slots, 9 KV tiles: 2 splits fill 68 % of a wave, 5 splits 85 % of two; 3
+    # is worse and 4, 6-8 walk as many tiles as a count below them: the fewest within 85 % is 5
+    assert fa2_num_splits(128, 376, 9) == 5
+    assert fa2_num_splits(8, 376, 1) == 1  # one tile cannot be split
+
+
+def _decode_attention(hardware: str, n: int, ctx: int, **hw_changes) -> float:
+    hw = replace(get_hardware(hardware), **hw_changes)
+    cm = RooflineCostModel(get_model("llama-3.1-8b"), hw, 1)
+    q = np.ones(n, dtype=np.int64)
+    return cm.breakdown(step_sums(q, np.full(n, ctx, dtype=np.int64)))["attention"]
+
+
+def test_short_decode_rows_cost_their_waves_and_long_ones_their_kv_read():
+    read = {"fa2_decode_tile_s": None}
+    # 256 rows of 16 tokens on the RTX PRO 6000: 2048 blocks (8 KV heads), no split, 11 waves of one
+    # tile, far more than the KV read (measured: 62 us a layer; the KV read alone prices 19)
+    cm = RooflineCostModel(get_model("llama-3.1-8b"), get_hardware("rtx-pro-6000"), 1)
+    short = _decode_attention("rtx-pro-6000", 256, 15)
+    assert short == pytest.approx(cm._attn_fixed + 256 * cm._kv_s + cm.model.num_layers * 11 * 6.25e-6, rel=1e-12)
+    assert short > 2.5 * _decode_attention("rtx-pro-6000", 256, 15, **read)
+    # 256 rows of 16 k tokens: bandwidth-bound, exactly the KV-read pricing
+    assert _decode_attention("rtx-pro-6000", 256, 16383) == _decode_attention("rtx-pro-6000", 256, 16383, **read)
+    # GPUs without a measured decode latency keep the KV read (A100 runs FA2 too)
+    assert get_hardware("a100-80g").fa2_decode_tile_s is None
+    assert _decode_attention("a100-80g", 256, 15) == _decode_attention("a100-80g", 256, 15, flash_attention=None)
+
+
+def test_decode_waves_step_with_the_rows_as_measured():
+    """The RTX PRO 6000's measured 16-token column steps with the waves (13.2, 17.9, 22.8, 35.8,
+    62.3 us a layer for 16-256 rows: 1, 2, 3, 6, 11 waves); the term's waves are those."""
+    v = varlen("rtx-pro-6000")
+    waves = [v.decode_waves_s(n, 17 * n)[0] / v.decode_tile_s for n in (16, 32, 64, 128, 256)]
+    assert waves == pytest.approx([1, 2, 3, 6, 11])
