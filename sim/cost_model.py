@@ -450,7 +450,10 @@ class RooflineCostModel:
             "pcie_bandwidth": self._pcie,
             "varlen_attention": None if self._varlen is None else {
                 "kernel": "flash-attention 2 varlen", "sm_count": self._varlen.sms,
-                "tile_s": self._varlen.tile_s, "empty_cta_s": self._varlen.empty_cta_s},
+                "tile_s": self._varlen.tile_s, "empty_cta_s": self._varlen.empty_cta_s,
+                # decode-only steps as thread-block waves (None: priced as a KV read)
+                "decode_tile_s": self._varlen.decode_tile_s,
+                "decode_merge_s": self._varlen.decode_merge_s if self._varlen.decode_tile_s else None},
         }
 
 

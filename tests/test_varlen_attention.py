@@ -174,8 +174,11 @@ def test_short_decode_rows_cost_their_waves_and_long_ones_their_kv_read():
     assert short > 2.5 * _decode_attention("rtx-pro-6000", 256, 15, **read)
     # 256 rows of 16 k tokens: bandwidth-bound, exactly the KV-read pricing
     assert _decode_attention("rtx-pro-6000", 256, 16383) == _decode_attention("rtx-pro-6000", 256, 16383, **read)
+    assert cm.describe()["varlen_attention"]["decode_tile_s"] == 6.25e-6
     # GPUs without a measured decode latency keep the KV read (A100 runs FA2 too)
     assert get_hardware("a100-80g").fa2_decode_tile_s is None
+    a100 = RooflineCostModel(get_model("llama-3.1-8b"), get_hardware("a100-80g"), 1).describe()["varlen_attention"]
+    assert a100["decode_tile_s"] is None and a100["decode_merge_s"] is None
     assert _decode_attention("a100-80g", 256, 15) == _decode_attention("a100-80g", 256, 15, flash_attention=None)
 
 
