@@ -213,3 +213,18 @@ def test_the_constant_25ms_saturation_run_that_hung_is_the_plain_loop():
     })
     assert_same_run(*both(sc))
     assert fast_forwarded_steps(sc) > 0
+
+
+@pytest.mark.parametrize("hardware", ["rtx-pro-6000", "rtx-4090"])
+def test_fast_forward_prices_decode_waves_as_the_plain_loop(hardware: str):
+    """On GPUs whose roofline prices short-context decode steps as FA2's block waves
+    (``fa2_decode_tile_s``), a stretch's steps cost what the plain loop's do."""
+    sc = scenario_from_dict({
+        "name": f"ff-{hardware}", "seed": 3, "model": "llama-3.1-8b", "hardware": hardware,
+        "scheduler": {"type": "chunked", "max_num_seqs": 64, "max_num_batched_tokens": 1024},
+        "workload": {"num_requests": 200, "arrival": {"process": "poisson", "rate": 2.0},
+                     "prompt_len": {"dist": "uniform", "min": 4, "max": 200},
+                     "output_len": {"dist": "uniform", "min": 20, "max": 400}},
+    })
+    assert fast_forwarded_steps(sc) > 0
+    assert_same_run(*both(sc))
