@@ -18,7 +18,7 @@ and CPU seconds (simulate + write; on a shared machine the CPU seconds move less
 (ru_maxrss), engine steps, and wall µs per step and per request.
 
     python benchmarks/sim_speed.py --workload sharegpt|conv [--requests 100000] [--rate R] [--profile]
-        [--iterations full|binned|off] [--plain]
+        [--iterations auto|full|binned|off] [--plain]
 """
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ def main() -> None:
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="sharegpt")
     ap.add_argument("--requests", type=int, default=100_000)
     ap.add_argument("--rate", type=float, default=None, help="requests/s (default: the workload's)")
-    ap.add_argument("--iterations", choices=["full", "binned", "off"], default=None,
-                    help="iterations.parquet mode (default: servesim run's default)")
+    ap.add_argument("--iterations", choices=["auto", "full", "binned", "off"], default=None,
+                    help="iterations.parquet mode (default: simulate's, full; servesim run's is auto)")
     ap.add_argument("--plain", action="store_true", help="no fast-forward: every step through schedule/update")
     ap.add_argument("--profile", action="store_true", help="cProfile the run and print the top functions")
     args = ap.parse_args()

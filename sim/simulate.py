@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -98,6 +98,7 @@ class RunResult:
     step_forward_s: np.ndarray | None = None
     # ... and the request id of each row (validate's dynamics check replays these steps)
     step_request_ids: list[np.ndarray] | None = None
+    iterations: str = "full"  # what iterations_df holds: every step (full), time bins (binned) or none (off)
 
     def header(self) -> dict[str, Any]:
         """Run metadata that goes first in summary.json (nothing here may vary between equal runs)."""
@@ -179,13 +180,24 @@ def drive(cluster: Cluster, name: str, requests: Sequence[Request], recorder: Me
         recorder.on_prefix_cache(kv.prefix_queries * kv.block_size, kv.prefix_hits * kv.block_size)
 
 
+AUTO_BINNED_REQUESTS = 100_000  # iterations "auto": time bins from this many requests on
+
+
+def auto_iterations(sc: Scenario, num_requests: int) -> IterationsMode:
+    """``--iterations auto``: every step (``full``) for runs under ``AUTO_BINNED_REQUESTS`` requests
+    and for a disaggregated cluster (whose pools' summary reads every step), else time bins: a
+    million requests make millions of steps, ~120 bytes each as full rows."""
+    return "full" if num_requests < AUTO_BINNED_REQUESTS or sc.cluster.disagg is not None else "binned"
+
+
 def simulate(sc: Scenario, requests: Sequence[Request] | None = None, progress: bool | None = None,
-             fast_forward: bool = True, iterations: IterationsMode = "full") -> RunResult:
+             fast_forward: bool = True, iterations: IterationsMode | Literal["auto"] = "full") -> RunResult:
     """Simulate the scenario (its workload, or the given requests) and summarise the run.
 
     ``fast_forward`` False: no stretch of decode steps is taken at once (same results, slower).
     ``iterations``: the iterations table holds every step (``full``), time bins of them
-    (``binned``) or nothing (``off``); the summary is the same in every mode."""
+    (``binned``) or nothing (``off``), or ``auto`` (``auto_iterations``: the result's
+    ``iterations`` says which); the summary is the same in every mode."""
     t0 = time.perf_counter()
     model = get_model(sc.model)
     kv = plan_kv(sc)
@@ -197,6 +209,8 @@ def simulate(sc: Scenario, requests: Sequence[Request] | None = None, progress: 
         for req in requests:
             req.reset_progress()
     row_kernels.use(row_kernels.want(len(requests)))  # compiled step loops for a large run
+    if iterations == "auto":
+        iterations = auto_iterations(sc, len(requests))
     env = SimEnvironment()
     if sc.cluster.disagg is not None:
         return simulate_disagg(sc, requests, env, progress, t0, iterations)
@@ -269,7 +283,8 @@ def finish_run(sc: Scenario, mode: str, requests: Sequence[Request], recorder: M
         summary["replicas"] = replica_summary(replicas, requests_df["replica"].to_numpy(),
                                               makespan if makespan == makespan else 0.0,
                                               [float(busy[r.replica_id]) for r in replicas])
-    return RunResult(sc, mode, requests, requests_df, iterations_df, summary, hist, kv, wall_s)
+    return RunResult(sc, mode, requests, requests_df, iterations_df, summary, hist, kv, wall_s,
+                     iterations=recorder.iterations_mode)
 
 
 def write_results(result: RunResult, out_dir: str | Path, plots: bool = True) -> Path:

@@ -72,3 +72,34 @@ def test_cli_writes_a_binned_table_and_plots_it(tmp_path: Path):
     it = pd.read_parquet(out / "iterations.parquet")
     assert "num_steps" in it and it["num_steps"].sum() > len(it)
     assert (out / "timeline.png").stat().st_size > 0
+
+
+def test_auto_keeps_every_step_for_a_small_run_and_bins_a_large_one(tmp_path, capsys, monkeypatch):
+    from servesim.sim import simulate as simulate_module
+
+    path = SCENARIOS_DIR / "quickstart.yaml"
+    assert main(["run", str(path), "--set", "workload.num_requests=150", "--out", str(tmp_path / "small"),
+                 "--no-plots", "--quiet"]) == 0
+    assert "num_steps" not in pd.read_parquet(tmp_path / "small" / "iterations.parquet").columns
+    assert "time bins" not in capsys.readouterr().err
+    # a run at the threshold bins by default and says so; --iterations full still keeps every step
+    monkeypatch.setattr(simulate_module, "AUTO_BINNED_REQUESTS", 150)
+    assert main(["run", str(path), "--set", "workload.num_requests=150", "--out", str(tmp_path / "large"),
+                 "--no-plots", "--quiet"]) == 0
+    binned = pd.read_parquet(tmp_path / "large" / "iterations.parquet")
+    assert binned["num_steps"].sum() > 150
+    err = capsys.readouterr().err
+    assert "iterations.parquet holds time bins (150 requests" in err and "--iterations full" in err
+    assert main(["run", str(path), "--set", "workload.num_requests=150", "--out", str(tmp_path / "full"),
+                 "--no-plots", "--quiet", "--iterations", "full"]) == 0
+    assert len(pd.read_parquet(tmp_path / "full" / "iterations.parquet")) == binned["num_steps"].sum()
+    assert "time bins" not in capsys.readouterr().err
+
+
+def test_auto_keeps_every_step_for_a_disaggregated_cluster(monkeypatch):
+    from servesim.sim import simulate as simulate_module
+
+    monkeypatch.setattr(simulate_module, "AUTO_BINNED_REQUESTS", 1)
+    sc = load_scenario(SCENARIOS_DIR / "cluster" / "disagg.yaml", ["workload.num_requests=60"])
+    assert simulate_module.auto_iterations(sc, 10**6) == "full"
+    assert simulate(sc, progress=False, iterations="auto").iterations == "full"
