@@ -6,8 +6,9 @@ The loops here do one piece of a step's work in one pass, compiled by numba: a s
 aggregates (``batch_rows``), its outcome on the table (``advance_rows``), the finished rows
 closed up (``close_rows``), the rows that need KV blocks (``blocks_short``, ``full_rows``) and
 chunked prefill's split of the token budget (``split_budget``); and one piece of arithmetic, the
-roofline's FA2 varlen attention term of a mixed step (``varlen_layer_s``), whose dozen small
-Python calls and float operations cost more than the rest of the cost model. They are mechanics, not policy:
+roofline's FA2 varlen attention term of a mixed step (``varlen_layer_s``: ``varlen_attention.
+layer_seconds`` itself, registered with ``compile_with_loops``), whose float operations cost more
+than the rest of the cost model. They are mechanics, not policy:
 which rows run and how many tokens each computes is decided by the policy in plain Python, and
 the policy modules read the same either way. The callers look them up on this module at each
 call (``rk.batch_rows(...)``): ``use`` replaces the plain functions with their compiled versions.
@@ -24,7 +25,6 @@ and keeps the machine code in ``__pycache__`` (``cache=True``).
 from __future__ import annotations
 
 import importlib.util
-import math
 import os
 import warnings
 from collections.abc import Callable
@@ -35,6 +35,11 @@ import numpy as np
 ON = False  # the compiled loops are in use (read by the callers every step)
 MIN_REQUESTS = 20_000  # runs this large turn them on (``want``)
 _KERNELS: list[str] = []  # names of the loops, compiled in place by ``use``
+# functions of other modules compiled with the loops, registered by those modules (this one
+# imports none of them): name -> (the plain function, argument tuples to load it for)
+_ELSEWHERE: dict[str, tuple[Callable[..., Any], tuple[tuple[Any, ...], ...]]] = {}
+# varlen_attention.layer_seconds compiled (``compile_with_loops``); None until the loops load
+varlen_layer_s: Callable[..., float] | None = None
 _loaded = False
 
 
@@ -44,6 +49,28 @@ def _compiled(f: Callable[..., Any]) -> Callable[..., Any]:
     pay)."""
     _KERNELS.append(f.__name__)
     return f
+
+
+def compile_with_loops(name: str, *warm: tuple[Any, ...]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator for a plain-scalar function of another module (the FA2 term's arithmetic): the
+    loops compile it too and publish it here as ``name`` (loaded for the argument types in
+    ``warm``). The function itself is returned unchanged: its module keeps calling it as Python."""
+    def register(f: Callable[..., Any]) -> Callable[..., Any]:
+        _ELSEWHERE[name] = (f, warm)
+        if _loaded:  # (registered after the loops loaded: compile it now)
+            _compile_elsewhere(name)
+        return f
+    return register
+
+
+def _compile_elsewhere(name: str) -> None:
+    import numba
+
+    f, warm = _ELSEWHERE[name]
+    g = globals()
+    g[name] = numba.njit(cache=True, nogil=True)(f)
+    for args in warm:
+        g[name](*args)
 
 
 def available() -> bool:
@@ -81,8 +108,11 @@ def _load() -> bool:
         for name in _KERNELS:
             g[name] = numba.njit(cache=True, nogil=True)(plain[name])
         _warm()
+        for name in _ELSEWHERE:
+            _compile_elsewhere(name)
     except Exception as e:  # noqa: BLE001 - any failure of the optional fast path falls back
         g.update(plain)
+        g.update(dict.fromkeys(_ELSEWHERE))
         warnings.warn(f"servesim: compiled step loops unavailable ({type(e).__name__}: {e}); "
                       f"using the numpy path (same results, slower; SERVESIM_JIT=0 silences this)",
                       RuntimeWarning, stacklevel=3)
@@ -113,7 +143,6 @@ def _warm() -> None:
     full_rows(ints[0], ints[4], 2, 16, 0, out)
     close_rows(ints, rows[1:], 2)
     split_budget(ints[0], ints[1], 2, 8, 8, out)
-    varlen_layer_s(np.ones(4, dtype=np.int64), np.ones(5), 3, 2, 9, 8, 9, 5)
 
 
 @_compiled
@@ -287,43 +316,3 @@ def split_budget(computed: np.ndarray, tokens: np.ndarray, n: int, budget: int, 
                 given += 1
     return budget, lead, given
 
-
-@_compiled
-def varlen_layer_s(ints: np.ndarray, floats: np.ndarray, n: int, n_dec: int, tokens: int, decode_kv: int,
-                   prefill_kv: int, longest_decode_kv: int) -> float:
-    """``FA2VarlenAttention.layer_s`` (sim/varlen_attention.py, with its ``prefill_iterations``,
-    ``makespan`` and ``kv_read_s`` written out) for a step's integer sums: the same operations on
-    the same types in the same order, so the same float. ``ints`` is (heads, sms, block_n, group),
-    ``floats`` (tile_s, empty_cta_s, kv_token_s, head_token_bytes, l2_bytes);
-    ``longest_decode_kv`` 0 stands for None."""
-    heads, sms, bn, group = ints[0], ints[1], ints[2], ints[3]
-    t, empty_cta_s, kv_token_s, head_token_bytes, l2_bytes = floats[0], floats[1], floats[2], floats[3], floats[4]
-    rows = n - n_dec
-    q = (tokens - n_dec) / rows
-    ctx = prefill_kv / rows - q
-    # prefill_iterations(q, ctx, bn) with BLOCK_M = 64
-    tiles = math.ceil(q / 64)
-    keys = tiles * ctx + 64 * tiles * (tiles - 1) / 2 + q
-    its = keys / bn + tiles / 2
-    pre_longest = math.ceil((ctx + q) / bn)
-    dec_mean = math.ceil(decode_kv / n_dec / bn) if n_dec else 0
-    dec_longest = math.ceil(longest_decode_kv / bn) if n_dec and longest_decode_kv else dec_mean
-    pre_work = heads * rows * its * t
-    dec_work = heads * n_dec * dec_mean * t
-    blocks = heads * (n_dec + rows * tiles)
-    if dec_longest >= pre_longest:
-        long_work, long_blocks, long_longest = dec_work, heads * n_dec, dec_longest * t
-    else:
-        long_work, long_blocks, long_longest = pre_work, heads * rows * tiles, pre_longest * t
-    # makespan(...)
-    work = pre_work + dec_work
-    longest = max(dec_longest, pre_longest) * t
-    waves = (work / blocks) * ((blocks - 1) // sms) + longest
-    by_class = (long_work / long_blocks) * ((long_blocks - 1) // sms) + long_longest + (work - long_work) / sms
-    busy = min(waves, by_class)
-    busy += empty_cta_s * heads * n_dec * (tiles - 1) / sms
-    # kv_read_s(n_dec, rows * tiles, decode_kv, prefill_kv)
-    rereads = 1.0
-    if decode_kv * head_token_bytes > l2_bytes:
-        rereads = min(group, max(1.0, group * (n_dec + rows * tiles) / sms))
-    return max(busy, (prefill_kv + rereads * decode_kv) * kv_token_s)

@@ -44,8 +44,6 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-import numpy as np
-
 from . import row_kernels as rk
 from .presets import HardwareConfig, ModelConfig
 
@@ -111,6 +109,48 @@ def makespan(work: float, blocks: float, longest: float, long_work: float, long_
     return min(waves, by_class)
 
 
+@rk.compile_with_loops("varlen_layer_s", *(  # (a GPU's L2 in bytes is an int; 0.0 where none is known)
+    (8, 4, 1e-6, 128, 1e-7, 4, 1e-9, 256, l2, 3, 2, 9, 8, 9, 5) for l2 in (40 << 20, 0.0)))
+def layer_seconds(heads: int, sms: int, tile_s: float, bn: int, empty_cta_s: float, group: int, kv_token_s: float,
+                  head_token_bytes: float, l2_bytes: float, n: int, n_dec: int, tokens: int, decode_kv: int,
+                  prefill_kv: int, longest_decode_kv: int | None) -> float:
+    """``FA2VarlenAttention.layer_s`` from the GPU's constants (its attributes of the same names;
+    ``bn`` is ``block_n``): plain scalars and ``prefill_iterations``, ``makespan`` and
+    ``FA2VarlenAttention.kv_read_s`` written out, so that ``row_kernels`` can compile this very
+    function for large runs (``row_kernels.varlen_layer_s``). ``longest_decode_kv`` None or 0: none
+    given."""
+    rows = n - n_dec
+    q = (tokens - n_dec) / rows
+    ctx = prefill_kv / rows - q
+    # prefill_iterations(q, ctx, bn)
+    tiles = math.ceil(q / BLOCK_M)
+    keys = tiles * ctx + BLOCK_M * tiles * (tiles - 1) / 2 + q
+    its = keys / bn + tiles / 2
+    pre_longest = math.ceil((ctx + q) / bn)
+    dec_mean = math.ceil(decode_kv / n_dec / bn) if n_dec else 0
+    # the longest decode block ends the schedule: with few decode rows it is most of it
+    dec_longest = math.ceil(longest_decode_kv / bn) if n_dec and longest_decode_kv else dec_mean
+    pre_work = heads * rows * its * tile_s
+    dec_work = heads * n_dec * dec_mean * tile_s
+    blocks = heads * (n_dec + rows * tiles)
+    if dec_longest >= pre_longest:
+        long_work, long_blocks, long_longest = dec_work, heads * n_dec, dec_longest * tile_s
+    else:
+        long_work, long_blocks, long_longest = pre_work, heads * rows * tiles, pre_longest * tile_s
+    # makespan(...)
+    work = pre_work + dec_work
+    waves = (work / blocks) * ((blocks - 1) // sms) + max(dec_longest, pre_longest) * tile_s
+    by_class = (long_work / long_blocks) * ((long_blocks - 1) // sms) + long_longest + (work - long_work) / sms
+    busy = min(waves, by_class)
+    # each decode row also launches tiles - 1 blocks per head that return at once
+    busy += empty_cta_s * heads * n_dec * (tiles - 1) / sms
+    # kv_read_s(n_dec, rows * tiles, decode_kv, prefill_kv)
+    rereads = 1.0
+    if decode_kv * head_token_bytes > l2_bytes:
+        rereads = min(group, max(1.0, group * (n_dec + rows * tiles) / sms))
+    return max(busy, (prefill_kv + rereads * decode_kv) * kv_token_s)
+
+
 class FA2VarlenAttention:
     """One layer's attention, in seconds, for a step with at least one prefill row (q > 1), on a
     GPU where vLLM runs FlashAttention 2 (``HardwareConfig.flash_attention == 2``)."""
@@ -131,10 +171,6 @@ class FA2VarlenAttention:
         self.head_token_bytes = 2 * model.head_dim * model.dtype_bytes  # K and V of one KV head
         self.l2_bytes = hardware.l2_bytes or 0.0
         self.tile_s = reference_tile_s(hardware) * self.block_n * model.head_dim / (128 * REFERENCE_HEAD_DIM)
-        # the constants as row_kernels.varlen_layer_s takes them
-        self._ints = np.array([self.heads, self.sms, self.block_n, self.group], dtype=np.int64)
-        self._floats = np.array([self.tile_s, self.empty_cta_s, self.kv_token_s, self.head_token_bytes,
-                                 self.l2_bytes], dtype=np.float64)
 
     def layer_s(self, n: int, n_dec: int, tokens: int, decode_kv: int, prefill_kv: int,
                 longest_decode_kv: int | None = None) -> float:
@@ -142,29 +178,16 @@ class FA2VarlenAttention:
         step of ``n`` rows, ``n_dec`` of them decodes, ``tokens`` new tokens, decode rows' KV
         ``decode_kv`` = sum(ctx + 1) and prefill rows' ``prefill_kv`` = sum(ctx + q);
         ``longest_decode_kv``: the largest decode ctx + 1 (None: every decode row at the mean).
-        With the compiled step loops on, a step's integer sums take ``row_kernels.varlen_layer_s``,
-        the same arithmetic as one compiled call."""
+        ``layer_seconds`` with this GPU's constants; with the compiled step loops on, a step's
+        integer sums take its compiled version (``row_kernels.varlen_layer_s``)."""
         if rk.ON and type(n + n_dec + tokens + decode_kv + prefill_kv) is int:  # (int unless one is not)
-            return rk.varlen_layer_s(self._ints, self._floats, n, n_dec, tokens, decode_kv, prefill_kv,
-                                     longest_decode_kv or 0)
-        heads, sms, t, bn = self.heads, self.sms, self.tile_s, self.block_n
-        rows = n - n_dec
-        q = (tokens - n_dec) / rows
-        its, tiles, pre_longest = prefill_iterations(q, prefill_kv / rows - q, bn)
-        dec_mean = math.ceil(decode_kv / n_dec / bn) if n_dec else 0
-        # the longest decode block ends the schedule: with few decode rows it is most of it
-        dec_longest = math.ceil(longest_decode_kv / bn) if n_dec and longest_decode_kv else dec_mean
-        pre_work = heads * rows * its * t
-        dec_work = heads * n_dec * dec_mean * t
-        blocks = heads * (n_dec + rows * tiles)
-        if dec_longest >= pre_longest:
-            long = (dec_work, heads * n_dec, dec_longest * t)
+            layer = rk.varlen_layer_s
+            longest_decode_kv = longest_decode_kv or 0  # (the compiled one takes an int)
         else:
-            long = (pre_work, heads * rows * tiles, pre_longest * t)
-        busy = makespan(pre_work + dec_work, blocks, max(dec_longest, pre_longest) * t, *long, sms)
-        # each decode row also launches tiles - 1 blocks per head that return at once
-        busy += self.empty_cta_s * heads * n_dec * (tiles - 1) / sms
-        return max(busy, self.kv_read_s(n_dec, rows * tiles, decode_kv, prefill_kv))
+            layer = layer_seconds
+        return layer(self.heads, self.sms, self.tile_s, self.block_n, self.empty_cta_s, self.group,
+                     self.kv_token_s, self.head_token_bytes, self.l2_bytes, n, n_dec, tokens, decode_kv,
+                     prefill_kv, longest_decode_kv)
 
     def decode_waves_s(self, n: int, decode_kv: float) -> tuple[float, float]:
         """A decode-only step of ``n`` rows reading ``decode_kv`` KV tokens together, per layer:

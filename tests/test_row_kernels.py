@@ -249,6 +249,20 @@ def test_random_scenario_is_the_same_with_the_compiled_loops(seed: int, monkeypa
     assert_same_run(*both_ways(sc, monkeypatch, fast_forward=bool(seed % 3)), replicas=sc.cluster.num_replicas)
 
 
+@pytest.mark.parametrize("hardware", ["a100-80g", "rtx-pro-6000"])
+def test_a_roofline_run_on_an_fa2_gpu_is_the_same_with_the_compiled_loops(hardware: str, monkeypatch, jit_state):
+    """Mixed chunked steps on a GPU where vLLM runs FA2: the roofline prices them through the
+    varlen term, compiled (``varlen_layer_s``) or not; the random scenarios above run on the H100."""
+    sc = scenario_from_dict({
+        "name": f"fa2-{hardware}", "seed": 5, "model": "llama-3.1-8b", "hardware": hardware,
+        "scheduler": {"type": "chunked", "max_num_seqs": 64, "max_num_batched_tokens": 512},
+        "workload": {"num_requests": 400, "arrival": {"process": "poisson", "rate": 8.0},
+                     "prompt_len": {"dist": "lognormal", "mean": 1100, "std": 1000, "min": 4, "max": 8000},
+                     "output_len": {"dist": "lognormal", "mean": 200, "std": 200, "min": 1, "max": 2000}},
+    })
+    assert_same_run(*both_ways(sc, monkeypatch))
+
+
 def test_a_large_run_turns_them_on_and_a_small_one_off(monkeypatch, jit_state):
     monkeypatch.delenv("SERVESIM_JIT", raising=False)
     assert rk.want(rk.MIN_REQUESTS) and not rk.want(rk.MIN_REQUESTS - 1)
