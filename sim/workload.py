@@ -325,13 +325,20 @@ class WorkloadConfig(_Strict):
 # --------------------------------------------------------------------------- files
 
 
-def _read_columns(path: Path, columns: dict[str, str], where: str) -> Any:
-    """Read the named CSV columns; ``columns`` maps config field -> column name. Returns a DataFrame."""
+_CSV_ROWS = 1 << 16  # rows per chunk: a trace is read in slices, so its text never sits in memory whole
+
+
+def _csv_chunks(path: Path, columns: dict[str, str], where: str) -> Iterator[Any]:
+    """The named CSV columns in slices of ``_CSV_ROWS`` rows (DataFrames whose index is the data
+    row number, 0-based, across slices); ``columns`` maps config field -> column name.
+
+    A multi-million-row trace parsed whole holds every cell as a Python object at once (~150 MB
+    per million Azure rows); slice by slice only the numbers that are kept grow with the file."""
     import pandas as pd  # pandas only when a file is read: keeps `import workload` light
 
+    unreadable = (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError)
     if not path.is_file():
         raise WorkloadError(f"{where}.path: file not found: {path}")
-    unreadable = (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError)
     try:
         header = list(pd.read_csv(path, nrows=0).columns)
     except unreadable as e:
@@ -342,7 +349,8 @@ def _read_columns(path: Path, columns: dict[str, str], where: str) -> Any:
                 f"{where}.{fld}: column {col!r} not in {path}; columns are: {', '.join(map(repr, header))}"
             )
     try:  # a file can go bad after its header (binary rows, a cut-off quote)
-        return pd.read_csv(path, usecols=list(dict.fromkeys(columns.values())))
+        with pd.read_csv(path, usecols=list(dict.fromkeys(columns.values())), chunksize=_CSV_ROWS) as reader:
+            yield from reader
     except unreadable as e:
         raise WorkloadError(f"{where}.path: cannot read {path} as CSV: {str(e).splitlines()[0]}") from e
 
@@ -365,29 +373,68 @@ def _numeric(series: Any, src: str, most: float | None = None) -> np.ndarray:
     return values
 
 
-def _seconds(series: Any, src: str, datetimes: bool) -> np.ndarray:
-    """Timestamps as float seconds; datetime strings become seconds since the earliest."""
-    import pandas as pd
+class _Seconds:
+    """A time column read slice by slice: numbers are seconds as they stand; text is datetimes,
+    returned as seconds since the earliest. The first slice decides which (``datetimes`` forces
+    datetimes): a column with any number in it is numbers, so one bad cell is reported by line."""
 
-    if not datetimes and pd.api.types.is_numeric_dtype(series):
-        return _numeric(series, src)
-    try:
-        with warnings.catch_warnings():  # pandas warns before it fails on text that is not a date
-            warnings.simplefilter("ignore", UserWarning)
-            ts = pd.to_datetime(series)
-    except (ValueError, TypeError) as e:
-        raise WorkloadError(f"{src}: neither seconds nor datetimes ({e})") from e
-    if ts.isna().any():
-        raise WorkloadError(f"{src} has {int(ts.isna().sum())} empty timestamps")
-    return (ts - ts.min()).dt.total_seconds().to_numpy(dtype=np.float64)
+    def __init__(self, src: str, datetimes: bool) -> None:
+        self.src, self.datetimes, self.parts = src, datetimes, []
+        self.decided = datetimes
+
+    def add(self, series: Any) -> None:
+        import pandas as pd
+
+        if not self.decided:
+            self.datetimes = not pd.api.types.is_numeric_dtype(series) and \
+                not pd.to_numeric(series, errors="coerce").notna().any()
+            self.decided = True
+        if not self.datetimes:
+            self.parts.append(_numeric(series, self.src))
+            return
+        try:
+            with warnings.catch_warnings():  # pandas warns before it fails on text that is not a date
+                warnings.simplefilter("ignore", UserWarning)
+                ts = pd.to_datetime(series, utc=True)  # naive stamps read as UTC; offsets may differ (DST)
+        except (ValueError, TypeError) as e:  # pandas' advice after the first sentence is about its own API
+            why = str(e).splitlines()[0].split(". You might")[0]
+            raise WorkloadError(f"{self.src}: neither seconds nor datetimes ({why})") from e
+        if ts.isna().any():
+            line = int(series.index[np.flatnonzero(ts.isna().to_numpy())[0]]) + 2
+            raise WorkloadError(f"{self.src} has an empty timestamp (first at line {line})")
+        self.parts.append(ts.dt.tz_localize(None).to_numpy())
+
+    def seconds(self) -> np.ndarray:
+        import pandas as pd
+
+        if not self.parts:
+            return np.zeros(0, dtype=np.float64)
+        values = _joined(self.parts)
+        if not self.datetimes:
+            return values
+        ts = pd.Series(values)
+        del values
+        return (ts - ts.min()).dt.total_seconds().to_numpy(dtype=np.float64)
 
 
 def _clip_lengths(values: np.ndarray) -> tuple[np.ndarray, int]:
     """Round to whole tokens and raise lengths < 1 to 1; returns (lengths, how many were raised)."""
     lengths = np.rint(values).astype(np.int64)
+    return lengths, _raise_to_one(lengths)
+
+
+def _raise_to_one(lengths: np.ndarray) -> int:
+    """Raise lengths < 1 to 1 in place; returns how many were."""
     low = lengths < 1
     lengths[low] = 1
-    return lengths, int(low.sum())
+    return int(low.sum())
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    """The slices as one array, dropping them as it goes (a column is never held twice over)."""
+    whole = np.concatenate(parts)
+    parts.clear()
+    return whole
 
 
 @dataclass(slots=True)
@@ -403,27 +450,46 @@ class Trace:
 
 
 def load_trace(cfg: TraceConfig, where: str = "workload.trace") -> Trace:
-    """Read an Azure, BurstGPT or plain CSV trace into arrival times (s) and lengths (tokens)."""
+    """Read an Azure, BurstGPT or plain CSV trace into arrival times (s) and lengths (tokens),
+    slice by slice (see :func:`_csv_chunks`); a file already in time order is not re-sorted."""
     tcol, pcol, ocol = cfg.columns()
-    df = _read_columns(cfg.path, {"time_column": tcol, "prompt_column": pcol, "output_column": ocol}, where)
-    df = df.iloc[cfg.start :]
-    times = _seconds(df[tcol], f"{where}.time_column: column {tcol!r} of {cfg.path}", cfg.format == "azure")
-    prompt = _numeric(df[pcol], f"{where}.prompt_column: column {pcol!r} of {cfg.path}", INT_MAX)
-    output = _numeric(df[ocol], f"{where}.output_column: column {ocol!r} of {cfg.path}", INT_MAX)
-    failed = 0
-    if cfg.format == "burstgpt":
-        ok = output > 0
-        failed = int((~ok).sum())
-        times, prompt, output = times[ok], prompt[ok], output[ok]
-    order = np.argsort(times, kind="stable")[: cfg.limit]
-    if order.size == 0:
+    of = f"of {cfg.path}"
+    times = _Seconds(f"{where}.time_column: column {tcol!r} {of}", cfg.format == "azure")
+    prompts, outputs = [], []
+    failed, skip = 0, cfg.start
+    for df in _csv_chunks(cfg.path, {"time_column": tcol, "prompt_column": pcol, "output_column": ocol}, where):
+        if skip:
+            df, skip = df.iloc[skip:], max(0, skip - len(df))
+        if df.empty:
+            continue
+        prompt = _numeric(df[pcol], f"{where}.prompt_column: column {pcol!r} {of}", INT_MAX)
+        output = _numeric(df[ocol], f"{where}.output_column: column {ocol!r} {of}", INT_MAX)
+        if cfg.format == "burstgpt":
+            ok = output > 0
+            failed += int((~ok).sum())
+            df, prompt, output = df[ok], prompt[ok], output[ok]
+        times.add(df[tcol])
+        prompts.append(np.rint(prompt).astype(np.int64))  # whole tokens; raised to >= 1 once kept
+        outputs.append(np.rint(output).astype(np.int64))
+    t = times.seconds()
+    if t.size == 0:
         raise WorkloadError(
             f"{where}: no requests left in {cfg.path} (start={cfg.start}, {failed} failed rows)"
         )
-    times, prompt, output = times[order], prompt[order], output[order]
-    prompt_len, p_clipped = _clip_lengths(prompt)
-    output_len, o_clipped = _clip_lengths(output)
-    return Trace((times - times[0]) * cfg.time_scale, prompt_len, output_len, failed, p_clipped, o_clipped)
+    prompt_len, output_len = _joined(prompts), _joined(outputs)
+    # One column at a time, so the peak is the kept columns plus one (a few tens of bytes a row).
+    if (t[1:] >= t[:-1]).all():  # a stable sort would not move a row
+        t, prompt_len, output_len = t[: cfg.limit], prompt_len[: cfg.limit], output_len[: cfg.limit]
+    else:
+        order = np.argsort(t, kind="stable")[: cfg.limit]
+        t = t[order]
+        prompt_len = prompt_len[order]
+        output_len = output_len[order]
+        del order
+    p_clipped, o_clipped = _raise_to_one(prompt_len), _raise_to_one(output_len)
+    t = t - t[0]  # a new array: pandas' seconds can be a read-only view
+    t *= cfg.time_scale
+    return Trace(t, prompt_len, output_len, failed, p_clipped, o_clipped)
 
 
 def mean_floor(dist: Any) -> float:
@@ -476,12 +542,10 @@ def _arrival_times(
 ) -> np.ndarray:
     """Arrival times (s), sorted, at most n_max of them and all < duration where given."""
     if isinstance(arrival, TraceArrival):
-        df = _read_columns(arrival.path, {"column": arrival.column}, "workload.arrival")
-        t = np.sort(
-            _seconds(
-                df[arrival.column], f"workload.arrival.column: {arrival.column!r} of {arrival.path}", False
-            )
-        )
+        clock = _Seconds(f"workload.arrival.column: {arrival.column!r} of {arrival.path}", False)
+        for df in _csv_chunks(arrival.path, {"column": arrival.column}, "workload.arrival"):
+            clock.add(df[arrival.column])
+        t = np.sort(clock.seconds())
         if t.size == 0:
             raise WorkloadError(f"workload.arrival.path: no rows in {arrival.path}")
         t = (t - t[0]) * arrival.time_scale
@@ -524,10 +588,9 @@ def _lengths(dist: Any, n: int, rng: np.random.Generator, where: str) -> tuple[n
     if isinstance(dist, UniformLength):
         return rng.integers(dist.min, dist.max, n, endpoint=True, dtype=np.int64), []
     if isinstance(dist, EmpiricalLength):
-        df = _read_columns(dist.path, {"column": dist.column}, where)
-        pool, clipped = _clip_lengths(
-            _numeric(df[dist.column], f"{where}.column: {dist.column!r} of {dist.path}", INT_MAX)
-        )
+        src = f"{where}.column: {dist.column!r} of {dist.path}"
+        parts = [_numeric(df[dist.column], src, INT_MAX) for df in _csv_chunks(dist.path, {"column": dist.column}, where)]
+        pool, clipped = _clip_lengths(np.concatenate(parts) if parts else np.zeros(0))
         if pool.size == 0:
             raise WorkloadError(f"{where}.path: column {dist.column!r} of {dist.path} is empty")
         notes = []

@@ -391,6 +391,79 @@ def test_non_numeric_lengths_are_reported_with_the_column(tmp_path):
         generate_requests(WorkloadConfig(trace={"format": "csv", "path": str(path)}), seed=0)
 
 
+def _whole_file_reference(path, fmt, start=0, limit=None, time_scale=1.0):
+    """What a trace should read as, from one whole-file pandas read (no slicing)."""
+    import pandas as pd
+
+    tcol, pcol, ocol = TraceConfig(format=fmt, path=path).columns()
+    df = pd.read_csv(path).iloc[start:]
+    if fmt == "burstgpt":
+        df = df[df[ocol] > 0]
+    if fmt == "azure":
+        ts = pd.to_datetime(df[tcol], utc=True)
+        t = (ts - ts.min()).dt.total_seconds().to_numpy()
+    else:
+        t = df[tcol].to_numpy(dtype=float)
+    order = np.argsort(t, kind="stable")[:limit]
+    lengths = [np.maximum(1, np.rint(df[c].to_numpy(dtype=float)[order])).astype(np.int64) for c in (pcol, ocol)]
+    return (t[order] - t[order][0]) * time_scale, *lengths
+
+
+@pytest.mark.parametrize("rows_per_slice", [3, 7, 1 << 18])
+@pytest.mark.parametrize(
+    "fmt, start, limit",
+    [("azure", 0, None), ("azure", 5, 9), ("burstgpt", 0, None), ("burstgpt", 8, None), ("csv", 11, 4)],
+)
+def test_traces_read_in_slices_equal_the_whole_file(tmp_path, monkeypatch, rows_per_slice, fmt, start, limit):
+    """Large traces are read slice by slice (sim/workload.py `_csv_chunks`): a slice edge inside the
+    skipped rows, the failed BurstGPT rows, an unsorted file and time zones read as one whole read."""
+    import servesim.sim.workload as workload
+
+    monkeypatch.setattr(workload, "_CSV_ROWS", rows_per_slice)
+    rng = np.random.default_rng(7)
+    n = 40
+    secs = rng.permutation(np.round(rng.uniform(0, 500, n), 3))  # out of time order
+    prompt, output = rng.integers(0, 3000, n), rng.integers(0, 300, n)  # some 0: clipped / failed
+    path = tmp_path / f"{fmt}.csv"
+    if fmt == "azure":  # two UTC offsets: times compare as instants
+        base = np.datetime64("2023-11-16T18:15:46")
+        stamps = [f"{base + np.timedelta64(int(s * 1e6) + 7_200_000_000 * (i % 2), 'us')}{'+02:00' if i % 2 else '+00:00'}"
+                  for i, s in enumerate(secs)]
+        body = "".join(f"{t},{p},{o}\n" for t, p, o in zip(stamps, prompt, output, strict=True))
+        path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + body)
+    elif fmt == "burstgpt":
+        body = "".join(f"{t},GPT-4,{p},{o},0,API log\n" for t, p, o in zip(secs, prompt, output, strict=True))
+        path.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n" + body)
+    else:
+        path.write_text("arrival_time,prompt_len,output_len\n" + "".join(f"{t},{p},{o}\n" for t, p, o in zip(secs, prompt, output, strict=True)))
+    tr = load_trace(TraceConfig(format=fmt, path=path, start=start, limit=limit, time_scale=0.5))
+    want = _whole_file_reference(path, fmt, start, limit, 0.5)
+    for got, expected in zip((tr.arrival_time, tr.prompt_len, tr.output_len), want, strict=True):
+        np.testing.assert_array_equal(got, expected)
+    if fmt == "burstgpt":
+        assert tr.num_failed_dropped == int((output[start:] == 0).sum())
+
+
+def test_a_bad_cell_in_a_later_slice_is_reported_by_its_line(tmp_path, monkeypatch):
+    import servesim.sim.workload as workload
+
+    monkeypatch.setattr(workload, "_CSV_ROWS", 4)
+    path = tmp_path / "t.csv"
+    rows = "".join(f"{i},10,5\n" for i in range(9))
+    for bad, field in (("9,abc,5", "prompt_column"), ("x,10,5", "time_column")):
+        path.write_text("arrival_time,prompt_len,output_len\n" + rows + bad + "\n")
+        with pytest.raises(WorkloadError, match=f"workload.trace.{field}: .* 1 empty or non-numeric values .first at line 11"):
+            load_trace(TraceConfig(format="csv", path=path))
+    stamps = "".join(f"2024-01-01 00:00:{i:02d},10,5\n" for i in range(9))
+    path.write_text("arrival_time,prompt_len,output_len\n" + stamps + ",10,5\n")
+    with pytest.raises(WorkloadError, match="an empty timestamp .first at line 11"):
+        load_trace(TraceConfig(format="csv", path=path))
+    path.write_text("arrival_time,prompt_len,output_len\n" + stamps + "soon,10,5\n")
+    with pytest.raises(WorkloadError, match="neither seconds nor datetimes") as e:
+        load_trace(TraceConfig(format="csv", path=path))
+    assert "\n" not in str(e.value)
+
+
 # ------------------------------------------------------------------ yaml, stats, speed
 
 
