@@ -28,7 +28,7 @@ def _load(args: argparse.Namespace):
 
 def cmd_run(args: argparse.Namespace) -> int:
     from .metrics import format_summary_table
-    from .simulate import AUTO_BINNED_REQUESTS, default_out_dir, simulate, write_results
+    from .simulate import AUTO_BINNED_REQUESTS, AUTO_BINNED_STEPS, default_out_dir, simulate, write_results
     from .workload import workload_stats
 
     sc = _load(args)
@@ -51,8 +51,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(format_summary_table(result.summary))
     print(f"simulated in {result.wall_s:.2f} s wall; results in {out}/")
     if args.iterations == "auto" and result.iterations == "binned":
-        print(f"note: iterations.parquet holds time bins ({len(result.requests):,} requests, --iterations auto "
-              f"bins from {AUTO_BINNED_REQUESTS:,}); --iterations full keeps every step", file=sys.stderr)
+        why = (f"{len(result.requests):,} requests, --iterations auto bins from {AUTO_BINNED_REQUESTS:,}"
+               if len(result.requests) >= AUTO_BINNED_REQUESTS else
+               f"{result.summary['num_iterations']:,} steps, --iterations auto bins from step {AUTO_BINNED_STEPS:,}")
+        print(f"note: iterations.parquet holds time bins ({why}); --iterations full keeps every step",
+              file=sys.stderr)
     _warn_rejected(result.requests_df)
     # the engine the preset models would refuse this server at start-up (vLLM: max_model_len over the
     # KV cache): the simulation still ran, as a what-if; say so on one line
@@ -319,7 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--iterations", choices=["auto", "full", "binned", "off"], default="auto",
                      help="iterations.parquet: one row per engine step (full), time bins of them (binned: "
                           "millions of steps in a few MB), or none (off); auto (the default): full under "
-                          "100,000 requests, binned from there; summary.json is the same")
+                          "100,000 requests (binned from a run's 1,048,576th step), binned from there; "
+                          "summary.json is the same")
     live = scenario_cmd("live", "run a scenario on the real model (random weights) in real time", cmd_live)
     live.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     engines = scenario_cmd("engines", "run the scenario's traffic through several engine presets and compare them",

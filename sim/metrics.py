@@ -262,19 +262,22 @@ class MetricsRecorder:
     _ITL_BUFFER = 1 << 16
 
     def __init__(self, num_replicas: int = 1, itl_histogram: LogHistogram | None = None,
-                 iterations: IterationsMode = "full") -> None:
+                 iterations: IterationsMode = "full", bin_after: int | None = None) -> None:
         """``iterations``: keep one row per engine step (``full``), time bins of them (``binned``,
-        see ``iteration_bins.py``) or only the summary's figures (``off``)."""
+        see ``iteration_bins.py``) or only the summary's figures (``off``). ``bin_after`` (full
+        only): once the run has that many steps, the rows so far go into time bins and the rest
+        of the run is binned (``iterations_mode`` then says ``binned``), so a long run of few
+        requests cannot fill memory with rows; the summary is the same either way."""
         if iterations not in ITERATIONS_MODES:
             raise ValueError(f"iterations must be one of {ITERATIONS_MODES}, got {iterations!r}")
         self.num_replicas = num_replicas
         self.iterations_mode = iterations
+        self.bin_after = bin_after if iterations == "full" else None
         # seconds each replica spent in steps, added step by step in every mode (so equal in all)
         self._busy = [0.0] * num_replicas
         self._bins = None if iterations == "full" else IterationBins(num_replicas, keep_bins=iterations == "binned")
         if self._bins is not None:
-            self.on_iteration = self._bin_iteration  # type: ignore[method-assign]
-            self.on_decode_steps = self._bin_decode_steps  # type: ignore[method-assign]
+            self._record_into_bins()
         # One float64 row per iteration: a single tuple store is cheaper than 15 column stores,
         # and every count fits exactly in a float64 mantissa.
         self._iters = np.empty((4096, len(ITERATION_COLUMNS)), dtype=np.float64)
@@ -315,12 +318,17 @@ class MetricsRecorder:
 
         ``sched_overhead_s`` is the live-mode CPU time spent scheduling (seconds); nan in simulation.
         """
-        self._busy[replica] += duration
         i = self._n_iters
         if i == len(self._iters):
+            if self.bin_after is not None and i >= self.bin_after:
+                self._switch_to_bins()
+                self._bin_iteration(replica, start, duration, batch, kv_blocks_used, kv_blocks_total, num_waiting,
+                                    num_running, num_swapped, num_preempted, sched_overhead_s)
+                return
             grown = np.empty((2 * i, self._iters.shape[1]), dtype=np.float64)
             grown[:i] = self._iters
             self._iters = grown
+        self._busy[replica] += duration
         # the Batch computes its aggregates once, shared with the cost model
         num_tokens = batch.num_tokens
         num_decode = batch.num_decode_tokens
@@ -342,9 +350,14 @@ class MetricsRecorder:
         ``on_iteration`` / ``on_itl`` called step by step: ``first_itl`` per row for step 0, then
         each later step's n rows wait exactly the gap between the two steps' ends.
         """
-        self._add_busy(replica, durations)
         k = len(starts)
         i = self._n_iters
+        if self.bin_after is not None and i + k > max(len(self._iters), self.bin_after):
+            self._switch_to_bins()
+            self._bin_decode_steps(replica, starts, durations, n, kv_blocks_used, kv_blocks_total, num_waiting,
+                                   num_swapped, first_itl, last_running)
+            return
+        self._add_busy(replica, durations)
         while i + k > len(self._iters):
             grown = np.empty((2 * len(self._iters), self._iters.shape[1]), dtype=np.float64)
             grown[:i] = self._iters[:i]
@@ -357,6 +370,29 @@ class MetricsRecorder:
         rows[-1, 10] = last_running  # the last step's finished requests have left
         self._n_iters = i + k
         self._decode_itls(starts, durations, n, first_itl)
+
+    def _record_into_bins(self) -> None:
+        self.on_iteration = self._bin_iteration  # type: ignore[method-assign]
+        self.on_decode_steps = self._bin_decode_steps  # type: ignore[method-assign]
+
+    def _switch_to_bins(self) -> None:
+        """``bin_after`` reached: the rows so far into time bins, in the order they were recorded
+        (per replica, as ``_bin_iteration`` would have added them), and bins from here on."""
+        bins = IterationBins(self.num_replicas)
+        rows = self._iters[: self._n_iters]
+        sums = np.empty((len(rows), len(SUM_COLUMNS)), dtype=np.float64)
+        sums[:, 0] = 1.0  # num_steps
+        sums[:, 1:] = rows[:, 2:]  # duration as busy_s, then the same columns in the same order
+        for r in range(self.num_replicas):
+            mine = rows[:, 0] == r
+            if mine.any():
+                bins.add_many(r, rows[mine, 1], sums[mine])
+        self._bins = bins
+        self._iters = np.empty((0, len(ITERATION_COLUMNS)), dtype=np.float64)
+        self._n_iters = 0
+        self.iterations_mode = "binned"
+        self.bin_after = None
+        self._record_into_bins()
 
     def _stage_same(self, value: float, n: int) -> None:
         """``on_itl`` of n copies of ``value``."""
@@ -496,7 +532,7 @@ class MetricsRecorder:
 
     @property
     def num_iterations(self) -> int:
-        return self._n_iters
+        return self._n_iters if self._bins is None else int(self._bins.summary()["num_iterations"])
 
     def requests_frame(self, order: np.ndarray | None = None) -> pd.DataFrame:
         """One row per recorded request (times in seconds, lengths in tokens), columns REQUEST_COLUMNS,

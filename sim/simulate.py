@@ -130,12 +130,14 @@ def run_replicas(
     fast_forward: bool = True,
     iterations: IterationsMode = "full",
     on_turn=None,  # callable(answered turn, next turn) -> None: see Cluster.on_turn  # noqa: ANN001
+    bin_after: int | None = None,
 ) -> tuple[MetricsRecorder, list[Replica]]:
     """Drive ``requests`` through ``sc.cluster`` replicas on ``env`` and return the metrics.
 
     ``fast_forward`` False makes every step go through schedule/update (the plain loop the
-    fast-forward is tested against); a realtime (live) environment never fast-forwards."""
-    recorder = MetricsRecorder(num_replicas=sc.cluster.num_replicas, iterations=iterations)
+    fast-forward is tested against); a realtime (live) environment never fast-forwards.
+    ``bin_after``: full rows until that many steps, time bins from there (``MetricsRecorder``)."""
+    recorder = MetricsRecorder(num_replicas=sc.cluster.num_replicas, iterations=iterations, bin_after=bin_after)
     replicas = []
     for r in range(sc.cluster.num_replicas):
         scheduler, executor = make_replica_parts(r)
@@ -181,12 +183,14 @@ def drive(cluster: Cluster, name: str, requests: Sequence[Request], recorder: Me
 
 
 AUTO_BINNED_REQUESTS = 100_000  # iterations "auto": time bins from this many requests on
+AUTO_BINNED_STEPS = 1 << 20  # and, in a run of fewer, from this many steps on (~120 MB of rows)
 
 
 def auto_iterations(sc: Scenario, num_requests: int) -> IterationsMode:
     """``--iterations auto``: every step (``full``) for runs under ``AUTO_BINNED_REQUESTS`` requests
     and for a disaggregated cluster (whose pools' summary reads every step), else time bins: a
-    million requests make millions of steps, ~120 bytes each as full rows."""
+    million requests make millions of steps, ~120 bytes each as full rows. A ``full`` run that is
+    not disaggregated still goes over to bins at its ``AUTO_BINNED_STEPS``-th step (``simulate``)."""
     return "full" if num_requests < AUTO_BINNED_REQUESTS or sc.cluster.disagg is not None else "binned"
 
 
@@ -196,8 +200,9 @@ def simulate(sc: Scenario, requests: Sequence[Request] | None = None, progress: 
 
     ``fast_forward`` False: no stretch of decode steps is taken at once (same results, slower).
     ``iterations``: the iterations table holds every step (``full``), time bins of them
-    (``binned``) or nothing (``off``), or ``auto`` (``auto_iterations``: the result's
-    ``iterations`` says which); the summary is the same in every mode."""
+    (``binned``) or nothing (``off``), or ``auto`` (``auto_iterations``, and bins from the
+    ``AUTO_BINNED_STEPS``-th step of a longer run: the result's ``iterations`` says which); the
+    summary is the same in every mode."""
     t0 = time.perf_counter()
     model = get_model(sc.model)
     kv = plan_kv(sc)
@@ -209,8 +214,10 @@ def simulate(sc: Scenario, requests: Sequence[Request] | None = None, progress: 
         for req in requests:
             req.reset_progress()
     row_kernels.use(row_kernels.want(len(requests)))  # compiled step loops for a large run
+    bin_after = None
     if iterations == "auto":
         iterations = auto_iterations(sc, len(requests))
+        bin_after = AUTO_BINNED_STEPS  # (a disaggregated cluster ignores it: it needs every step)
     env = SimEnvironment()
     if sc.cluster.disagg is not None:
         return simulate_disagg(sc, requests, env, progress, t0, iterations)
@@ -219,7 +226,8 @@ def simulate(sc: Scenario, requests: Sequence[Request] | None = None, progress: 
         return build_scheduler(sc, kv), SimExecutor(cost, kv.block_bytes,
                                                     overlap_host=sc.policy.async_scheduling)
 
-    recorder, replicas = run_replicas(env, sc, requests, parts, progress, fast_forward, iterations)
+    recorder, replicas = run_replicas(env, sc, requests, parts, progress, fast_forward, iterations,
+                                      bin_after=bin_after)
     return finish_run(sc, "sim", requests, recorder, kv, time.perf_counter() - t0, replicas)
 
 

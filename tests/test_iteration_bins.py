@@ -103,3 +103,46 @@ def test_auto_keeps_every_step_for_a_disaggregated_cluster(monkeypatch):
     sc = load_scenario(SCENARIOS_DIR / "cluster" / "disagg.yaml", ["workload.num_requests=60"])
     assert simulate_module.auto_iterations(sc, 10**6) == "full"
     assert simulate(sc, progress=False, iterations="auto").iterations == "full"
+
+
+@pytest.mark.parametrize("name, fast_forward", [("kv-pressure.yaml", True), ("multi-replica.yaml", True),
+                                                ("multi-replica.yaml", False)])
+def test_auto_bins_a_long_run_from_its_step_limit_on(monkeypatch, name, fast_forward):
+    """A run of few requests but many steps: ``auto`` keeps rows until AUTO_BINNED_STEPS (the switch
+    comes when the row buffer would grow, here at 4,096 steps), then puts them into bins and bins
+    the rest; the summary and requests are those of a full run, the bins those of a binned one."""
+    from servesim.sim import simulate as simulate_module
+
+    monkeypatch.setattr(simulate_module, "AUTO_BINNED_STEPS", 1)
+    sc = load_scenario(SCENARIOS_DIR / name, ["workload.num_requests=300"])
+    full = simulate(sc, progress=False, iterations="full", fast_forward=fast_forward)
+    binned = simulate(sc, progress=False, iterations="binned", fast_forward=fast_forward)
+    auto = simulate(sc, progress=False, iterations="auto", fast_forward=fast_forward)
+    assert len(full.iterations_df) > 4096 and full.iterations == "full"
+    assert auto.iterations == "binned"
+    assert same_summary(full.summary, auto.summary)
+    pd.testing.assert_frame_equal(full.requests_df, auto.requests_df, check_exact=True)
+    got, want = auto.iterations_df, binned.iterations_df
+    assert got["num_steps"].sum() == len(full.iterations_df)
+    pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-9)
+
+
+def test_auto_keeps_rows_below_the_step_limit(monkeypatch):
+    from servesim.sim import simulate as simulate_module
+
+    monkeypatch.setattr(simulate_module, "AUTO_BINNED_STEPS", 10**9)
+    sc = load_scenario(SCENARIOS_DIR / "kv-pressure.yaml", ["workload.num_requests=300"])
+    auto = simulate(sc, progress=False, iterations="auto")
+    assert auto.iterations == "full" and "num_steps" not in auto.iterations_df
+
+
+def test_cli_says_why_a_short_run_was_binned(tmp_path, capsys, monkeypatch):
+    from servesim.sim import simulate as simulate_module
+
+    monkeypatch.setattr(simulate_module, "AUTO_BINNED_STEPS", 1)
+    out = tmp_path / "run"
+    assert main(["run", str(SCENARIOS_DIR / "quickstart.yaml"), "--set", "workload.num_requests=300", "--out",
+                 str(out), "--no-plots", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "iterations.parquet holds time bins (" in err and " steps, --iterations auto bins from step 1)" in err
+    assert pd.read_parquet(out / "iterations.parquet")["num_steps"].sum() > 4096
