@@ -194,6 +194,13 @@ def auto_iterations(sc: Scenario, num_requests: int) -> IterationsMode:
     return "full" if num_requests < AUTO_BINNED_REQUESTS or sc.cluster.disagg is not None else "binned"
 
 
+def summary_iterations(sc: Scenario) -> IterationsMode:
+    """The iterations mode for a caller that reads only a run's summary, requests and ITLs (plan,
+    sweep, compare, search): no rows (``off``; the summary is the same in every mode), except for
+    a disaggregated cluster, whose pools' summary reads every step (``full``)."""
+    return "full" if sc.cluster.disagg is not None else "off"
+
+
 def simulate(sc: Scenario, requests: Sequence[Request] | None = None, progress: bool | None = None,
              fast_forward: bool = True, iterations: IterationsMode | Literal["auto"] = "full") -> RunResult:
     """Simulate the scenario (its workload, or the given requests) and summarise the run.

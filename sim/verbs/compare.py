@@ -184,9 +184,9 @@ def summary_keys() -> list[str]:
 
 def _run_summary(sc: Scenario) -> dict[str, Any]:
     """Worker entry point: one simulation's summary."""
-    from ..simulate import simulate
+    from ..simulate import simulate, summary_iterations
 
-    return simulate(sc, progress=False).summary
+    return simulate(sc, progress=False, iterations=summary_iterations(sc)).summary
 
 
 def compare(baseline: Scenario, candidate: Scenario, seeds: int = 10, fail_on: Sequence[str] = (),

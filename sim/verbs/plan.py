@@ -224,9 +224,9 @@ def at_rate(sc: Scenario, rate: float, window_s: float, seed: int, replicas: int
 
 def simulate_digest(sc: Scenario) -> RunDigest:
     """Worker entry point: simulate one scenario and keep what pooling needs."""
-    from ..simulate import simulate
+    from ..simulate import simulate, summary_iterations
 
-    res = simulate(sc, progress=False)
+    res = simulate(sc, progress=False, iterations=summary_iterations(sc))
     return RunDigest(res.summary, res.requests_df[_REQUEST_COLS].copy(), res.itl_hist)
 
 

@@ -30,9 +30,9 @@ def saturation_run(sc: Scenario) -> tuple[float, int, str]:
     """Worker entry point: (capacity bound in requests/s, rejected requests, the first rejection's
     reason) of a saturation scenario. The bound is the completion rate between the 10th and 90th
     percentile finish times, times ``SATURATION_MARGIN``; inf when too few requests finished."""
-    from ..simulate import simulate
+    from ..simulate import simulate, summary_iterations
 
-    res = simulate(sc, progress=False)
+    res = simulate(sc, progress=False, iterations=summary_iterations(sc))
     df = res.requests_df
     rejected = df[df["state"] == "rejected"]
     reason = str(rejected["reject_reason"].iloc[0]) if len(rejected) else ""

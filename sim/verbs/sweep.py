@@ -102,9 +102,9 @@ def point_scenario(raw: dict[str, Any], base_overrides: Sequence[str], overrides
 
 def run_point(sc: Scenario) -> dict[str, Any]:
     """Worker entry point: simulate and return the summary plus run facts worth a column."""
-    from ..simulate import simulate
+    from ..simulate import simulate, summary_iterations
 
-    res = simulate(sc, progress=False)
+    res = simulate(sc, progress=False, iterations=summary_iterations(sc))
     return {"kv_num_blocks": res.kv.num_blocks, **res.summary}
 
 
