@@ -39,9 +39,16 @@ def write_text(path: str | Path, text: str) -> Path:
 
 
 def write_parquet(df, path: str | Path) -> Path:  # noqa: ANN001 - a pandas DataFrame; pandas stays out of this layer
-    """``df.to_parquet(path, index=False)``, atomically."""
+    """``df.to_parquet(path, index=False)``, atomically, dictionary-encoding only the columns that
+    are not numbers (a request's state, a rejection's reason, labels).
+
+    Arrow's default dictionary-encodes every column: for float columns of distinct values it
+    builds a hash table per column before falling back to plain pages, which made writing a
+    million-request ``requests.parquet`` the run's peak memory (~280 MB over the frame). Numbers
+    written plain read back the same, and the file comes out no larger."""
+    text = [str(name) for name, dtype in df.dtypes.items() if getattr(dtype, "kind", "O") not in "biufcmM"]
     with atomic_path(path) as tmp:
-        df.to_parquet(tmp, index=False)
+        df.to_parquet(tmp, index=False, use_dictionary=text)
     return Path(path)
 
 
