@@ -285,7 +285,7 @@ def simulate_disagg(sc: Scenario, requests: Sequence[Request], env: simpy.Enviro
 def finish_run(sc: Scenario, mode: str, requests: Sequence[Request], recorder: MetricsRecorder, kv: KVPlan,
                wall_s: float, replicas: list[Replica] | None = None) -> RunResult:
     ids = recorder.request_columns()["request_id"]
-    requests_df = recorder.requests_frame(np.argsort(ids, kind="stable"))
+    requests_df = recorder.requests_frame(np.argsort(ids, kind="stable"), release=True)
     iterations_df = recorder.iterations_frame()
     hist = recorder.itl_histogram
     summary = summarize(requests_df, iterations_df, hist, slo=sc.slo or None,

@@ -82,6 +82,19 @@ def test_requests_frame_never_writes_through_to_the_recorded_columns(order):
     assert rec.requests_frame(order)["prompt_len"].iloc[0] != -7
 
 
+def test_requests_frame_can_release_the_records_it_reorders():
+    """finish_run's frame takes the recorder's columns over (release): the same frame, and the
+    records are gone afterwards, loudly, rather than read half-empty."""
+    order = np.array([4, 3, 2, 1, 0])
+    kept = _recorder_with_four_requests().requests_frame(order)
+    rec = _recorder_with_four_requests()
+    released = rec.requests_frame(order, release=True)
+    pd.testing.assert_frame_equal(released, kept, check_exact=True)
+    assert all(not chunks for chunks in rec._req_cols.values())
+    with pytest.raises(RuntimeError, match="release=True"):
+        rec.request_columns()
+
+
 def test_requests_frame_derives_latencies_per_request():
     df = _recorder_with_four_requests().requests_frame()
     assert tuple(df.columns) == REQUEST_COLUMNS
