@@ -389,6 +389,10 @@ class _Seconds:
             self.datetimes = not pd.api.types.is_numeric_dtype(series) and \
                 not pd.to_numeric(series, errors="coerce").notna().any()
             self.decided = True
+        elif self.datetimes and pd.api.types.is_numeric_dtype(series) and series.notna().any():
+            # pandas would read the numbers as nanoseconds since 1970: a silent factor of 1e9
+            raise WorkloadError(f"{self.src} holds numbers where this format has datetimes; for "
+                                "timestamps in seconds use format: csv with time_column")
         if not self.datetimes:
             self.parts.append(_numeric(series, self.src))
             return

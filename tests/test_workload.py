@@ -444,6 +444,14 @@ def test_traces_read_in_slices_equal_the_whole_file(tmp_path, monkeypatch, rows_
         assert tr.num_failed_dropped == int((output[start:] == 0).sum())
 
 
+def test_azure_timestamps_given_as_numbers_are_refused_not_read_as_nanoseconds(tmp_path):
+    path = tmp_path / "azure.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n1700000000,374,44\n1700000002,396,109\n")
+    with pytest.raises(WorkloadError, match="TIMESTAMP.* holds numbers .*format: csv with time_column") as e:
+        load_trace(TraceConfig(format="azure", path=path))
+    assert "\n" not in str(e.value)
+
+
 def test_a_bad_cell_in_a_later_slice_is_reported_by_its_line(tmp_path, monkeypatch):
     import servesim.sim.workload as workload
 
