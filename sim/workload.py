@@ -379,19 +379,20 @@ class _Seconds:
     datetimes): a column with any number in it is numbers, so one bad cell is reported by line."""
 
     def __init__(self, src: str, datetimes: bool) -> None:
-        self.src, self.datetimes, self.parts = src, datetimes, []
-        self.decided = datetimes
+        self.src, self.parts, self.forced = src, [], datetimes
+        self.datetimes: bool | None = True if datetimes else None  # None: the first slice decides
 
     def add(self, series: Any) -> None:
         import pandas as pd
 
-        if not self.decided:
+        if self.datetimes is None:
             self.datetimes = not pd.api.types.is_numeric_dtype(series) and \
                 not pd.to_numeric(series, errors="coerce").notna().any()
-            self.decided = True
         elif self.datetimes and pd.api.types.is_numeric_dtype(series) and series.notna().any():
             # pandas would read the numbers as nanoseconds since 1970: a silent factor of 1e9
-            raise WorkloadError(f"{self.src} holds numbers where this format has datetimes; for "
+            where = "this format has datetimes" if self.forced else "its first rows are datetimes"
+            line = int(series.index[0]) + 2
+            raise WorkloadError(f"{self.src} holds numbers (from line {line} on) where {where}; for "
                                 "timestamps in seconds use format: csv with time_column")
         if not self.datetimes:
             self.parts.append(_numeric(series, self.src))

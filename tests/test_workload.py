@@ -470,6 +470,11 @@ def test_a_bad_cell_in_a_later_slice_is_reported_by_its_line(tmp_path, monkeypat
     with pytest.raises(WorkloadError, match="neither seconds nor datetimes") as e:
         load_trace(TraceConfig(format="csv", path=path))
     assert "\n" not in str(e.value)
+    # a later slice of bare numbers under datetimes: refused, not read as nanoseconds
+    two_slices = "".join(stamps.splitlines(keepends=True)[:8])
+    path.write_text("arrival_time,prompt_len,output_len\n" + two_slices + "".join(f"{i},10,5\n" for i in range(4)))
+    with pytest.raises(WorkloadError, match="holds numbers .from line 10 on. where its first rows are datetimes"):
+        load_trace(TraceConfig(format="csv", path=path))
 
 
 # ------------------------------------------------------------------ yaml, stats, speed
