@@ -321,7 +321,7 @@ class MetricsRecorder:
         """
         i = self._n_iters
         if i == len(self._iters):
-            if self.bin_after is not None and i >= self.bin_after:
+            if self._past_bin_limit(1):
                 self._switch_to_bins()
                 self._bin_iteration(replica, start, duration, batch, kv_blocks_used, kv_blocks_total, num_waiting,
                                     num_running, num_swapped, num_preempted, sched_overhead_s)
@@ -353,7 +353,7 @@ class MetricsRecorder:
         """
         k = len(starts)
         i = self._n_iters
-        if self.bin_after is not None and i + k > max(len(self._iters), self.bin_after):
+        if self._past_bin_limit(k):
             self._switch_to_bins()
             self._bin_decode_steps(replica, starts, durations, n, kv_blocks_used, kv_blocks_total, num_waiting,
                                    num_swapped, first_itl, last_running)
@@ -375,6 +375,10 @@ class MetricsRecorder:
     def _record_into_bins(self) -> None:
         self.on_iteration = self._bin_iteration  # type: ignore[method-assign]
         self.on_decode_steps = self._bin_decode_steps  # type: ignore[method-assign]
+
+    def _past_bin_limit(self, k: int) -> bool:
+        """``k`` more rows would outgrow the row buffer past ``bin_after``: time to bin."""
+        return self.bin_after is not None and self._n_iters + k > max(len(self._iters), self.bin_after)
 
     def _switch_to_bins(self) -> None:
         """``bin_after`` reached: the rows so far into time bins, in the order they were recorded
