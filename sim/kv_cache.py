@@ -96,6 +96,8 @@ class BlockManager:
         self.watermark_blocks = int(watermark * num_blocks)
         # pop() hands out the lowest id first, which keeps live-mode runs easy to read.
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        # holders of each keyed block (a key in _block_key); a block no key names has one holder at
+        # most and is counted 0, so taking and freeing such blocks is list work, not a count per block
         self._ref = [0] * num_blocks
         self._tables: dict[int, list[int]] = {}
         # prefix cache
@@ -103,7 +105,9 @@ class BlockManager:
         self._key_block: dict[int, int] = {}
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self._keys: dict[int, list[int]] = {}  # request_id -> keys of its cacheable prompt blocks
-        self._registered: dict[int, int] = {}  # request_id -> how many of those keys are in the cache
+        # request_id -> how many of those keys are in the cache; its table's blocks from there on are
+        # its own and named by no key
+        self._registered: dict[int, int] = {}
         # request_id -> its own blocks were published at a preemption (cache_preempted): True with
         # the generated tokens', False the prompt's only; its lookups reach past the prompt
         self._rehit: dict[int, bool] = {}
@@ -176,19 +180,16 @@ class BlockManager:
         if need <= 0:
             return True
         free = self._free
-        if self.enable_prefix_caching or len(free) < need:
-            if not self.can_allocate(need, watermark=watermark):
-                return False
-            if table is None:
-                table = self._tables[request.request_id] = []
-            for _ in range(need):
-                table.append(self._take_block())
-            return True
-        if watermark and len(free) - need < self.watermark_blocks:
+        if len(free) + len(self._evictable) - need < (self.watermark_blocks if watermark else 0):
             return False
         if table is None:
             table = self._tables[request.request_id] = []
-        _take_free(table, free, need)
+        # never-used blocks first, in pop order; then cached ones are evicted, least recently used first
+        take = min(need, len(free))
+        if take:
+            _take_free(table, free, take)
+        for _ in range(need - take):
+            table.append(self._evict())
         return True
 
     def extend_each(self, requests: list[Request], counts: list[int]) -> int:
@@ -198,7 +199,7 @@ class BlockManager:
         are not tried). One call per step instead of one per growing request, for callers that track
         each table's length already."""
         free = self._free
-        if self.enable_prefix_caching or sum(counts) > len(free):
+        if sum(counts) > len(free):  # some must be evicted from the prefix cache (or are short)
             bs = self.block_size
             for j, (req, c) in enumerate(zip(requests, counts, strict=True)):
                 if not self.allocate(req, (self.num_blocks_of(req) + c) * bs):
@@ -227,7 +228,7 @@ class BlockManager:
             return True
         tables = self._tables
         free = self._free
-        if self.enable_prefix_caching or len(free) < k:
+        if len(free) < k:  # some are evicted from the prefix cache
             take = self._take_block
             for req in requests:
                 table = tables.get(req.request_id)
@@ -247,13 +248,13 @@ class BlockManager:
         return True
 
     def _take_block(self) -> int:
-        if self._free:
-            block = self._free.pop()
-        else:
-            block, _ = self._evictable.popitem(last=False)  # least recently used
-            del self._key_block[self._block_key[block]]  # type: ignore[index]
-            self._block_key[block] = None
-        self._ref[block] = 1
+        """One block: a never-used one, else the least recently used cached one, evicted."""
+        return self._free.pop() if self._free else self._evict()
+
+    def _evict(self) -> int:
+        block, _ = self._evictable.popitem(last=False)  # least recently used
+        del self._key_block[self._block_key[block]]  # type: ignore[index]
+        self._block_key[block] = None
         return block
 
     def free(self, request: Request) -> int:
@@ -265,28 +266,35 @@ class BlockManager:
             self.cache_computed_blocks(request, request.prompt_len + request.output_len - 1)
         table = self._tables.pop(request.request_id, None)
         self._keys.pop(request.request_id, None)
-        self._registered.pop(request.request_id, None)
+        registered = self._registered.pop(request.request_id, 0)
         if request.state == RequestState.FINISHED:
             self._rehit.pop(request.request_id, None)
         if not table:
             return 0
-        if not self.enable_prefix_caching:
-            # no sharing without prefix caching: every block goes straight back, tail first
+        n = len(table)
+        free = self._free
+        if not self.enable_prefix_caching or registered == 0:
+            # nothing keyed (no sharing): every block goes straight back, tail first
             table.reverse()
-            self._free.extend(table)
-            return len(table)
+            free.extend(table)
+            return n
         # Free in reverse so the tail of a sequence is evicted before its head (vLLM does the same).
-        for block in reversed(table):
-            self._release(block)
-        return len(table)
-
-    def _release(self, block: int) -> None:
-        self._ref[block] -= 1
-        if self._ref[block] == 0:
-            if self._block_key[block] is not None:
-                self._evictable[block] = None
-            else:
-                self._free.append(block)
+        # Past its registered blocks a table holds only blocks of its own that no key names: they go
+        # back to the free list at once; the ones before may be shared or cached.
+        if registered < n:
+            tail = table[registered:]
+            tail.reverse()
+            free.extend(tail)
+        ref, keyed, evictable = self._ref, self._block_key, self._evictable
+        for block in reversed(table[:registered]):
+            if keyed[block] is None:
+                free.append(block)
+                continue
+            left = ref[block] - 1
+            ref[block] = left
+            if left == 0:
+                evictable[block] = None
+        return n
 
     # ---- prefix caching --------------------------------------------------------------------
     def _prompt_keys(self, request: Request) -> list[int]:
@@ -417,6 +425,7 @@ class BlockManager:
                 continue  # another request published the same content first
             self._key_block[key] = block
             self._block_key[block] = key
+            self._ref[block] = 1  # its one holder: the publishing request
         self._registered[request.request_id] = upto
 
     def cache_preempted(self, request: Request, generated: bool) -> None:

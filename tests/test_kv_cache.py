@@ -201,3 +201,78 @@ def test_extend_each_is_allocate_in_order_and_stops_at_the_first_failure():
         assert each.extend_each(rs[:2], [1, 2]) == -1
         assert one.allocate(rs[0], 16) and one.allocate(rs[1], 12)
         assert [each.block_table(r) for r in rs] == [one.block_table(r) for r in rs]
+
+
+def check_block_accounting(kv: BlockManager) -> None:
+    """Every block is exactly one of: on the free list (named by no key), cached and evictable
+    (keyed, no holder), or held; a keyed block counts its holders, a block no key names has one
+    holder at most and counts 0 (what the bulk take and free paths rely on)."""
+    holders = [0] * kv.num_blocks
+    for table in kv._tables.values():
+        for b in table:
+            holders[b] += 1
+    free = set(kv._free)
+    assert len(free) == len(kv._free), "a block is twice on the free list"
+    for b in range(kv.num_blocks):
+        keyed = kv._block_key[b] is not None
+        places = (b in free) + (b in kv._evictable) + (holders[b] > 0)
+        assert places == 1, f"block {b}: free {b in free}, evictable {b in kv._evictable}, {holders[b]} holders"
+        if keyed:
+            assert b not in free and kv._ref[b] == holders[b], f"keyed block {b}: ref {kv._ref[b]}, {holders[b]} holders"
+            assert kv._key_block[kv._block_key[b]] == b
+        else:
+            assert b not in kv._evictable and kv._ref[b] == 0 and holders[b] <= 1, f"unkeyed block {b}"
+
+
+def test_random_traffic_keeps_every_block_accounted_for():
+    """Random admissions (shared prefixes, lookups), growth, publishing, preemption with published
+    blocks, eviction and frees, at several block sizes: the accounting holds after every operation,
+    and all blocks come back."""
+    import random
+
+    for seed in range(40):
+        rng = random.Random(seed)
+        bs = rng.choice([1, 2, 4, 16])
+        kv = BlockManager(rng.choice([12, 40, 200]), bs, enable_prefix_caching=rng.random() < 0.8)
+        live: list[Request] = []
+        next_id = 0
+        for _ in range(300):
+            op = rng.random()
+            if op < 0.35 or not live:  # admit: look up the cache, then take the first chunk
+                r = Request(next_id, 0.0, rng.randint(1, 60), rng.randint(1, 20),
+                            prefix_id=rng.choice([-1, 0, 1]), prefix_len=rng.choice([0, 8, 24]))
+                next_id += 1
+                cached = kv.lookup_prefix(r)
+                chunk = min(r.prompt_len - cached, rng.randint(1, 64))
+                if kv.allocate(r, cached + chunk):
+                    r.num_computed_tokens = cached + chunk
+                    kv.cache_computed_blocks(r, r.num_computed_tokens)
+                    live.append(r)
+                elif cached:
+                    kv.free(r)
+            elif op < 0.7:  # grow: a chunk or a decode
+                r = rng.choice(live)
+                if r.num_computed_tokens < r.prompt_len:
+                    want = min(r.prompt_len, r.num_computed_tokens + rng.randint(1, 64))
+                else:
+                    want = r.num_computed_tokens + 1
+                    r.num_output_tokens += 1
+                if kv.allocate(r, want):
+                    r.num_computed_tokens = want
+                    kv.cache_computed_blocks(r, want)
+            elif op < 0.85:  # preempt by recompute, publishing what it computed
+                r = live.pop(rng.randrange(len(live)))
+                r.num_preemptions += 1
+                kv.cache_preempted(r, generated=rng.random() < 0.5)
+                kv.free(r)
+                r.num_computed_tokens = 0
+            else:  # finish
+                r = live.pop(rng.randrange(len(live)))
+                r.state = RequestState.FINISHED
+                kv.free(r)
+            check_block_accounting(kv)
+        for r in live:
+            r.state = RequestState.FINISHED
+            kv.free(r)
+        kv.check_all_free()
+        check_block_accounting(kv)

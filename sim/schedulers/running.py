@@ -156,17 +156,17 @@ class RunningTable:
         todo = (need > 0).nonzero()[0]
         if len(todo) == 0:
             return preempted
-        want = self.computed[rows[todo]] + new[todo]
-        alloc = kv.allocate
+        grown = rows[todo]
+        counts = need[todo]
+        kept = ~preempted[grown]
+        if not kept.all():
+            grown, counts = grown[kept], counts[kept]
         reqs = self.reqs
-        for i, tokens in zip(rows[todo].tolist(), want.tolist(), strict=True):
-            if preempted[i]:
-                continue
-            if not alloc(reqs[i], tokens):
-                raise AssertionError(f"request {reqs[i].request_id}: allocation failed after preemption freed space")
-        kept = ~preempted[rows[todo]]
-        grown = rows[todo][kept]
-        self.nblocks[grown] = (want[kept] + bs - 1) // bs
+        failed = kv.extend_each([reqs[i] for i in grown.tolist()], counts.tolist())
+        if failed >= 0:
+            req = reqs[int(grown[failed])]
+            raise AssertionError(f"request {req.request_id}: allocation failed after preemption freed space")
+        self.nblocks[grown] += counts
         return preempted
 
     def grow_leading(self, kv: BlockManager, new: np.ndarray, make_room: MakeRoom,
