@@ -17,8 +17,12 @@ compiled step loops that ``simulate`` turns on for large runs (sim/row_kernels.p
 and CPU seconds (simulate + write; on a shared machine the CPU seconds move less), peak RSS
 (ru_maxrss), engine steps, and wall µs per step and per request.
 
+``--preset NAME`` replaces the chunked scheduler with an engine preset at its defaults (its own
+KV block size and prefix caching: SGLang's page size 1, Transformers' 256-token blocks), the same
+traffic otherwise.
+
     python benchmarks/sim_speed.py --workload sharegpt|conv [--requests 100000] [--rate R] [--profile]
-        [--iterations auto|full|binned|off] [--plain]
+        [--iterations auto|full|binned|off] [--plain] [--preset vllm-v1|sglang|tensorrt-llm|...]
 """
 
 from __future__ import annotations
@@ -52,14 +56,14 @@ WORKLOADS = {
 }
 
 
-def scenario(workload: str, n: int, rate: float | None):
+def scenario(workload: str, n: int, rate: float | None, preset: str | None = None):
     w = WORKLOADS[workload]
     return scenario_from_dict({
         "name": f"sim-speed-{workload}",
         "seed": 0,
         "model": "llama-3.1-8b",
         "hardware": w["hardware"],
-        "scheduler": w["scheduler"],
+        "scheduler": {"preset": preset} if preset else w["scheduler"],
         "workload": {
             "num_requests": n,
             "arrival": {"process": "poisson", "rate": rate or w["rate"]},
@@ -78,8 +82,9 @@ def main() -> None:
                     help="iterations.parquet mode (default: simulate's, full; servesim run's is auto)")
     ap.add_argument("--plain", action="store_true", help="no fast-forward: every step through schedule/update")
     ap.add_argument("--profile", action="store_true", help="cProfile the run and print the top functions")
+    ap.add_argument("--preset", default=None, help="an engine preset at its defaults instead of the chunked scheduler")
     args = ap.parse_args()
-    sc = scenario(args.workload, args.requests, args.rate)
+    sc = scenario(args.workload, args.requests, args.rate, args.preset)
     sim_kw: dict = {"fast_forward": False} if args.plain else {}
     if args.iterations is not None:
         if "iterations" not in inspect.signature(simulate).parameters:

@@ -110,11 +110,91 @@ def test_random_scenario_is_the_same_with_fast_forward(seed: int):
     assert_same_run(*both(sc), replicas=sc.cluster.num_replicas)
 
 
+def random_preset_workload(rng: np.random.Generator) -> dict:
+    """120 requests at low to high load, short to long prompts, half of them with shared prefixes."""
+    workload = {
+        "num_requests": 120,
+        "arrival": {"process": "poisson", "rate": float(rng.choice([0.5, 4.0, 40.0]))},
+        "prompt_len": {"dist": "uniform", "min": 1, "max": int(rng.choice([60, 480, 2000]))},
+        "output_len": {"dist": "uniform", "min": 1, "max": int(rng.choice([40, 300]))},
+    }
+    if rng.random() < 0.5:
+        workload["prefix"] = {"num_prefixes": 3, "prefix_len": 300, "fraction": 0.7}
+    return workload
+
+
+def random_composed_scenario(seed: int):
+    """The composed policies (Transformers and TensorRT-LLM presets): stall or preempt on KV
+    shortage, safety margin, reserve-to-completion admission, row caps, prefix caching."""
+    rng = np.random.default_rng(seed)
+    if seed % 2:
+        scheduler = {"preset": "hf-transformers", "scheduler_type": str(rng.choice(["fifo", "prefill_first"])),
+                     "max_requests_per_batch": int(rng.choice([4, 32, 1024])),
+                     "max_batch_tokens": int(rng.choice([64, 512, 8192]))}
+    else:
+        scheduler = {"preset": "tensorrt-llm", "max_batch_size": int(rng.choice([4, 32, 256])),
+                     "max_num_tokens": int(rng.choice([128, 512, 8192])),
+                     "capacity_scheduler_policy": str(rng.choice(["GUARANTEED_NO_EVICT", "MAX_UTILIZATION"]))}
+    workload = random_preset_workload(rng)
+    return scenario_from_dict({
+        "name": f"random-composed-{seed}", "seed": seed, "model": "llama-3.1-8b", "hardware": "h100-sxm",
+        "scheduler": scheduler, "workload": workload,
+        "kv_cache": {"block_size": int(rng.choice([16, 64, 256])), "num_blocks": int(rng.choice([40, 200, 4000])),
+                     "enable_prefix_caching": bool(rng.random() < 0.5)},
+        "cluster": {"num_replicas": int(rng.choice([1, 1, 2]))},
+    })
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_composed_scenario_is_the_same_with_fast_forward(seed: int):
+    sc = random_composed_scenario(seed)
+    assert_same_run(*both(sc), replicas=sc.cluster.num_replicas)
+
+
+def random_sglang_scenario(seed: int):
+    """SGLang's retracting policy: prefill-or-decode steps, token-ratio admission (whose estimate
+    decays every decode step, stretches included), retraction, page size 1 and radix reuse."""
+    rng = np.random.default_rng(seed)
+    workload = random_preset_workload(rng)
+    return scenario_from_dict({
+        "name": f"random-sglang-{seed}", "seed": seed, "model": "llama-3.1-8b", "hardware": "h100-sxm",
+        "scheduler": {"preset": "sglang", "schedule_policy": str(rng.choice(["fcfs", "lpm"])),
+                      "chunked_prefill_size": int(rng.choice([64, 512, 8192, -1])),
+                      "max_running_requests": int(rng.choice([4, 32, 256])),
+                      "schedule_conservativeness": float(rng.choice([0.3, 1.0]))},
+        "workload": workload,
+        "kv_cache": {"num_blocks": int(rng.choice([3000, 8000, 100000])), "block_size": int(rng.choice([1, 1, 16]))},
+        "cluster": {"num_replicas": int(rng.choice([1, 1, 2]))},
+    })
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_sglang_scenario_is_the_same_with_fast_forward(seed: int):
+    sc = random_sglang_scenario(seed)
+    assert_same_run(*both(sc), replicas=sc.cluster.num_replicas)
+
+
+@pytest.mark.parametrize("rate", [2.0, 8.0])
+def test_sglang_admission_estimate_decays_through_a_stretch_as_step_by_step(rate: float):
+    # a pool tight enough that the decayed new-token ratio decides admissions after each stretch
+    sc = scenario_from_dict({
+        "name": "sglang-tight", "seed": 1, "model": "llama-3.1-8b", "hardware": "h100-sxm",
+        "scheduler": {"preset": "sglang"}, "kv_cache": {"num_blocks": 2500},
+        "workload": {"num_requests": 150, "arrival": {"process": "poisson", "rate": rate},
+                     "prompt_len": {"dist": "uniform", "min": 20, "max": 300},
+                     "output_len": {"dist": "uniform", "min": 10, "max": 400}},
+    })
+    assert fast_forwarded_steps(sc) > 0
+    assert_same_run(*both(sc))
+
+
 def test_the_equivalence_runs_do_fast_forward():
     # the equivalence above would hold vacuously if no stretch were ever taken
     sc = load_scenario(SCENARIOS_DIR / "chunked.yaml", ["workload.num_requests=150"])
     assert fast_forwarded_steps(sc) > 100
     assert sum(fast_forwarded_steps(random_scenario(s)) > 0 for s in range(16)) >= 8
+    assert sum(fast_forwarded_steps(random_composed_scenario(s)) > 0 for s in range(12)) >= 6
+    assert sum(fast_forwarded_steps(random_sglang_scenario(s)) > 0 for s in range(8)) >= 4
 
 
 def test_replica_without_next_arrival_never_fast_forwards():

@@ -84,6 +84,13 @@ class ComposedScheduler(Scheduler):
         return config.max_num_seqs if config.max_num_seqs is not None else max(block_manager.num_blocks, 1)
 
     # ---- interface ---------------------------------------------------------------------------
+    def decodes_ahead(self) -> bool:
+        # nothing waiting, or no seat for it: with every running row decoding, within the budget and
+        # the row cap, and blocks for all (``decode_horizon``), each step decodes them all and
+        # admits nothing (the safety margin and blocked admissions gate prefills only)
+        return ((not self.waiting or self.run.n >= self.max_num_seqs)
+                and self.run.n <= min(self.max_num_batched_tokens, self._rows_cap))
+
     def schedule(self, now: float) -> Batch:
         rows, new, stuck = self._compose(now)
         # No row could get a block: preempt one request and try again, as Transformers does in

@@ -114,6 +114,16 @@ class RetractingScheduler(Scheduler):
                     f"asks for {request.output_len} output tokens; raise kv_cache.num_blocks or shorten it")
         return None
 
+    def decodes_ahead(self) -> bool:
+        # no prefill to try (the batch is full or nothing waits) and, ``decode_horizon`` checks,
+        # no partly prefilled row: each step is a decode of every running row that needs no retraction
+        return self.batch_is_full or not self.waiting
+
+    def advance_decodes(self, ends: list[float]) -> tuple[np.ndarray, np.ndarray, list[Request]]:
+        for _ in ends:  # each decode step's decay of the estimate, one by one as the plain loop rounds it
+            self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.min_ratio)
+        return super().advance_decodes(ends)
+
     def schedule(self, now: float) -> Batch:
         if self.run.n == 0:
             self.new_token_ratio = self.init_ratio  # SGLang resets the estimate whenever it idles
