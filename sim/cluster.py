@@ -8,8 +8,10 @@ then types (a closed loop per session).
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -48,14 +50,38 @@ class Cluster:
         self._next_arrival = -math.inf
         self._unreleased = 0  # conversation turns not yet sent
         self._all_released: simpy.Event = env.event()
+        # Conversation turns between answer and send: when each think time ends (a heap of times).
+        self._releases: list[float] = []
+        # Sent turns with a next turn, not yet answered, by replica: {request id: think time} and a
+        # heap of (think time, request id) whose answered entries are dropped when they surface.
+        self._asking: dict[int, dict[int, float]] = {rep.replica_id: {} for rep in replicas}
+        self._asking_heap: dict[int, list[tuple[float, int]]] = {rep.replica_id: [] for rep in replicas}
         for rep in replicas:
             rep.on_done = self._count_done
-            rep.next_arrival = self._peek_arrival
+            rep.next_arrival = partial(self._peek_arrival, rep.replica_id)
 
-    def _peek_arrival(self) -> float:
-        # A conversation's next turn is released when its previous turn finishes plus a think time,
-        # which no replica knows before it happens: while turns are unreleased, no fast-forward.
-        return -math.inf if self._unreleased else self._next_arrival
+    def _peek_arrival(self, replica: int) -> float:
+        """No request reaches any replica before this time (seconds), as far as ``replica`` can tell.
+
+        The arrival process's next request; a conversation turn whose think time runs, when it ends;
+        a turn whose previous turn is not answered yet, no sooner than that turn's think time from
+        now, when the previous turn is on another replica. One on ``replica`` itself is not answered
+        before the end of the asking replica's next steps, which it is asking about: a stretch ends
+        with the step that finishes a request."""
+        t = self._next_arrival
+        if self._releases:
+            t = min(t, self._releases[0])
+        if self._unreleased:
+            now = self.env.now
+            for r, heap in self._asking_heap.items():
+                if r == replica:
+                    continue
+                asking = self._asking[r]
+                while heap and heap[0][1] not in asking:
+                    heapq.heappop(heap)
+                if heap:
+                    t = min(t, now + heap[0][0])
+        return t
 
     def _count_done(self, req: Request) -> None:
         rid = req.request_id
@@ -71,9 +97,13 @@ class Cluster:
         self.num_done += 1
         self._answered(req)
         if req.next_turn is not None:
+            self._asking[req.replica].pop(rid, None)
             if self.on_turn is not None:
                 self.on_turn(req, req.next_turn)
-            self.env.process(self._release(req.next_turn, req.think_time_s))
+            think = req.think_time_s
+            # the time _release's timeout lands on
+            heapq.heappush(self._releases, self.env.now + think if think > 0 else self.env.now)
+            self.env.process(self._release(req.next_turn, think))
         if self.on_progress is not None:
             self.on_progress(1)
 
@@ -83,7 +113,12 @@ class Cluster:
 
     def _send(self, req: Request) -> None:
         """A request arrives now: route it."""
-        self.router.pick(req, self.env.now).submit(req)
+        rep = self.router.pick(req, self.env.now)
+        if req.next_turn is not None:
+            # before submit: a request the replica refuses is reported done inside it
+            self._asking[rep.replica_id][req.request_id] = req.think_time_s
+            heapq.heappush(self._asking_heap[rep.replica_id], (req.think_time_s, req.request_id))
+        rep.submit(req)
 
     def _close(self):  # noqa: ANN202 - a SimPy process step
         """Nothing more will arrive: let idle replicas end."""
@@ -95,6 +130,7 @@ class Cluster:
         if think_s > 0:
             yield self.env.timeout(think_s)
         req.arrival_time = self.env.now
+        heapq.heappop(self._releases)  # (the earliest: think times end in time order)
         self._send(req)
         self._unreleased -= 1
         if self._unreleased == 0 and not self._all_released.triggered:

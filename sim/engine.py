@@ -240,10 +240,15 @@ class Replica:
                 if k >= MIN_STRETCH:
                     stretch = self._fast_forward(k)
                     if stretch is not None:
-                        self._stretch_end = stretch[0][-1]
-                        for delay in _hops(env.now, *stretch):
+                        ends, durations, finished = stretch
+                        self._stretch_end = ends[-1]
+                        for delay in _hops(env.now, ends, durations):
                             yield env.timeout(delay)
                         self._stretch_end = -math.inf
+                        # reported when the plain loop would: at the end of the step that finished
+                        # them (a conversation's next turn starts its think time then)
+                        for req in finished:
+                            self._done(req)
                         continue
             t_sched = clock() if realtime else 0.0
             batch = sched.schedule(env.now)
@@ -304,10 +309,11 @@ class Replica:
                 overhead = clock() - t_upd
 
 
-    def _fast_forward(self, k: int) -> tuple[list[float], list[float]] | None:
+    def _fast_forward(self, k: int) -> tuple[list[float], list[float], list[Request]] | None:
         """Take up to ``k`` plain decode steps that end before the next arrival: price them, apply
         them (the last may finish requests), record them as the plain loop would; return the steps'
-        ends and durations (None: none fit)."""
+        ends and durations and the requests the last step finished, which the caller reports done
+        at that step's end (None: no step fits)."""
         sched = self.scheduler
         limit = self.next_arrival()  # type: ignore[misc]
         n = sched.num_running
@@ -338,11 +344,9 @@ class Replica:
         rec = self.recorder
         rec.on_decode_steps(self.replica_id, starts, durations, n, used_after, kv.num_blocks,
                             sched.num_waiting, sched.num_swapped, itl0, sched.num_running)
-        for req in finished:
-            self._done(req)
         self.num_iterations += len(ends)
         self.num_fast_forward_steps += len(ends)
-        return ends, durations
+        return ends, durations, finished
 
 
 def _exact_delay(now: float, end: float) -> float | None:

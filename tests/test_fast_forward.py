@@ -188,6 +188,42 @@ def test_sglang_admission_estimate_decays_through_a_stretch_as_step_by_step(rate
     assert_same_run(*both(sc))
 
 
+def random_session_scenario(seed: int):
+    """Multi-turn conversations: a turn is sent a think time after the one before it is answered
+    (zero, short or long, fixed or exponential), on one to four replicas behind every router kind."""
+    rng = np.random.default_rng(seed)
+    kind = str(rng.choice(["chunked", "continuous", "preset"]))
+    kv = {"num_blocks": int(rng.choice([2000, 12000, 100000]))}
+    if kind == "preset":
+        scheduler = {"preset": str(rng.choice(["sglang", "hf-transformers", "tensorrt-llm", "vllm-v1"]))}
+    else:
+        scheduler = {"type": kind, "max_num_seqs": int(rng.choice([4, 32, 256])),
+                     "max_num_batched_tokens": int(rng.choice([512, 2048]))}
+        kv.update(enable_prefix_caching=bool(rng.random() < 0.7), block_size=16)
+    sessions = {"turns": {"dist": "uniform", "min": 1, "max": int(rng.choice([3, 12]))},
+                "think_time_s": float(rng.choice([0.0, 0.05, 1.0, 8.0])),
+                "think_time_dist": str(rng.choice(["exponential", "fixed"])),
+                "system_prompt_len": int(rng.choice([0, 100, 800]))}
+    workload = {"num_requests": int(rng.choice([20, 60])),
+                "arrival": {"process": "poisson", "rate": float(rng.choice([0.5, 4.0, 40.0]))},
+                "prompt_len": {"dist": "lognormal", "mean": 200, "std": 150, "min": 8, "max": 2048},
+                "output_len": {"dist": "lognormal", "mean": float(rng.choice([20, 250])), "std": 100, "min": 1,
+                               "max": 1024},
+                "sessions": sessions}
+    return scenario_from_dict({
+        "name": f"random-sessions-{seed}", "seed": seed, "model": "llama-3.1-8b", "hardware": "h100-sxm",
+        "scheduler": scheduler, "workload": workload, "kv_cache": kv,
+        "cluster": {"num_replicas": int(rng.choice([1, 2, 4])),
+                    "router": str(rng.choice(["round_robin", "least_outstanding", "prefix_aware", "kv_aware"]))},
+    })
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_session_scenario_is_the_same_with_fast_forward(seed: int):
+    sc = random_session_scenario(seed)
+    assert_same_run(*both(sc), replicas=sc.cluster.num_replicas)
+
+
 def test_the_equivalence_runs_do_fast_forward():
     # the equivalence above would hold vacuously if no stretch were ever taken
     sc = load_scenario(SCENARIOS_DIR / "chunked.yaml", ["workload.num_requests=150"])
@@ -195,6 +231,7 @@ def test_the_equivalence_runs_do_fast_forward():
     assert sum(fast_forwarded_steps(random_scenario(s)) > 0 for s in range(16)) >= 8
     assert sum(fast_forwarded_steps(random_composed_scenario(s)) > 0 for s in range(12)) >= 6
     assert sum(fast_forwarded_steps(random_sglang_scenario(s)) > 0 for s in range(8)) >= 4
+    assert sum(fast_forwarded_steps(random_session_scenario(s)) > 0 for s in range(12)) >= 6
 
 
 def test_replica_without_next_arrival_never_fast_forwards():
