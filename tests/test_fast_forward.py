@@ -224,6 +224,35 @@ def test_random_session_scenario_is_the_same_with_fast_forward(seed: int):
     assert_same_run(*both(sc), replicas=sc.cluster.num_replicas)
 
 
+def kv_blocked_queue(prefix_caching: bool, watermark: float):
+    """Every request arrives at once and the cache holds a few dozen: the queue waits for KV blocks
+    (seats are free) from the first finish to the last."""
+    return scenario_from_dict({
+        "name": "kv-blocked-queue", "seed": 3, "model": "llama-3.1-8b", "hardware": "h100-sxm",
+        "scheduler": {"type": "chunked", "max_num_seqs": 256, "max_num_batched_tokens": 2048},
+        "kv_cache": {"block_size": 16, "num_blocks": 300, "watermark": watermark,
+                     "enable_prefix_caching": prefix_caching},
+        "workload": {"num_requests": 200, "arrival": {"process": "poisson", "rate": 1000.0},
+                     "prompt_len": {"dist": "uniform", "min": 100, "max": 400},
+                     "output_len": {"dist": "uniform", "min": 50, "max": 300}},
+    })
+
+
+@pytest.mark.parametrize("watermark", [0.0, 0.05])
+def test_a_queue_waiting_for_kv_blocks_is_fast_forwarded_between_finishes(watermark: float):
+    # the head's first chunk does not fit and decode steps only take blocks: until a request
+    # finishes, every step decodes and the admission fails (most steps here)
+    sc = kv_blocked_queue(False, watermark)
+    plain, fast = both(sc)
+    assert_same_run(plain, fast)
+    assert fast_forwarded_steps(sc) > 0.8 * len(plain.iterations_df)
+    # with prefix caching each failed try is a counted lookup: those steps stay plain
+    sc = kv_blocked_queue(True, watermark)
+    plain, fast = both(sc)
+    assert_same_run(plain, fast)
+    assert fast_forwarded_steps(sc) < 0.2 * len(plain.iterations_df)
+
+
 def test_the_equivalence_runs_do_fast_forward():
     # the equivalence above would hold vacuously if no stretch were ever taken
     sc = load_scenario(SCENARIOS_DIR / "chunked.yaml", ["workload.num_requests=150"])

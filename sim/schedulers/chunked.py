@@ -37,10 +37,25 @@ class ChunkedScheduler(Scheduler):
     config_type = ChunkedConfig
 
     def decodes_ahead(self) -> bool:
-        # nothing swapped, and nothing waiting or no seat for it: every next step decodes the
-        # running rows (when they all decode and fit the budget) and admits nothing
-        return (not self.swapped and (not self.waiting or self.run.n >= self.max_num_seqs)
-                and self.run.n <= self.max_num_batched_tokens)
+        # nothing swapped, and nothing waiting, no seat for it or no room: every next step decodes
+        # the running rows (when they all decode and fit the budget) and admits nothing
+        return (not self.swapped and self.run.n <= self.max_num_batched_tokens
+                and (not self.waiting or self.run.n >= self.max_num_seqs or self._head_stays_out()))
+
+    def _head_stays_out(self) -> bool:
+        """Whether the first waiting request fails admission in each next plain decode step: its
+        first chunk's blocks do not fit now, and decode steps only take blocks until one finishes a
+        request. Not with prefix caching, whose every try looks the prompt up (counted in the hit
+        rate, and it moves the cached blocks in the eviction order)."""
+        kv = self.kv
+        req = self.waiting[0]
+        if kv.enable_prefix_caching or kv.holds(req):
+            return False
+        budget = self.max_num_batched_tokens - self.run.n  # what the decodes leave
+        if budget <= 0:
+            return True  # no admission is tried
+        chunk = min(req.num_tokens, budget, self.config.long_prefill_token_threshold or budget)
+        return kv.num_free_blocks - kv.blocks_for(chunk) < kv.watermark_blocks
 
     def schedule(self, now: float) -> Batch:
         run = self.run
