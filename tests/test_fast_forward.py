@@ -224,12 +224,12 @@ def test_random_session_scenario_is_the_same_with_fast_forward(seed: int):
     assert_same_run(*both(sc), replicas=sc.cluster.num_replicas)
 
 
-def kv_blocked_queue(prefix_caching: bool, watermark: float):
+def kv_blocked_queue(prefix_caching: bool, watermark: float, policy: dict):
     """Every request arrives at once and the cache holds a few dozen: the queue waits for KV blocks
     (seats are free) from the first finish to the last."""
     return scenario_from_dict({
         "name": "kv-blocked-queue", "seed": 3, "model": "llama-3.1-8b", "hardware": "h100-sxm",
-        "scheduler": {"type": "chunked", "max_num_seqs": 256, "max_num_batched_tokens": 2048},
+        "scheduler": {"max_num_seqs": 256, "max_num_batched_tokens": 2048, **policy},
         "kv_cache": {"block_size": 16, "num_blocks": 300, "watermark": watermark,
                      "enable_prefix_caching": prefix_caching},
         "workload": {"num_requests": 200, "arrival": {"process": "poisson", "rate": 1000.0},
@@ -238,16 +238,21 @@ def kv_blocked_queue(prefix_caching: bool, watermark: float):
     })
 
 
+BLOCKED_QUEUE_POLICIES = [{"type": "chunked"}, {"type": "continuous", "schedule_order": "prefill_first"},
+                          {"type": "continuous", "schedule_order": "decode_first"}]
+
+
 @pytest.mark.parametrize("watermark", [0.0, 0.05])
-def test_a_queue_waiting_for_kv_blocks_is_fast_forwarded_between_finishes(watermark: float):
-    # the head's first chunk does not fit and decode steps only take blocks: until a request
-    # finishes, every step decodes and the admission fails (most steps here)
-    sc = kv_blocked_queue(False, watermark)
+@pytest.mark.parametrize("policy", BLOCKED_QUEUE_POLICIES, ids=lambda p: "-".join(p.values()))
+def test_a_queue_waiting_for_kv_blocks_is_fast_forwarded_between_finishes(watermark: float, policy: dict):
+    # the head's first chunk (whole prompt) does not fit and decode steps only take blocks: until
+    # a request finishes, every step decodes and the admission fails (most steps here)
+    sc = kv_blocked_queue(False, watermark, policy)
     plain, fast = both(sc)
     assert_same_run(plain, fast)
     assert fast_forwarded_steps(sc) > 0.8 * len(plain.iterations_df)
     # with prefix caching each failed try is a counted lookup: those steps stay plain
-    sc = kv_blocked_queue(True, watermark)
+    sc = kv_blocked_queue(True, watermark, policy)
     plain, fast = both(sc)
     assert_same_run(plain, fast)
     assert fast_forwarded_steps(sc) < 0.2 * len(plain.iterations_df)
@@ -374,3 +379,57 @@ def test_fast_forward_prices_decode_waves_as_the_plain_loop(hardware: str):
     })
     assert fast_forwarded_steps(sc) > 0
     assert_same_run(*both(sc))
+
+
+def promise_checked(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make every policy's ``schedule`` check the promise the fast-forward relies on: when
+    ``decodes_ahead`` holds and a plain decode step fits (``decode_stretch``), the step it returns
+    decodes every running row by one token and admits, brings back and preempts nothing.
+    Returns a one-element count of the steps checked."""
+    from servesim.sim.schedulers import POLICIES
+
+    checked = [0]
+    for cls in {*POLICIES.values()}:
+        original = cls.schedule
+
+        def schedule(self, now, _original=original):  # noqa: ANN001, ANN202
+            promised = self.decode_stretch(1, 1) == 1
+            n, waiting, swapped = self.run.n, len(self.waiting), len(self.swapped)
+            batch = _original(self, now)
+            if promised:
+                checked[0] += 1
+                assert (self.run.n, len(self.waiting), len(self.swapped)) == (n, waiting, swapped), \
+                    f"{type(self).__name__}: decodes_ahead, yet the step admitted, preempted or swapped"
+                assert len(batch.num_new_tokens) == n and bool(np.all(batch.num_new_tokens == 1)), \
+                    f"{type(self).__name__}: decodes_ahead, yet the step is not a decode of every row"
+            return batch
+
+        monkeypatch.setattr(cls, "schedule", schedule)
+    return checked
+
+
+def long_prompt_scenario(seed: int):
+    """Prompts near the step budget, recompute preemption and a cache that runs short: queued
+    requests whose whole prompt (or prompt + outputs, after a preemption) only just fits a step."""
+    rng = np.random.default_rng(seed)
+    policy = [{"type": "chunked"}, {"type": "continuous", "schedule_order": "prefill_first"},
+              {"type": "continuous", "schedule_order": "decode_first"}][seed % 3]
+    return scenario_from_dict({
+        "name": f"long-prompts-{seed}", "seed": seed, "model": "llama-3.1-8b", "hardware": "h100-sxm",
+        "scheduler": {"max_num_seqs": int(rng.choice([16, 64])), "max_num_batched_tokens": 512,
+                      "preemption_mode": str(rng.choice(["recompute", "soft_reset"])), **policy},
+        "kv_cache": {"block_size": 16, "num_blocks": int(rng.choice([120, 300, 3000])),
+                     "watermark": float(rng.choice([0.0, 0.02]))},
+        "workload": {"num_requests": 150, "arrival": {"process": "poisson", "rate": float(rng.choice([2.0, 50.0]))},
+                     "prompt_len": {"dist": "uniform", "min": 250, "max": 512},
+                     "output_len": {"dist": "uniform", "min": 1, "max": int(rng.choice([60, 400]))}},
+    })
+
+
+@pytest.mark.parametrize("seed", range(9))
+def test_decodes_ahead_promises_only_plain_decode_steps(seed: int, monkeypatch: pytest.MonkeyPatch):
+    checked = promise_checked(monkeypatch)
+    for sc in (long_prompt_scenario(seed), random_scenario(seed), random_composed_scenario(seed),
+               random_sglang_scenario(seed)):
+        simulate(sc, progress=False, fast_forward=False)
+    assert checked[0] > 0

@@ -374,6 +374,16 @@ class Scheduler:
         that says True lets the engine take such steps without calling ``schedule``/``update``."""
         return False
 
+    def _blocks_keep_out(self, req: Request, tokens: int) -> bool:
+        """Whether queued ``req``'s allocation of its first ``tokens`` tokens (watermark kept) fails
+        now and in every next plain decode step, which only take blocks until one finishes a
+        request (and ends a stretch). Not with prefix caching, whose every try looks the prompt up
+        (counted in the hit rate, and it moves the cached blocks in the eviction order)."""
+        kv = self.kv
+        if kv.enable_prefix_caching or kv.holds(req):
+            return False
+        return kv.num_free_blocks - kv.blocks_for(tokens) < kv.watermark_blocks
+
     def decode_stretch(self, max_steps: int, min_steps: int = 1) -> int:
         """How many next steps (at most ``max_steps``) are plain decodes of every running row that
         only an arrival could change: none runs short of KV blocks, and only the last may finish

@@ -43,19 +43,14 @@ class ChunkedScheduler(Scheduler):
                 and (not self.waiting or self.run.n >= self.max_num_seqs or self._head_stays_out()))
 
     def _head_stays_out(self) -> bool:
-        """Whether the first waiting request fails admission in each next plain decode step: its
-        first chunk's blocks do not fit now, and decode steps only take blocks until one finishes a
-        request. Not with prefix caching, whose every try looks the prompt up (counted in the hit
-        rate, and it moves the cached blocks in the eviction order)."""
-        kv = self.kv
-        req = self.waiting[0]
-        if kv.enable_prefix_caching or kv.holds(req):
-            return False
+        """Whether the first waiting request fails admission in each next plain decode step: the
+        decodes leave the same budget, and its first chunk does not fit the free blocks."""
         budget = self.max_num_batched_tokens - self.run.n  # what the decodes leave
         if budget <= 0:
             return True  # no admission is tried
-        chunk = min(req.num_tokens, budget, self.config.long_prefill_token_threshold or budget)
-        return kv.num_free_blocks - kv.blocks_for(chunk) < kv.watermark_blocks
+        req = self.waiting[0]
+        return self._blocks_keep_out(req, min(req.num_tokens, budget,
+                                              self.config.long_prefill_token_threshold or budget))
 
     def schedule(self, now: float) -> Batch:
         run = self.run

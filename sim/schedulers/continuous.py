@@ -33,10 +33,24 @@ class ContinuousScheduler(Scheduler):
     config_type = ContinuousConfig
 
     def decodes_ahead(self) -> bool:
-        # nothing swapped, and nothing waiting or no seat for it: every next step decodes the
-        # running rows (when they all decode and fit the budget) and admits nothing
-        return (not self.swapped and (not self.waiting or self.run.n >= self.max_num_seqs)
-                and self.run.n <= self.max_num_batched_tokens)
+        # nothing swapped, and nothing waiting, no seat for it or no room: every next step decodes
+        # the running rows (when they all decode and fit the budget) and admits nothing
+        return (not self.swapped and self.run.n <= self.max_num_batched_tokens
+                and (not self.waiting or self.run.n >= self.max_num_seqs or self._head_stays_out()))
+
+    def _head_stays_out(self) -> bool:
+        """Whether the first waiting request fails admission in each next plain decode step: its
+        whole prompt exceeds the budget the step leaves (and it may not run alone), or its blocks
+        do not fit."""
+        budget = self.max_num_batched_tokens
+        if self.config.schedule_order != "prefill_first":
+            budget -= self.run.n  # admission comes after the decodes
+            if budget <= 0:
+                return True  # no admission is tried
+        req = self.waiting[0]
+        if req.num_tokens > budget and req.num_preemptions == 0:
+            return True
+        return self._blocks_keep_out(req, req.num_tokens)
 
     def schedule(self, now: float) -> Batch:
         prefill_first = self.config.schedule_order == "prefill_first"
