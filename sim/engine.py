@@ -227,6 +227,7 @@ class Replica:
             if self._arrived and not sched.has_unfinished:  # nothing else to schedule: seen at once
                 self._flush_arrived()
             if not sched.has_unfinished:
+                sched.release_finished()  # (async scheduling) the last step's outputs are processed
                 if not self.arrivals_open:
                     return
                 yield self._wakeup
@@ -252,9 +253,14 @@ class Replica:
                         continue
             t_sched = clock() if realtime else 0.0
             batch = sched.schedule(env.now)
+            # (async scheduling) the outputs of the step that just ended are processed after this
+            # schedule: the requests it finished give their seats and blocks back now
+            released = sched.release_finished()
             if self._arrived:  # arrivals of the step that just ended, seen from the next schedule on
                 self._flush_arrived()
             if batch.is_empty:
+                if released:
+                    continue  # schedule again with the seats and blocks back, at once
                 wake = sched.next_wakeup(env.now)
                 if wake is not None and wake > env.now:
                     # a batching delay: the policy is waiting for more requests, up to a deadline

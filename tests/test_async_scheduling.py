@@ -43,6 +43,49 @@ def test_a_request_arriving_mid_step_waits_one_more_step_under_async_scheduling(
     assert np.allclose(asyn["tpot"], sync["tpot"])
 
 
+def full_seats(async_scheduling: bool, num_blocks: int = 1000):
+    """Two seats taken by a short (3 tokens) and a long request; a third waits from the start."""
+    raw = scenario(async_scheduling).model_dump(mode="json", exclude_none=True)
+    raw["scheduler"]["max_num_seqs"] = 2
+    raw["kv_cache"]["num_blocks"] = num_blocks
+    reqs = [Request(0, 0.0, 16, 3), Request(1, 0.0, 16, 20), Request(2, 0.0, 16, 5)]
+    return simulate(scenario_from_dict(raw), requests=reqs, progress=False)
+
+
+def test_a_finished_request_keeps_its_seat_through_the_next_schedule_under_async_scheduling():
+    # vLLM's step_with_batch_queue schedules step n+1 before update_from_output(n) frees what step n
+    # finished: request 0's last token is sampled in step 3, its seat is free from step 5 on
+    sync, asyn = full_seats(False).requests_df, full_seats(True).requests_df
+    assert sync.loc[0, "e2e"] == pytest.approx(3 * STEP) and asyn.loc[0, "e2e"] == pytest.approx(3 * STEP)
+    assert sync.loc[2, "first_scheduled_time"] == pytest.approx(3 * STEP)
+    assert asyn.loc[2, "first_scheduled_time"] == pytest.approx(4 * STEP)
+    assert asyn.loc[1, "e2e"] == pytest.approx(sync.loc[1, "e2e"])  # the other row runs on meanwhile
+
+
+def test_a_finished_request_keeps_its_blocks_through_the_next_schedule_under_async_scheduling():
+    # seats to spare, blocks (16 tokens each) for two growing requests only: the third is preempted
+    # in step 2 and comes back when the first's blocks do, one schedule later under async scheduling
+    raw = scenario(True).model_dump(mode="json", exclude_none=True)
+    out = {}
+    for mode in (False, True):
+        raw["scheduler"]["async_scheduling"] = mode
+        raw["kv_cache"]["num_blocks"] = 4
+        reqs = [Request(0, 0.0, 16, 3), Request(1, 0.0, 16, 20), Request(2, 0.0, 16, 5)]
+        out[mode] = simulate(scenario_from_dict(raw), requests=reqs, progress=False).requests_df
+    assert list(out[False]["num_preemptions"]) == list(out[True]["num_preemptions"]) == [0, 0, 1]
+    assert out[True].loc[2, "finish_time"] - out[False].loc[2, "finish_time"] == pytest.approx(STEP)
+
+
+def test_a_seat_held_with_nothing_else_to_run_is_given_back_at_once():
+    # one seat: the schedule after the last step finds it held and nothing to run, so the finished
+    # request's outputs are processed and the next one starts at once, as vLLM's engine does
+    raw = scenario(True).model_dump(mode="json", exclude_none=True)
+    raw["scheduler"]["max_num_seqs"] = 1
+    reqs = [Request(0, 0.0, 16, 3), Request(1, 0.0, 16, 5)]
+    df = simulate(scenario_from_dict(raw), requests=reqs, progress=False).requests_df
+    assert df.loc[1, "first_scheduled_time"] == pytest.approx(3 * STEP)
+
+
 def test_the_preset_schedules_synchronously_unless_told_so():
     raw = scenario(False).model_dump(mode="json", exclude_none=True)
     del raw["scheduler"]["async_scheduling"]

@@ -110,6 +110,11 @@ class Scheduler:
         self._c_true = _readonly(np.zeros(0, dtype=bool))
         self._c_views: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.scheduled = StepRows(self._c_arange)  # the rows of the step last scheduled
+        # Async scheduling (vLLM V1): step n+1 is scheduled before step n's outputs are processed,
+        # so a request finished in step n keeps its seat and KV blocks through that schedule. They
+        # are held here (their seats taken off max_num_seqs) until release_finished().
+        self.hold_finished = config.async_scheduling
+        self._held: list[Request] = []
 
     @staticmethod
     def seats(config: PolicyConfig, block_manager: BlockManager) -> int:
@@ -362,7 +367,23 @@ class Scheduler:
     def _retire(self, req: Request, now: float) -> None:
         req.state = RequestState.FINISHED
         req.finish_time = now
-        self.kv.free(req)
+        if self.hold_finished:
+            self._held.append(req)
+            self.max_num_seqs -= 1
+        else:
+            self.kv.free(req)
+
+    def release_finished(self) -> int:
+        """Give back the seats and KV blocks of the requests held since they finished (async
+        scheduling: after the schedule that followed their last step); returns how many."""
+        held = self._held
+        if not held:
+            return 0
+        for req in held:
+            self.kv.free(req)
+        self.max_num_seqs += len(held)
+        self._held = []
+        return len(held)
 
     def _on_rows_finished(self, rows: np.ndarray) -> None:
         self.run.remove_rows(rows.tolist(), gone_rows=rows)
@@ -388,8 +409,8 @@ class Scheduler:
         """How many next steps (at most ``max_steps``) are plain decodes of every running row that
         only an arrival could change: none runs short of KV blocks, and only the last may finish
         requests. 0 when fewer than ``min_steps`` would be."""
-        if not self.decodes_ahead():
-            return 0
+        if self._held or not self.decodes_ahead():
+            return 0  # (held seats and blocks come back after the next schedule: a plain step)
         return self.run.decode_horizon(self.block_size, self.kv.num_free_blocks, max_steps, min_steps)
 
     def decode_context(self) -> int:
