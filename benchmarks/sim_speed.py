@@ -84,7 +84,10 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="cProfile the run and print the top functions")
     ap.add_argument("--preset", default=None, help="an engine preset at its defaults instead of the chunked scheduler")
     args = ap.parse_args()
-    sc = scenario(args.workload, args.requests, args.rate, args.preset)
+    try:
+        sc = scenario(args.workload, args.requests, args.rate, args.preset)
+    except ValueError as e:  # a ScenarioError: an unknown preset, a bad rate
+        raise SystemExit(f"sim_speed.py: {e}") from None
     sim_kw: dict = {"fast_forward": False} if args.plain else {}
     if args.iterations is not None:
         if "iterations" not in inspect.signature(simulate).parameters:
