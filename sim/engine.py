@@ -117,7 +117,7 @@ class Recorder(Protocol):  # what the engine needs from sim/metrics.py
     def on_request_done(self, req: Request) -> None: ...
     def on_decode_steps(self, replica: int, starts: list[float], durations: list[float], n: int,
                         kv_blocks_used: np.ndarray, kv_blocks_total: int, num_waiting: int, num_swapped: int,
-                        first_itl: np.ndarray, last_running: int) -> None: ...
+                        first_itl: np.ndarray, last_running: int, running: int | None = None) -> None: ...
 
 
 class Replica:
@@ -322,7 +322,8 @@ class Replica:
         at that step's end (None: no step fits)."""
         sched = self.scheduler
         limit = self.next_arrival()  # type: ignore[misc]
-        n = sched.num_running
+        n = sched.decode_rows()
+        running = sched.num_running
         context = sched.decode_context()
         price = self.executor.decode_time  # type: ignore[attr-defined]
         t = self.env.now
@@ -349,7 +350,7 @@ class Replica:
         used_after[-1] = kv.num_used_blocks  # the last step's finished requests gave theirs back
         rec = self.recorder
         rec.on_decode_steps(self.replica_id, starts, durations, n, used_after, kv.num_blocks,
-                            sched.num_waiting, sched.num_swapped, itl0, sched.num_running)
+                            sched.num_waiting, sched.num_swapped, itl0, sched.num_running, running)
         self.num_iterations += len(ends)
         self.num_fast_forward_steps += len(ends)
         return ends, durations, finished

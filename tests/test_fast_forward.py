@@ -224,6 +224,29 @@ def test_random_session_scenario_is_the_same_with_fast_forward(seed: int):
     assert_same_run(*both(sc), replicas=sc.cluster.num_replicas)
 
 
+def random_static_scenario(seed: int):
+    """Static batches (and Triton's dynamic batcher, by size or queue delay): a finished member
+    keeps its seat and blocks aside until the batch ends, the others decode on."""
+    rng = np.random.default_rng(seed)
+    if seed % 2:
+        scheduler = {"type": "static", "max_num_seqs": int(rng.choice([1, 4, 32]))}
+    else:
+        scheduler = {"type": "dynamic_batcher", "max_num_seqs": int(rng.choice([1, 4, 32])),
+                     "max_queue_delay_s": float(rng.choice([0.0, 0.01, 0.5]))}
+    return scenario_from_dict({
+        "name": f"random-static-{seed}", "seed": seed, "model": "llama-3.1-8b", "hardware": "h100-sxm",
+        "scheduler": scheduler, "workload": random_preset_workload(rng),
+        "kv_cache": {"num_blocks": int(rng.choice([200, 1000, 40000])), "block_size": int(rng.choice([1, 16]))},
+        "cluster": {"num_replicas": int(rng.choice([1, 1, 2]))},
+    })
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_static_scenario_is_the_same_with_fast_forward(seed: int):
+    sc = random_static_scenario(seed)
+    assert_same_run(*both(sc), replicas=sc.cluster.num_replicas)
+
+
 def kv_blocked_queue(prefix_caching: bool, watermark: float, policy: dict):
     """Every request arrives at once and the cache holds a few dozen: the queue waits for KV blocks
     (seats are free) from the first finish to the last."""
@@ -266,6 +289,7 @@ def test_the_equivalence_runs_do_fast_forward():
     assert sum(fast_forwarded_steps(random_composed_scenario(s)) > 0 for s in range(12)) >= 6
     assert sum(fast_forwarded_steps(random_sglang_scenario(s)) > 0 for s in range(8)) >= 4
     assert sum(fast_forwarded_steps(random_session_scenario(s)) > 0 for s in range(12)) >= 6
+    assert sum(fast_forwarded_steps(random_static_scenario(s)) > 0 for s in range(8)) >= 4
 
 
 def test_replica_without_next_arrival_never_fast_forwards():
@@ -430,6 +454,6 @@ def long_prompt_scenario(seed: int):
 def test_decodes_ahead_promises_only_plain_decode_steps(seed: int, monkeypatch: pytest.MonkeyPatch):
     checked = promise_checked(monkeypatch)
     for sc in (long_prompt_scenario(seed), random_scenario(seed), random_composed_scenario(seed),
-               random_sglang_scenario(seed)):
+               random_sglang_scenario(seed), random_static_scenario(seed)):
         simulate(sc, progress=False, fast_forward=False)
     assert checked[0] > 0

@@ -54,6 +54,24 @@ def test_static_keeps_a_finished_members_seat_idle_until_the_batch_ends():
     assert sizes and all(s == 1 for s in sizes)
 
 
+def test_static_counts_a_finished_member_running_and_holds_its_blocks_until_the_batch_ends():
+    # the member leaves the running table (the rows left all generate) but not the batch
+    sched = make("static", max_num_seqs=2)
+    a, b = req(0, 8, 2), req(1, 8, 6)
+    for r in (a, b):
+        sched.add(r)
+    held = []
+    now = 0.0
+    while sched.has_unfinished:
+        now += 1.0
+        sched.update(sched.schedule(now - 1.0), now)
+        held.append((sched.run.n, sched.num_running, sched.kv.num_used_blocks))
+    # a's last token in step 2: from then on one row decodes, two count as running, a's block stays
+    assert held[1:5] == [(1, 2, 2)] * 4
+    assert held[-1] == (0, 0, 0)  # the batch ended: everything back
+    sched.check_drained()
+
+
 def test_static_reserves_prompt_plus_output_up_front():
     sched = make("static", num_blocks=10, block_size=4, max_num_seqs=8)
     # each needs (8 + 9 - 1) / 4 = 4 blocks: only two fit in one batch

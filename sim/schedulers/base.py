@@ -413,6 +413,11 @@ class Scheduler:
             return 0  # (held seats and blocks come back after the next schedule: a plain step)
         return self.run.decode_horizon(self.block_size, self.kv.num_free_blocks, max_steps, min_steps)
 
+    def decode_rows(self) -> int:
+        """Rows each step of a stretch decodes: the running table's (``num_running`` may count more:
+        a static batch's finished members hold their seats aside)."""
+        return self.run.n
+
     def decode_context(self) -> int:
         """Tokens the running rows hold in the KV cache together (a decode step's context)."""
         return int(np.add.reduce(self.run.computed[: self.run.n]))

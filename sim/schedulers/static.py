@@ -4,7 +4,9 @@ Up to ``max_num_seqs`` waiting requests, oldest first, join a batch if the KV ca
 their prompt plus their whole output up front (so nothing is ever preempted). The first step
 prefills every prompt; then each step decodes one token for every member still generating. A
 member that finishes returns its response at once but keeps its seat and its blocks idle until
-the whole batch ends; nobody joins mid-batch.
+the whole batch ends; nobody joins mid-batch. Such a member leaves the running table when it
+finishes (so the rows left all generate, and a stretch of their decode steps can be fast-forwarded)
+and is kept aside with its blocks, counted among the running, until the batch ends.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 from pydantic import model_validator
 
 from ..batch import Batch
+from ..kv_cache import BlockManager
 from ..request import Request, RequestState
 from .base import PolicyConfig, Scheduler
 
@@ -35,6 +38,20 @@ class StaticConfig(PolicyConfig):
 class StaticScheduler(Scheduler):
     config_type = StaticConfig
 
+    def __init__(self, config: StaticConfig, block_manager: BlockManager) -> None:
+        super().__init__(config, block_manager)
+        self._members: list[Request] = []  # the running batch, in admission order
+        self._idle = 0  # members done, holding their seat and blocks until the batch ends
+
+    @property
+    def num_running(self) -> int:
+        return self.run.n + self._idle
+
+    def decodes_ahead(self) -> bool:
+        # a batch in flight admits nobody: once its prompts are in, every step decodes every member
+        # still generating (the running rows), with its KV reserved up front
+        return self.run.n > 0
+
     def schedule(self, now: float) -> Batch:
         if self.run.n == 0:
             self._form_batch(now, self.max_num_seqs)
@@ -49,6 +66,7 @@ class StaticScheduler(Scheduler):
                 break
             self.waiting.popleft()
             self._admit(req, now)
+            self._members.append(req)
 
     def _step_batch(self) -> Batch:
         """One step of the running batch: every member still generating computes what it owes."""
@@ -63,9 +81,10 @@ class StaticScheduler(Scheduler):
         req.finish_time = now  # the response goes out now; the seat and blocks stay until the batch ends
 
     def _on_rows_finished(self, rows: np.ndarray) -> None:
-        run = self.run
-        n = run.n
-        if np.all(run.out[:n] >= run.out_len[:n]):
-            for req in run.reqs:
+        super()._on_rows_finished(rows)
+        self._idle += len(rows)
+        if self.run.n == 0:  # the batch is over: every member's blocks come back, in admission order
+            for req in self._members:
                 self.kv.free(req)
-            run.remove(np.ones(n, dtype=bool))
+            self._members = []
+            self._idle = 0
