@@ -180,7 +180,7 @@ class BlockManager:
         if need <= 0:
             return True
         free = self._free
-        if len(free) + len(self._evictable) - need < (self.watermark_blocks if watermark else 0):
+        if not self.can_allocate(need, watermark=watermark):
             return False
         if table is None:
             table = self._tables[request.request_id] = []

@@ -342,10 +342,10 @@ class MetricsRecorder:
 
     def on_decode_steps(self, replica: int, starts: list[float], durations: list[float], n: int,
                         kv_blocks_used: np.ndarray, kv_blocks_total: int, num_waiting: int, num_swapped: int,
-                        first_itl: np.ndarray, last_running: int, running: int | None = None) -> None:
+                        first_itl: np.ndarray, last_running: int, running: int) -> None:
         """Record a fast-forward: consecutive plain decode steps of ``n`` rows each, step j from
         ``starts[j]`` for ``durations[j]`` seconds with ``kv_blocks_used[j]`` blocks held after it;
-        ``running`` requests count as running after each step but the last (None: ``n``; a static
+        ``running`` requests count as running after each step but the last (``n``, or more: a static
         batch's finished members are counted while they wait for the batch to end), and
         ``last_running`` after the last step (it may finish some).
 
@@ -366,8 +366,7 @@ class MetricsRecorder:
             grown[:i] = self._iters[:i]
             self._iters = grown
         rows = self._iters[i : i + k]
-        rows[:] = (replica, 0.0, 0.0, n, 0, n, n, 0, kv_blocks_total, num_waiting, n if running is None else running,
-                   num_swapped, 0, 0, math.nan)
+        rows[:] = (replica, 0.0, 0.0, n, 0, n, n, 0, kv_blocks_total, num_waiting, running, num_swapped, 0, 0, math.nan)
         rows[:, 1] = starts
         rows[:, 2] = durations
         rows[:, 7] = kv_blocks_used
@@ -429,12 +428,11 @@ class MetricsRecorder:
 
     def _bin_decode_steps(self, replica: int, starts: list[float], durations: list[float], n: int,
                           kv_blocks_used: np.ndarray, kv_blocks_total: int, num_waiting: int, num_swapped: int,
-                          first_itl: np.ndarray, last_running: int, running: int | None = None) -> None:
+                          first_itl: np.ndarray, last_running: int, running: int) -> None:
         """``on_decode_steps`` into time bins."""
         self._add_busy(replica, durations)
         rows = np.empty((len(starts), len(SUM_COLUMNS)), dtype=np.float64)
-        rows[:] = (1, 0.0, n, 0, n, n, 0, kv_blocks_total, num_waiting, n if running is None else running,
-                   num_swapped, 0, 0, math.nan)
+        rows[:] = (1, 0.0, n, 0, n, n, 0, kv_blocks_total, num_waiting, running, num_swapped, 0, 0, math.nan)
         rows[:, 1] = durations
         rows[:, 6] = kv_blocks_used
         rows[-1, 9] = last_running

@@ -69,12 +69,11 @@ class StaticScheduler(Scheduler):
             self._members.append(req)
 
     def _step_batch(self) -> Batch:
-        """One step of the running batch: every member still generating computes what it owes."""
+        """One step of the running batch: every member still generating (every running row; the
+        finished ones wait aside) computes what it owes."""
         run = self.run
         n = run.n
-        active = (run.out[:n] < run.out_len[:n]).nonzero()[0]
-        new = run.tokens[active] - run.computed[active]
-        return self._make_batch(active, new)
+        return self._make_batch(None, run.tokens[:n] - run.computed[:n])
 
     def _retire(self, req: Request, now: float) -> None:
         req.state = RequestState.FINISHED
