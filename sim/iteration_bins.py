@@ -42,22 +42,61 @@ class IterationBins:
         self.num_steps = 0
         self.batch_size_total = 0
         self.max_kv_usage = 0.0  # summarize's nanmax starts at 0 too
+        # staged steps per replica: rows already written into a block (``_staged[r]`` of them, in
+        # ``_blocks[r]``, made at a replica's first stretch), then tuples added after them
         self._pending: list[list[tuple[float, ...]]] = [[] for _ in range(num_replicas)]
+        self._blocks: list[np.ndarray | None] = [None] * num_replicas
+        self._staged = [0] * num_replicas
 
     def add(self, replica: int, row: tuple[float, ...]) -> None:
         """One step: ``row`` holds its start (seconds), then SUM_COLUMNS' values for it (num_steps 1,
         busy_s its duration). Staged as tuples and added a few thousand at a time."""
         pending = self._pending[replica]
         pending.append(row)
-        if len(pending) == _PENDING:
+        if len(pending) + self._staged[replica] == _PENDING:
             self._flush(replica)
 
-    def _flush(self, replica: int) -> None:
+    def add_block(self, replica: int, rows: np.ndarray) -> None:
+        """Several steps of one replica, ``rows[j]`` as ``add`` takes step j's row, staged in the same
+        order and added at the same points: a stretch of steps bins exactly as its steps one by one
+        would (the bins' float sums are added in the same groups)."""
+        block = self._blocks[replica]
+        if block is None:
+            block = self._blocks[replica] = np.empty((_PENDING, 1 + len(SUM_COLUMNS)), dtype=np.float64)
+        self._settle(replica)
+        i, k = 0, len(rows)
+        while i < k:
+            f = self._staged[replica]
+            m = min(_PENDING - f, k - i)
+            block[f : f + m] = rows[i : i + m]
+            self._staged[replica] = f + m
+            i += m
+            if f + m == _PENDING:
+                self._flush(replica)
+
+    def _settle(self, replica: int) -> None:
+        """Write the replica's staged tuples into its block, after the rows there."""
         pending = self._pending[replica]
         if pending:
+            f = self._staged[replica]
+            self._blocks[replica][f : f + len(pending)] = pending  # type: ignore[index]
+            self._staged[replica] = f + len(pending)
+            self._pending[replica] = []
+
+    def _flush(self, replica: int) -> None:
+        if self._blocks[replica] is None:
+            pending = self._pending[replica]
+            if not pending:
+                return
             block = np.array(pending, dtype=np.float64)
             self._pending[replica] = []
-            self.add_many(replica, block[:, 0], block[:, 1:])
+        else:
+            self._settle(replica)
+            block = self._blocks[replica][: self._staged[replica]]  # type: ignore[index]
+            self._staged[replica] = 0
+            if not len(block):
+                return
+        self.add_many(replica, block[:, 0], block[:, 1:])
 
     def add_many(self, replica: int, starts: np.ndarray, rows: np.ndarray) -> None:
         """Several steps of one replica at once; ``rows`` is (steps, SUM_COLUMNS)."""

@@ -429,23 +429,40 @@ class MetricsRecorder:
     def _bin_decode_steps(self, replica: int, starts: list[float], durations: list[float], n: int,
                           kv_blocks_used: np.ndarray, kv_blocks_total: int, num_waiting: int, num_swapped: int,
                           first_itl: np.ndarray, last_running: int, running: int) -> None:
-        """``on_decode_steps`` into time bins."""
+        """``on_decode_steps`` into time bins: the rows ``_bin_iteration`` would stage for each step."""
         self._add_busy(replica, durations)
-        rows = np.empty((len(starts), len(SUM_COLUMNS)), dtype=np.float64)
-        rows[:] = (1, 0.0, n, 0, n, n, 0, kv_blocks_total, num_waiting, running, num_swapped, 0, 0, math.nan)
-        rows[:, 1] = durations
-        rows[:, 6] = kv_blocks_used
-        rows[-1, 9] = last_running
-        self._bins.add_many(replica, np.asarray(starts), rows)  # type: ignore[union-attr]
+        rows = np.empty((len(starts), 1 + len(SUM_COLUMNS)), dtype=np.float64)
+        rows[:] = (0.0, 1, 0.0, n, 0, n, n, 0, kv_blocks_total, num_waiting, running, num_swapped, 0, 0, math.nan)
+        rows[:, 0] = starts
+        rows[:, 2] = durations
+        rows[:, 7] = kv_blocks_used
+        rows[-1, 10] = last_running  # the last step's finished requests have left
+        self._bins.add_block(replica, rows)  # type: ignore[union-attr]
         self._decode_itls(starts, durations, n, first_itl)
 
     def _decode_itls(self, starts: list[float], durations: list[float], n: int, first_itl: np.ndarray) -> None:
+        """The stretch's ITLs as ``on_itl`` step by step would stage them: step 0's per row, then n
+        copies of each later step's gap to the one before (its end minus the previous end), written
+        a run of whole steps at a time and flushed where a step would not fit, as ``_stage_same``."""
         self.on_itl(first_itl)
-        end = starts[0] + durations[0]
-        for j in range(1, len(starts)):
-            nxt = starts[j] + durations[j]
-            self._stage_same(nxt - end, n)
-            end = nxt
+        k = len(starts)
+        if k < 2 or n <= 0:
+            return
+        ends = np.add(starts, durations)  # each step's end, the same float sums as start + duration
+        gaps = ends[1:] - ends[:-1]
+        buf = self._itl_buf
+        size = self._ITL_BUFFER
+        j = 0
+        while j < k - 1:
+            fit = min((size - self._itl_n) // n, k - 1 - j)  # whole steps the buffer holds as it is
+            if fit == 0:  # (flushes first, or adds the step directly when it alone outgrows the buffer)
+                self._stage_same(float(gaps[j]), n)
+                j += 1
+                continue
+            i = self._itl_n
+            buf[i : i + fit * n] = np.repeat(gaps[j : j + fit], n)
+            self._itl_n = i + fit * n
+            j += fit
 
     def _add_busy(self, replica: int, durations: list[float]) -> None:
         busy = self._busy[replica]
