@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -56,6 +56,16 @@ class Cluster:
         # heap of (think time, request id) whose answered entries are dropped when they surface.
         self._asking: dict[int, dict[int, float]] = {rep.replica_id: {} for rep in replicas}
         self._asking_heap: dict[int, list[tuple[float, int]]] = {rep.replica_id: [] for rep in replicas}
+        # Round robin: the replica each fresh arrival goes to is known ahead (the router's turn
+        # counter), so a replica looks ahead to its own next request, not everyone's. The requests
+        # the arrival process delivers, the index of the one it waits for, and the times SimPy
+        # schedules it and the ones after it at (worked out as they are asked for).
+        self._ahead = self.router.policy == "round_robin" and len(replicas) > 1
+        self._slot = {rep.replica_id: i for i, rep in enumerate(replicas)}
+        self._stream: Sequence[Request] | None = None
+        self._stream_times: np.ndarray | None = None  # the columns' arrival times (RequestArrays)
+        self._at = 0
+        self._times_ahead: list[float] = []
         for rep in replicas:
             rep.on_done = self._count_done
             rep.next_arrival = partial(self._peek_arrival, rep.replica_id)
@@ -69,6 +79,8 @@ class Cluster:
         before the end of the asking replica's next steps, which it is asking about: a stretch ends
         with the step that finishes a request."""
         t = self._next_arrival
+        if self._ahead and not self._unreleased and -math.inf < t < math.inf:
+            t = self._own_next(self._slot[replica])
         if self._releases:
             t = min(t, self._releases[0])
         if self._unreleased:
@@ -82,6 +94,28 @@ class Cluster:
                 if heap:
                     t = min(t, now + heap[0][0])
         return t
+
+    def _own_next(self, slot: int) -> float:
+        """Round robin without conversations: when the first request the arrival process sends to
+        the replica in router slot ``slot`` arrives (the time SimPy schedules it at; inf: none)."""
+        ahead = (slot - self.router.turn) % len(self.replicas)  # fresh arrivals before it
+        times = self._times_ahead
+        if len(times) <= ahead:
+            stream, at = self._stream, self._at
+            if not times:
+                times.append(self._next_arrival)
+            t = times[-1]
+            col = self._stream_times
+            while len(times) <= ahead:
+                j = at + len(times)
+                if j >= len(stream):  # type: ignore[arg-type]
+                    return math.inf
+                a = float(col[j]) if col is not None else stream[j].arrival_time  # type: ignore[index]
+                delay = a - t
+                if delay > 0:  # as ``arrivals`` waits for it: from the request before's time
+                    t = t + delay
+                times.append(t)
+        return times[ahead]
 
     def _count_done(self, req: Request) -> None:
         rid = req.request_id
@@ -142,12 +176,17 @@ class Cluster:
         # one-turn requests have none, and reading them twice would make every request twice)
         later = set() if isinstance(requests, RequestArrays) else later_turns(requests)
         self._unreleased = len(later)
-        for req in requests:
+        self._ahead = self._ahead and not later
+        self._stream = requests
+        self._stream_times = requests.arrival_time if isinstance(requests, RequestArrays) else None
+        for i, req in enumerate(requests):
             if req.request_id in later:
                 continue
             delay = req.arrival_time - env.now
             if delay > 0:
                 self._next_arrival = env.now + delay  # the time SimPy schedules the timeout at
+                self._at = i
+                self._times_ahead = []
                 yield env.timeout(delay)
             self._send(req)
         self._next_arrival = math.inf

@@ -143,6 +143,7 @@ class Replica:
         self.realtime = isinstance(env, simpy.rt.RealtimeEnvironment)
         self.num_iterations = 0
         self.num_fast_forward_steps = 0  # of num_iterations, steps taken by fast-forward
+        self.num_stretches = 0  # fast-forwards those steps were taken in
         self.arrivals_open = True  # the cluster clears this when no request is left to arrive
         # vLLM's async scheduling: the step after the running one is already scheduled, so a request
         # arriving during a step reaches the scheduler only after the next step has been chosen
@@ -353,6 +354,7 @@ class Replica:
                             sched.num_waiting, sched.num_swapped, itl0, sched.num_running, running)
         self.num_iterations += len(ends)
         self.num_fast_forward_steps += len(ends)
+        self.num_stretches += 1
         return ends, durations, finished
 
 

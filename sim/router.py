@@ -136,6 +136,11 @@ class Router:
         self.outstanding[r] += 1
         return self.replicas[r]
 
+    @property
+    def turn(self) -> int:
+        """Round robin: picks made so far (the next request goes to slot ``turn % replicas``)."""
+        return self._next
+
     def on_done(self, rep: Replica) -> None:
         """A request sent to ``rep`` was answered (finished or rejected)."""
         self.outstanding[self._index_of[id(rep)]] -= 1

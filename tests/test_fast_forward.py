@@ -48,8 +48,9 @@ def both(sc, requests=None):
     return plain, fast
 
 
-def fast_forwarded_steps(sc) -> int:
-    """Steps the replicas took by fast-forward in a run of ``sc``."""
+def fast_forwarded_steps(sc, what: str = "num_fast_forward_steps", requests=None) -> int:
+    """Steps the replicas took by fast-forward in a run of ``sc`` (``what="num_stretches"``: the
+    stretches they took them in)."""
     kv = plan_kv(sc)
     from servesim.sim.cost_model import build_cost_model
     from servesim.sim.engine import SimExecutor
@@ -58,9 +59,9 @@ def fast_forwarded_steps(sc) -> int:
 
     cost = build_cost_model(sc.cost_model, get_model(sc.model), get_hardware(sc.hardware), sc.tensor_parallel)
     env = simpy.Environment()
-    _, replicas = run_replicas(env, sc, generate_requests(sc.workload, sc.seed),
+    _, replicas = run_replicas(env, sc, requests if requests is not None else generate_requests(sc.workload, sc.seed),
                                lambda _r: (build_scheduler(sc, kv), SimExecutor(cost, kv.block_bytes)), False)
-    return sum(rep.num_fast_forward_steps for rep in replicas)
+    return sum(getattr(rep, what) for rep in replicas)
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[str(p.relative_to(SCENARIOS_DIR)) for p in SHIPPED])
@@ -274,6 +275,39 @@ def test_binned_iterations_and_itls_are_the_same_with_fast_forward(seed: int, mo
     ha, hb = plain.itl_hist, fast.itl_hist
     assert np.array_equal(ha.counts, hb.counts)
     assert (ha.count, ha.sum, ha.min, ha.max, ha.std) == (hb.count, hb.sum, hb.min, hb.max, hb.std)
+
+
+def round_robin_cluster(replicas: int, seed: int = 4):
+    return scenario_from_dict({
+        "name": "round-robin", "seed": seed, "model": "llama-3.1-8b", "hardware": "h100-sxm",
+        "scheduler": {"type": "chunked", "max_num_seqs": 64, "max_num_batched_tokens": 512},
+        "cluster": {"num_replicas": replicas, "router": "round_robin"},
+        "workload": {"num_requests": 150, "arrival": {"process": "poisson", "rate": 1.5 * replicas},
+                     "prompt_len": {"dist": "uniform", "min": 10, "max": 900},
+                     "output_len": {"dist": "uniform", "min": 1, "max": 300}},
+    })
+
+
+@pytest.mark.parametrize("replicas", [2, 3, 5])
+@pytest.mark.parametrize("as_objects", [False, True], ids=["columns", "objects"])
+def test_round_robin_replicas_fast_forward_to_their_own_next_request(replicas: int, as_objects: bool,
+                                                                    monkeypatch: pytest.MonkeyPatch):
+    # round robin's next target is known ahead: a replica's stretch runs past the other replicas'
+    # arrivals up to its own next request, and the run is still the plain loop's
+    from servesim.sim.cluster import Cluster
+    from servesim.sim.workload import generate_requests
+
+    sc = round_robin_cluster(replicas, seed=replicas)
+
+    def requests():  # (a run changes Request objects: fresh ones for each)
+        return list(generate_requests(sc.workload, sc.seed)) if as_objects else None
+
+    plain = simulate(sc, requests=requests(), progress=False, fast_forward=False)
+    assert_same_run(plain, simulate(sc, requests=requests(), progress=False), replicas=replicas)
+    own = fast_forwarded_steps(sc, "num_stretches", requests())
+    monkeypatch.setattr(Cluster, "_own_next", lambda self, slot: self._next_arrival)  # everyone's next arrival
+    everyone = fast_forwarded_steps(sc, "num_stretches", requests())
+    assert own < (0.85 if replicas == 2 else 0.7) * everyone
 
 
 def kv_blocked_queue(prefix_caching: bool, watermark: float, policy: dict):
