@@ -19,10 +19,13 @@ and CPU seconds (simulate + write; on a shared machine the CPU seconds move less
 
 ``--preset NAME`` replaces the chunked scheduler with an engine preset at its defaults (its own
 KV block size and prefix caching: SGLang's page size 1, Transformers' 256-token blocks), the same
-traffic otherwise.
+traffic otherwise. ``--replicas N`` puts N such replicas behind ``--router`` (default
+round_robin); ``--rate`` is then the cluster's (give N times a replica's rate for the same load
+per replica).
 
     python benchmarks/sim_speed.py --workload sharegpt|conv [--requests 100000] [--rate R] [--profile]
         [--iterations auto|full|binned|off] [--plain] [--preset vllm-v1|sglang|tensorrt-llm|...]
+        [--replicas N] [--router round_robin|least_outstanding|...]
 """
 
 from __future__ import annotations
@@ -56,9 +59,11 @@ WORKLOADS = {
 }
 
 
-def scenario(workload: str, n: int, rate: float | None, preset: str | None = None):
+def scenario(workload: str, n: int, rate: float | None, preset: str | None = None, replicas: int = 1,
+             router: str = "round_robin"):
     w = WORKLOADS[workload]
     return scenario_from_dict({
+        "cluster": {"num_replicas": replicas, "router": router},
         "name": f"sim-speed-{workload}",
         "seed": 0,
         "model": "llama-3.1-8b",
@@ -83,9 +88,11 @@ def main() -> None:
     ap.add_argument("--plain", action="store_true", help="no fast-forward: every step through schedule/update")
     ap.add_argument("--profile", action="store_true", help="cProfile the run and print the top functions")
     ap.add_argument("--preset", default=None, help="an engine preset at its defaults instead of the chunked scheduler")
+    ap.add_argument("--replicas", type=int, default=1, help="replicas behind the router (--rate is the cluster's)")
+    ap.add_argument("--router", default="round_robin", help="the cluster's router (with --replicas)")
     args = ap.parse_args()
     try:
-        sc = scenario(args.workload, args.requests, args.rate, args.preset)
+        sc = scenario(args.workload, args.requests, args.rate, args.preset, args.replicas, args.router)
     except ValueError as e:  # a ScenarioError: an unknown preset, a bad rate
         raise SystemExit(f"sim_speed.py: {e}") from None
     sim_kw: dict = {"fast_forward": False} if args.plain else {}
