@@ -129,7 +129,11 @@ class RetractingScheduler(Scheduler):
             self.new_token_ratio = self.init_ratio  # SGLang resets the estimate whenever it idles
         rows, new = self._prefill_step(now)
         if not rows:
-            rows, new = self._decode_step()
+            decode = self._decode_step()
+            if decode is None:  # every running row decodes one token: the whole-table batch
+                n = self.run.n
+                return self._make_batch(None, self._const_views(n)[1], n)
+            rows, new = decode
         return self._make_batch(np.asarray(rows, dtype=np.int64), np.asarray(new, dtype=np.int64))
 
     # ---- prefill -----------------------------------------------------------------------------
@@ -218,7 +222,9 @@ class RetractingScheduler(Scheduler):
         return float(left.sum()) * self.new_token_ratio
 
     # ---- decode ------------------------------------------------------------------------------
-    def _decode_step(self) -> tuple[list[int], list[int]]:
+    def _decode_step(self) -> tuple[list[int], list[int]] | None:
+        """The decoding rows and one token each, their blocks grown (retracting first when short);
+        None when that is every running row (the caller builds the whole-table batch)."""
         run, kv = self.run, self.kv
         n = run.n
         if n == 0:
@@ -236,6 +242,9 @@ class RetractingScheduler(Scheduler):
             self.batch_is_full = False
         else:
             self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.min_ratio)
+        if len(dec) == run.n:  # the common step: each row that fills its blocks takes one more
+            run.grow_decodes(kv, self._preempt_until_fits, protect=run.n)  # (never short after the retraction)
+            return None
         ones = np.ones(len(dec), dtype=np.int64)
         self._grow_rows(dec, ones, protect=run.n)  # enough room after the retraction: never preempts
         return dec.tolist(), ones.tolist()
