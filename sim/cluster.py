@@ -69,6 +69,7 @@ class Cluster:
         for rep in replicas:
             rep.on_done = self._count_done
             rep.next_arrival = partial(self._peek_arrival, rep.replica_id)
+            rep.arrives_at = self._arrives_at
 
     def _peek_arrival(self, replica: int) -> float:
         """No request reaches any replica before this time (seconds), as far as ``replica`` can tell.
@@ -98,15 +99,20 @@ class Cluster:
     def _own_next(self, slot: int) -> float:
         """Round robin without conversations: when the first request the arrival process sends to
         the replica in router slot ``slot`` arrives (the time SimPy schedules it at; inf: none)."""
-        ahead = (slot - self.router.turn) % len(self.replicas)  # fresh arrivals before it
+        return self._time_ahead((slot - self.router.turn) % len(self.replicas))  # (fresh arrivals before it)
+
+    def _time_ahead(self, m: int) -> float:
+        """When the m-th request after the one the arrival process waits for (m = 0: that one) is
+        sent: the time SimPy schedules it at, chained from the pending one as ``arrivals`` computes
+        its delays; inf past the last request."""
         times = self._times_ahead
-        if len(times) <= ahead:
+        if len(times) <= m:
             stream, at = self._stream, self._at
             if not times:
                 times.append(self._next_arrival)
             t = times[-1]
             col = self._stream_times
-            while len(times) <= ahead:
+            while len(times) <= m:
                 j = at + len(times)
                 if j >= len(stream):  # type: ignore[arg-type]
                     return math.inf
@@ -115,7 +121,20 @@ class Cluster:
                 if delay > 0:  # as ``arrivals`` waits for it: from the request before's time
                     t = t + delay
                 times.append(t)
-        return times[ahead]
+        return times[m]
+
+    def _arrives_at(self, t: float) -> bool:
+        """Whether a fresh request not sent yet is due exactly at ``t`` (seconds). A stretch that
+        runs past other replicas' arrivals must not end on one: SimPy orders events of one instant
+        by when they were scheduled, and a stretch schedules its end earlier than the plain step
+        would, so the replica's next step and that arrival would swap order (with a request of
+        its own arriving exactly when that step ends, it would then miss it)."""
+        if not self._ahead or self._unreleased or not self._next_arrival <= t < math.inf:
+            return False
+        m = 0
+        while (due := self._time_ahead(m)) < t:
+            m += 1
+        return due == t
 
     def _count_done(self, req: Request) -> None:
         rid = req.request_id

@@ -154,6 +154,9 @@ class Replica:
         # When the next request can arrive (seconds); None: unknown, so no fast-forward. Whoever
         # submits requests to this replica must answer it (the cluster does).
         self.next_arrival: Callable[[], float] | None = None
+        # whether a request (to any replica) arrives exactly at a time: a stretch does not end there
+        # (set by the cluster when stretches may run past other replicas' arrivals)
+        self.arrives_at: Callable[[float], bool] | None = None
         # only an executor that prices a step without side effects (SimExecutor.decode_time) can be
         # asked about steps the stretch may then not take; a replay or live executor never is
         self.fast_forward = fast_forward and not self.realtime and hasattr(executor, "decode_time")
@@ -342,6 +345,9 @@ class Replica:
             durations.append(dt)
             ends.append(end)
             t = end
+        if self.arrives_at is not None:
+            while ends and self.arrives_at(ends[-1]):
+                del starts[-1], durations[-1], ends[-1]
         if not ends:
             return None
         kv = sched.kv

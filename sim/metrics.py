@@ -595,8 +595,10 @@ class MetricsRecorder:
         buf = self._iters[: self._n_iters]
         if self.num_replicas > 1:
             # in the order the steps ended: a replica's fast-forward records its steps when it
-            # starts them, ahead of other replicas' steps that end in between
-            buf = buf[np.argsort(buf[:, 1] + buf[:, 2], kind="stable")]
+            # starts them, ahead of other replicas' steps that end in between; steps of several
+            # replicas that end on one instant by replica (the order SimPy takes that instant's
+            # events in depends on when they were scheduled, which a fast-forward changes)
+            buf = buf[np.lexsort((buf[:, 0], buf[:, 1] + buf[:, 2]))]
         return pd.DataFrame(
             {
                 name: buf[:, j].copy() if name in _FLOAT_ITER_COLUMNS else buf[:, j].astype(np.int64)

@@ -310,6 +310,25 @@ def test_round_robin_replicas_fast_forward_to_their_own_next_request(replicas: i
     assert own < (0.85 if replicas == 2 else 0.7) * everyone
 
 
+@pytest.mark.parametrize("rate", [32.0, 8.0, 6.0])
+@pytest.mark.parametrize("outputs", [8, 40, 41])
+def test_round_robin_stretches_do_not_end_on_an_arrival_instant(rate: float, outputs: int):
+    # steps of exactly 1/32 s and arrivals on the same binary grid: stretch ends, other replicas'
+    # arrivals and a replica's own next request fall on the same instants. A stretch that ended on
+    # another replica's arrival reordered that instant's events, and the replica then missed its own
+    # request arriving exactly at its next step's end (32 req/s: scheduled one step late).
+    sc = scenario_from_dict({
+        "name": "same-instants", "seed": 1, "model": "llama-3.1-8b", "hardware": "h100-sxm",
+        "cost_model": {"type": "constant", "step_ms": 31.25},
+        "scheduler": {"type": "chunked", "max_num_seqs": 16, "max_num_batched_tokens": 512},
+        "cluster": {"num_replicas": 4, "router": "round_robin"},
+        "workload": {"num_requests": 120, "arrival": {"process": "constant", "rate": rate},
+                     "prompt_len": {"dist": "fixed", "value": 16}, "output_len": {"dist": "fixed", "value": outputs}},
+    })
+    assert_same_run(*both(sc), replicas=4)  # (steps of several replicas ending on one instant: by replica)
+    assert fast_forwarded_steps(sc) > 0
+
+
 def kv_blocked_queue(prefix_caching: bool, watermark: float, policy: dict):
     """Every request arrives at once and the cache holds a few dozen: the queue waits for KV blocks
     (seats are free) from the first finish to the last."""
