@@ -329,6 +329,25 @@ def test_round_robin_stretches_do_not_end_on_an_arrival_instant(rate: float, out
     assert fast_forwarded_steps(sc) > 0
 
 
+@pytest.mark.parametrize("router", ["least_outstanding", "prefix_aware", "round_robin"])
+def test_conversations_with_steps_and_turns_on_the_same_instants_are_the_plain_loop(router: str):
+    # the same binary grid with conversations: steps of several replicas end on one instant (their
+    # iteration rows once came out in another order with the fast-forward), turns arrive on it
+    sc = scenario_from_dict({
+        "name": "same-instants-sessions", "seed": 2, "model": "llama-3.1-8b", "hardware": "h100-sxm",
+        "cost_model": {"type": "constant", "step_ms": 31.25},
+        "scheduler": {"type": "chunked", "max_num_seqs": 16, "max_num_batched_tokens": 512},
+        "kv_cache": {"enable_prefix_caching": True},
+        "cluster": {"num_replicas": 4, "router": router},
+        "workload": {"num_requests": 30, "arrival": {"process": "constant", "rate": 32.0},
+                     "prompt_len": {"dist": "fixed", "value": 16}, "output_len": {"dist": "fixed", "value": 8},
+                     "sessions": {"turns": {"dist": "uniform", "min": 2, "max": 5}, "think_time_s": 0.5,
+                                  "system_prompt_len": 32}},
+    })
+    assert_same_run(*both(sc), replicas=4)
+    assert fast_forwarded_steps(sc) > 0
+
+
 def kv_blocked_queue(prefix_caching: bool, watermark: float, policy: dict):
     """Every request arrives at once and the cache holds a few dozen: the queue waits for KV blocks
     (seats are free) from the first finish to the last."""
