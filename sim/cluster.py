@@ -60,7 +60,7 @@ class Cluster:
         # counter), so a replica looks ahead to its own next request, not everyone's. The requests
         # the arrival process delivers, the index of the one it waits for, and the times SimPy
         # schedules it and the ones after it at (worked out as they are asked for).
-        self._ahead = self.router.policy == "round_robin" and len(replicas) > 1
+        self._ahead = self.router.policy in ("round_robin", "least_outstanding") and len(replicas) > 1
         self._slot = {rep.replica_id: i for i, rep in enumerate(replicas)}
         self._stream: Sequence[Request] | None = None
         self._stream_times: np.ndarray | None = None  # the columns' arrival times (RequestArrays)
@@ -81,7 +81,7 @@ class Cluster:
         with the step that finishes a request."""
         t = self._next_arrival
         if self._ahead and not self._unreleased and -math.inf < t < math.inf:
-            t = self._own_next(self._slot[replica])
+            t = self._time_ahead(self._arrivals_elsewhere(self._slot[replica]))
         if self._releases:
             t = min(t, self._releases[0])
         if self._unreleased:
@@ -96,10 +96,22 @@ class Cluster:
                     t = min(t, now + heap[0][0])
         return t
 
-    def _own_next(self, slot: int) -> float:
-        """Round robin without conversations: when the first request the arrival process sends to
-        the replica in router slot ``slot`` arrives (the time SimPy schedules it at; inf: none)."""
-        return self._time_ahead((slot - self.router.turn) % len(self.replicas))  # (fresh arrivals before it)
+    def _arrivals_elsewhere(self, slot: int) -> int:
+        """How many of the next fresh arrivals surely go to other replicas than the one in router
+        slot ``slot``, while that replica takes a stretch (it is sent nothing and reports no finish
+        before the stretch's last step ends).
+
+        Round robin: those before its turn comes. Least outstanding: while some other replica
+        surely has fewer outstanding requests. The others' count can only grow by the arrivals
+        before the j-th (finishes lower it), so before the j-th it is at most their count now plus
+        j - 1, and the least of them at most that over N - 1 (pigeonhole): below this replica's own
+        count for every j <= its count x (N - 1) - the others' count."""
+        n = len(self.replicas)
+        if self.router.policy == "round_robin":
+            return (slot - self.router.turn) % n
+        out = self.router.outstanding
+        mine = out[slot]
+        return max(mine * (n - 1) - (sum(out) - mine), 0)
 
     def _time_ahead(self, m: int) -> float:
         """When the m-th request after the one the arrival process waits for (m = 0: that one) is

@@ -277,11 +277,11 @@ def test_binned_iterations_and_itls_are_the_same_with_fast_forward(seed: int, mo
     assert (ha.count, ha.sum, ha.min, ha.max, ha.std) == (hb.count, hb.sum, hb.min, hb.max, hb.std)
 
 
-def round_robin_cluster(replicas: int, seed: int = 4):
+def round_robin_cluster(replicas: int, seed: int = 4, router: str = "round_robin"):
     return scenario_from_dict({
         "name": "round-robin", "seed": seed, "model": "llama-3.1-8b", "hardware": "h100-sxm",
         "scheduler": {"type": "chunked", "max_num_seqs": 64, "max_num_batched_tokens": 512},
-        "cluster": {"num_replicas": replicas, "router": "round_robin"},
+        "cluster": {"num_replicas": replicas, "router": router},
         "workload": {"num_requests": 150, "arrival": {"process": "poisson", "rate": 1.5 * replicas},
                      "prompt_len": {"dist": "uniform", "min": 10, "max": 900},
                      "output_len": {"dist": "uniform", "min": 1, "max": 300}},
@@ -290,14 +290,16 @@ def round_robin_cluster(replicas: int, seed: int = 4):
 
 @pytest.mark.parametrize("replicas", [2, 3, 5])
 @pytest.mark.parametrize("as_objects", [False, True], ids=["columns", "objects"])
-def test_round_robin_replicas_fast_forward_to_their_own_next_request(replicas: int, as_objects: bool,
-                                                                    monkeypatch: pytest.MonkeyPatch):
-    # round robin's next target is known ahead: a replica's stretch runs past the other replicas'
-    # arrivals up to its own next request, and the run is still the plain loop's
+@pytest.mark.parametrize("router", ["round_robin", "least_outstanding"])
+def test_replicas_fast_forward_past_arrivals_that_surely_go_elsewhere(replicas: int, as_objects: bool,
+                                                                      router: str, monkeypatch: pytest.MonkeyPatch):
+    # round robin's next target is known ahead, and least outstanding's is surely another replica
+    # while that one has fewer outstanding: a replica's stretch runs past the other replicas'
+    # arrivals, and the run is still the plain loop's
     from servesim.sim.cluster import Cluster
     from servesim.sim.workload import generate_requests
 
-    sc = round_robin_cluster(replicas, seed=replicas)
+    sc = round_robin_cluster(replicas, seed=replicas, router=router)
 
     def requests():  # (a run changes Request objects: fresh ones for each)
         return list(generate_requests(sc.workload, sc.seed)) if as_objects else None
@@ -305,9 +307,9 @@ def test_round_robin_replicas_fast_forward_to_their_own_next_request(replicas: i
     plain = simulate(sc, requests=requests(), progress=False, fast_forward=False)
     assert_same_run(plain, simulate(sc, requests=requests(), progress=False), replicas=replicas)
     own = fast_forwarded_steps(sc, "num_stretches", requests())
-    monkeypatch.setattr(Cluster, "_own_next", lambda self, slot: self._next_arrival)  # everyone's next arrival
+    monkeypatch.setattr(Cluster, "_arrivals_elsewhere", lambda self, slot: 0)  # everyone's next arrival
     everyone = fast_forwarded_steps(sc, "num_stretches", requests())
-    assert own < (0.85 if replicas == 2 else 0.7) * everyone
+    assert own < (0.95 if router != "round_robin" else 0.85 if replicas == 2 else 0.7) * everyone
 
 
 @pytest.mark.parametrize("rate", [32.0, 8.0, 6.0])
