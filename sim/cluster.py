@@ -23,6 +23,10 @@ from .router import ClusterConfig, Router, RouterName
 from .sessions import later_turns
 from .workload import RequestArrays
 
+# power_of_two_choices: pairs a replica looks ahead through for its own (each holds it with
+# probability 2 / replicas, so a few dozen cover a long stretch)
+_PAIRS_AHEAD = 64
+
 
 class Cluster:
     """Replicas, a router, and the processes that deliver requests at their arrival times."""
@@ -60,7 +64,8 @@ class Cluster:
         # counter), so a replica looks ahead to its own next request, not everyone's. The requests
         # the arrival process delivers, the index of the one it waits for, and the times SimPy
         # schedules it and the ones after it at (worked out as they are asked for).
-        self._ahead = self.router.policy in ("round_robin", "least_outstanding") and len(replicas) > 1
+        self._ahead = (self.router.policy in ("round_robin", "least_outstanding", "power_of_two_choices")
+                       and len(replicas) > 1)
         self._slot = {rep.replica_id: i for i, rep in enumerate(replicas)}
         self._stream: Sequence[Request] | None = None
         self._stream_times: np.ndarray | None = None  # the columns' arrival times (RequestArrays)
@@ -101,14 +106,23 @@ class Cluster:
         slot ``slot``, while that replica takes a stretch (it is sent nothing and reports no finish
         before the stretch's last step ends).
 
-        Round robin: those before its turn comes. Least outstanding: while some other replica
+        Round robin: those before its turn comes. Power of two choices: those whose pair of
+        replicas to compare (drawn ahead, up to ``_PAIRS_AHEAD`` of them) leaves it out. Least
+        outstanding: while some other replica
         surely has fewer outstanding requests. The others' count can only grow by the arrivals
         before the j-th (finishes lower it), so before the j-th it is at most their count now plus
         j - 1, and the least of them at most that over N - 1 (pigeonhole): below this replica's own
         count for every j <= its count x (N - 1) - the others' count."""
         n = len(self.replicas)
-        if self.router.policy == "round_robin":
+        policy = self.router.policy
+        if policy == "round_robin":
             return (slot - self.router.turn) % n
+        if policy == "power_of_two_choices":
+            pairs = self.router.pairs_ahead(_PAIRS_AHEAD)
+            for j, (a, b) in enumerate(pairs):
+                if a == slot or b == slot:
+                    return j
+            return len(pairs)
         out = self.router.outstanding
         mine = out[slot]
         return max(mine * (n - 1) - (sum(out) - mine), 0)

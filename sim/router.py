@@ -22,7 +22,7 @@ This module has no SimPy in it; the cluster calls ``pick`` and ``on_done``.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -72,6 +72,9 @@ class Router:
         self.load_weight = load_weight
         self._next = 0
         self._rng = np.random.default_rng(seed)
+        # power_of_two_choices: pairs drawn ahead of their picks (``pairs_ahead``), next first; the
+        # picks take them before drawing more, so the sequence of pairs is the same either way
+        self._pairs: deque[tuple[int, int]] = deque()
         self.outstanding = [0] * len(replicas)
         self._index_of = {id(r): i for i, r in enumerate(replicas)}
         self._scrapes = [_Scrape() for _ in replicas]
@@ -163,7 +166,7 @@ class Router:
         if policy == "least_outstanding":
             return min(range(n), key=lambda i: (out[i], i))
         if policy == "power_of_two_choices":
-            a, b = self._rng.choice(n, size=2, replace=False).tolist()
+            a, b = self._pairs.popleft() if self._pairs else self._draw_pair()
             return a if (out[a], a) <= (out[b], b) else b
         self._scrape(now)
         s = self._scrapes
@@ -171,6 +174,18 @@ class Router:
             return min(range(n), key=lambda i: (s[i].usage, out[i], i))
         # kv_aware: free blocks net of the prompts queued at each replica
         return min(range(n), key=lambda i: (-(s[i].free_blocks - s[i].queued_blocks), out[i], i))
+
+    def _draw_pair(self) -> tuple[int, int]:
+        a, b = self._rng.choice(len(self.replicas), size=2, replace=False).tolist()
+        return a, b
+
+    def pairs_ahead(self, m: int) -> deque[tuple[int, int]]:
+        """power_of_two_choices: the next ``m`` (or more) pairs of replicas the next picks will
+        compare, next first (drawn now from the same generator, in the same order)."""
+        pairs = self._pairs
+        while len(pairs) < m:
+            pairs.append(self._draw_pair())
+        return pairs
 
     def _prefix_aware(self, keys: list[int]) -> int:
         out = self.outstanding
