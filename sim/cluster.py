@@ -60,10 +60,11 @@ class Cluster:
         # heap of (think time, request id) whose answered entries are dropped when they surface.
         self._asking: dict[int, dict[int, float]] = {rep.replica_id: {} for rep in replicas}
         self._asking_heap: dict[int, list[tuple[float, int]]] = {rep.replica_id: [] for rep in replicas}
-        # Round robin: the replica each fresh arrival goes to is known ahead (the router's turn
-        # counter), so a replica looks ahead to its own next request, not everyone's. The requests
-        # the arrival process delivers, the index of the one it waits for, and the times SimPy
-        # schedules it and the ones after it at (worked out as they are asked for).
+        # Round robin, least outstanding, power of two choices: some of the next fresh arrivals
+        # surely go to other replicas (``_arrivals_elsewhere``), so a replica looks ahead past them,
+        # not just to everyone's next arrival. The requests the arrival process delivers, the index
+        # of the one it waits for, and the times SimPy schedules it and the ones after it at
+        # (worked out as they are asked for).
         self._ahead = (self.router.policy in ("round_robin", "least_outstanding", "power_of_two_choices")
                        and len(replicas) > 1)
         self._slot = {rep.replica_id: i for i, rep in enumerate(replicas)}
@@ -83,7 +84,8 @@ class Cluster:
         a turn whose previous turn is not answered yet, no sooner than that turn's think time from
         now, when the previous turn is on another replica. One on ``replica`` itself is not answered
         before the end of the asking replica's next steps, which it is asking about: a stretch ends
-        with the step that finishes a request."""
+        with the step that finishes a request. Without conversations, fresh arrivals that surely go
+        to other replicas (``_arrivals_elsewhere``) are looked past."""
         t = self._next_arrival
         if self._ahead and not self._unreleased and -math.inf < t < math.inf:
             t = self._time_ahead(self._arrivals_elsewhere(self._slot[replica]))
@@ -108,11 +110,11 @@ class Cluster:
 
         Round robin: those before its turn comes. Power of two choices: those whose pair of
         replicas to compare (drawn ahead, up to ``_PAIRS_AHEAD`` of them) leaves it out. Least
-        outstanding: while some other replica
-        surely has fewer outstanding requests. The others' count can only grow by the arrivals
-        before the j-th (finishes lower it), so before the j-th it is at most their count now plus
-        j - 1, and the least of them at most that over N - 1 (pigeonhole): below this replica's own
-        count for every j <= its count x (N - 1) - the others' count."""
+        outstanding: those while some other replica surely has fewer outstanding requests. The
+        others' count can only grow by the arrivals before the j-th (finishes lower it), so before
+        the j-th it is at most their count now plus j - 1, and the least of them at most that over
+        N - 1 (pigeonhole): below this replica's own count for every j <= its count x (N - 1) - the
+        others' count."""
         n = len(self.replicas)
         policy = self.router.policy
         if policy == "round_robin":
