@@ -23,10 +23,6 @@ from .router import ClusterConfig, Router, RouterName
 from .sessions import later_turns
 from .workload import RequestArrays
 
-# power_of_two_choices: pairs a replica looks ahead through for its own (each holds it with
-# probability 2 / replicas, so a few dozen cover a long stretch)
-_PAIRS_AHEAD = 64
-
 
 class Cluster:
     """Replicas, a router, and the processes that deliver requests at their arrival times."""
@@ -60,13 +56,12 @@ class Cluster:
         # heap of (think time, request id) whose answered entries are dropped when they surface.
         self._asking: dict[int, dict[int, float]] = {rep.replica_id: {} for rep in replicas}
         self._asking_heap: dict[int, list[tuple[float, int]]] = {rep.replica_id: [] for rep in replicas}
-        # Round robin, least outstanding, power of two choices: some of the next fresh arrivals
-        # surely go to other replicas (``_arrivals_elsewhere``), so a replica looks ahead past them,
-        # not just to everyone's next arrival. The requests the arrival process delivers, the index
-        # of the one it waits for, and the times SimPy schedules it and the ones after it at
-        # (worked out as they are asked for).
-        self._ahead = (self.router.policy in ("round_robin", "least_outstanding", "power_of_two_choices")
-                       and len(replicas) > 1)
+        # A router that can tell which of its next picks surely go elsewhere (``Router.
+        # picks_elsewhere``) lets a replica look ahead past those arrivals, not just to everyone's
+        # next one (without conversations: their turns take picks too). The requests the arrival
+        # process delivers, the index of the one it waits for, and the times SimPy schedules it
+        # and the ones after it at (worked out as they are asked for).
+        self._ahead = self.router.looks_ahead
         self._slot = {rep.replica_id: i for i, rep in enumerate(replicas)}
         self._stream: Sequence[Request] | None = None
         self._stream_times: np.ndarray | None = None  # the columns' arrival times (RequestArrays)
@@ -85,10 +80,11 @@ class Cluster:
         now, when the previous turn is on another replica. One on ``replica`` itself is not answered
         before the end of the asking replica's next steps, which it is asking about: a stretch ends
         with the step that finishes a request. Without conversations, fresh arrivals that surely go
-        to other replicas (``_arrivals_elsewhere``) are looked past."""
+        to other replicas (``Router.picks_elsewhere``: the replica stretching is sent nothing and
+        reports no finish before its stretch's last step ends) are looked past."""
         t = self._next_arrival
-        if self._ahead and not self._unreleased and -math.inf < t < math.inf:
-            t = self._time_ahead(self._arrivals_elsewhere(self._slot[replica]))
+        if self._ahead and -math.inf < t < math.inf:
+            t = self._time_ahead(self.router.picks_elsewhere(self._slot[replica]))
         if self._releases:
             t = min(t, self._releases[0])
         if self._unreleased:
@@ -102,32 +98,6 @@ class Cluster:
                 if heap:
                     t = min(t, now + heap[0][0])
         return t
-
-    def _arrivals_elsewhere(self, slot: int) -> int:
-        """How many of the next fresh arrivals surely go to other replicas than the one in router
-        slot ``slot``, while that replica takes a stretch (it is sent nothing and reports no finish
-        before the stretch's last step ends).
-
-        Round robin: those before its turn comes. Power of two choices: those whose pair of
-        replicas to compare (drawn ahead, up to ``_PAIRS_AHEAD`` of them) leaves it out. Least
-        outstanding: those while some other replica surely has fewer outstanding requests. The
-        others' count can only grow by the arrivals before the j-th (finishes lower it), so before
-        the j-th it is at most their count now plus j - 1, and the least of them at most that over
-        N - 1 (pigeonhole): below this replica's own count for every j <= its count x (N - 1) - the
-        others' count."""
-        n = len(self.replicas)
-        policy = self.router.policy
-        if policy == "round_robin":
-            return (slot - self.router.turn) % n
-        if policy == "power_of_two_choices":
-            pairs = self.router.pairs_ahead(_PAIRS_AHEAD)
-            for j, (a, b) in enumerate(pairs):
-                if a == slot or b == slot:
-                    return j
-            return len(pairs)
-        out = self.router.outstanding
-        mine = out[slot]
-        return max(mine * (n - 1) - (sum(out) - mine), 0)
 
     def _time_ahead(self, m: int) -> float:
         """When the m-th request after the one the arrival process waits for (m = 0: that one) is
@@ -157,7 +127,7 @@ class Cluster:
         by when they were scheduled, and a stretch schedules its end earlier than the plain step
         would, so the replica's next step and that arrival would swap order (with a request of
         its own arriving exactly when that step ends, it would then miss it)."""
-        if not self._ahead or self._unreleased or not self._next_arrival <= t < math.inf:
+        if not self._ahead or not self._next_arrival <= t < math.inf:
             return False
         m = 0
         while (due := self._time_ahead(m)) < t:

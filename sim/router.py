@@ -38,6 +38,10 @@ if TYPE_CHECKING:
 
 __all__ = ["ClusterConfig", "Router", "RouterName"]
 
+# power_of_two_choices: pairs ``picks_elsewhere`` looks ahead through (each holds a given replica
+# with probability 2 / replicas, so a few dozen cover a long stretch)
+_PAIRS_AHEAD = 64
+
 
 class ClusterConfig(ConfigModel):
     num_replicas: int = Field(1, ge=1)
@@ -72,7 +76,7 @@ class Router:
         self.load_weight = load_weight
         self._next = 0
         self._rng = np.random.default_rng(seed)
-        # power_of_two_choices: pairs drawn ahead of their picks (``pairs_ahead``), next first; the
+        # power_of_two_choices: pairs drawn ahead of their picks (``picks_elsewhere``), next first; the
         # picks take them before drawing more, so the sequence of pairs is the same either way
         self._pairs: deque[tuple[int, int]] = deque()
         self.outstanding = [0] * len(replicas)
@@ -139,11 +143,6 @@ class Router:
         self.outstanding[r] += 1
         return self.replicas[r]
 
-    @property
-    def turn(self) -> int:
-        """Round robin: picks made so far (the next request goes to slot ``turn % replicas``)."""
-        return self._next
-
     def on_done(self, rep: Replica) -> None:
         """A request sent to ``rep`` was answered (finished or rejected)."""
         self.outstanding[self._index_of[id(rep)]] -= 1
@@ -175,17 +174,43 @@ class Router:
         # kv_aware: free blocks net of the prompts queued at each replica
         return min(range(n), key=lambda i: (-(s[i].free_blocks - s[i].queued_blocks), out[i], i))
 
+    @property
+    def looks_ahead(self) -> bool:
+        """Whether ``picks_elsewhere`` can tell anything: a policy whose next picks follow from its
+        own turn counter, counts or draws (not from scraped metrics or prefix records)."""
+        return len(self.replicas) > 1 and self.policy in ("round_robin", "least_outstanding", "power_of_two_choices")
+
+    def picks_elsewhere(self, r: int) -> int:
+        """How many of the next picks surely go to other replicas than ``r``, provided ``r`` is sent
+        nothing and reports no answer meanwhile (``looks_ahead`` policies; 0 for the others).
+
+        Round robin: those before its turn comes. Power of two choices: those whose pair of
+        replicas to compare (drawn ahead, up to ``_PAIRS_AHEAD`` of them) leaves it out. Least
+        outstanding: those while some other replica surely has fewer outstanding requests. The
+        others' count can only grow by the picks before the j-th (answers lower it), so before the
+        j-th it is at most their count now plus j - 1, and the least of them at most that over
+        N - 1 (pigeonhole): below ``r``'s own count for every j <= its count x (N - 1) - the
+        others' count."""
+        n = len(self.replicas)
+        if not self.looks_ahead:
+            return 0
+        if self.policy == "round_robin":
+            return (r - self._next) % n
+        if self.policy == "power_of_two_choices":
+            pairs = self._pairs
+            while len(pairs) < _PAIRS_AHEAD:  # drawn now from the same generator, in the same order
+                pairs.append(self._draw_pair())
+            for j, (a, b) in enumerate(pairs):
+                if r in (a, b):
+                    return j
+            return len(pairs)
+        out = self.outstanding
+        mine = out[r]
+        return max(mine * (n - 1) - (sum(out) - mine), 0)
+
     def _draw_pair(self) -> tuple[int, int]:
         a, b = self._rng.choice(len(self.replicas), size=2, replace=False).tolist()
         return a, b
-
-    def pairs_ahead(self, m: int) -> deque[tuple[int, int]]:
-        """power_of_two_choices: the next ``m`` (or more) pairs of replicas the next picks will
-        compare, next first (drawn now from the same generator, in the same order)."""
-        pairs = self._pairs
-        while len(pairs) < m:
-            pairs.append(self._draw_pair())
-        return pairs
 
     def _prefix_aware(self, keys: list[int]) -> int:
         out = self.outstanding

@@ -296,7 +296,7 @@ def test_replicas_fast_forward_past_arrivals_that_surely_go_elsewhere(replicas: 
     # round robin's next target is known ahead, and least outstanding's is surely another replica
     # while that one has fewer outstanding: a replica's stretch runs past the other replicas'
     # arrivals, and the run is still the plain loop's
-    from servesim.sim.cluster import Cluster
+    from servesim.sim.router import Router
     from servesim.sim.workload import generate_requests
 
     sc = round_robin_cluster(replicas, seed=replicas, router=router)
@@ -307,7 +307,7 @@ def test_replicas_fast_forward_past_arrivals_that_surely_go_elsewhere(replicas: 
     plain = simulate(sc, requests=requests(), progress=False, fast_forward=False)
     assert_same_run(plain, simulate(sc, requests=requests(), progress=False), replicas=replicas)
     own = fast_forwarded_steps(sc, "num_stretches", requests())
-    monkeypatch.setattr(Cluster, "_arrivals_elsewhere", lambda self, slot: 0)  # everyone's next arrival
+    monkeypatch.setattr(Router, "picks_elsewhere", lambda self, r: 0)  # everyone's next arrival
     everyone = fast_forwarded_steps(sc, "num_stretches", requests())
     if router == "power_of_two_choices" and replicas == 2:
         assert own == everyone  # (every pair is both replicas: nothing surely goes elsewhere)
