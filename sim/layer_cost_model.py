@@ -19,10 +19,11 @@ decode rows inside a mixed step are not priced as a separate decode kernel (on t
 it as follows:
 
 - decode rows (q == 1): ``n_decode`` = their count, ``kv_decode`` their mean context; unequal
-  contexts add ``alpha x (A(max context) - A(mean context))``, alpha per bucket of (pure or mixed
-  step, rows, where the mean sits between the shortest and longest context, longest context)
-  fitted to LLMServingSim's ``skew.csv`` (how far a skewed batch sits between its mean and its
-  longest row);
+  contexts add ``alpha x (A(max context) - A(mean context))``, alpha per bucket of (rows, where the
+  mean sits between the shortest and longest context, longest context, the step's prefill chunk
+  (0 in a decode-only step), that chunk's cached context) fitted to LLMServingSim's ``skew.csv``
+  (how far a skewed batch sits between its mean and its longest row; behind a prefill chunk the
+  longest decode row shows less or more depending on how much prefill work there is beside it);
 - the prefill row with the most query-key pairs is the table's chunk; every further prefill row
   adds its own prefill-only time less the table's smallest prefill (the launch it shares).
 
@@ -298,25 +299,41 @@ def _pairs(q: float, ctx: float) -> float:
 
 class SkewAlpha:
     """alpha: where a decode batch with unequal contexts sits between its mean-context and its
-    longest-context time, per bucket of (pure or mixed step, decode rows, ratio = (mean - shortest)
-    / (longest - shortest), longest context); ``*_edges`` are ascending upper edges."""
+    longest-context time, per bucket of (decode rows, ratio = (mean - shortest) / (longest -
+    shortest), longest context, the step's prefill chunk, that chunk's cached context);
+    ``*_edges`` are ascending upper edges. A profile without ``pc_edges`` (written before the
+    prefill axes) has one alpha per (pure or mixed step, rows, ratio, longest context)."""
 
     def __init__(self, section: Mapping[str, Any]) -> None:
         self.n_edges = _axis("skew.n_edges", section["n_edges"])
         self.ratio_edges = _axis("skew.ratio_edges", section["ratio_edges"])
         self.kv_edges = _axis("skew.kv_edges", section["kv_edges"])
-        shape = (2, len(self.n_edges), len(self.ratio_edges), len(self.kv_edges))
+        self.by_prefill = "pc_edges" in section
+        if self.by_prefill:
+            self.pc_edges = _axis("skew.pc_edges", section["pc_edges"])
+            self.kp_edges = _axis("skew.kp_edges", section.get("kp_edges", []))
+            shape: tuple[int, ...] = (len(self.n_edges), len(self.ratio_edges), len(self.kv_edges),
+                                      len(self.pc_edges), len(self.kp_edges))
+        else:
+            shape = (2, len(self.n_edges), len(self.ratio_edges), len(self.kv_edges))
         arr = _grid("skew.alpha", section["alpha"], shape)
         if not (np.isfinite(arr).all() and (arr >= -1).all() and (arr <= 2).all()):
             raise ProfileError("skew alphas must be finite numbers in [-1, 2]")
         self.alpha = arr.tolist()
 
-    def __call__(self, n: int, mixed: bool, mean: float, shortest: float, longest: float) -> float:
+    def __call__(self, n: int, mean: float, shortest: float, longest: float, pc: float = 0,
+                 kp: float = 0) -> float:
+        """alpha of ``n`` decode rows of mean / shortest / longest context in a step whose prefill
+        chunk is ``pc`` tokens (0: decode-only) over ``kp`` cached ones."""
         ratio = (mean - shortest) / (longest - shortest)
         i = min(bisect.bisect_left(self.n_edges, n), len(self.n_edges) - 1)
         j = min(bisect.bisect_left(self.ratio_edges, ratio), len(self.ratio_edges) - 1)
         k = min(bisect.bisect_left(self.kv_edges, longest), len(self.kv_edges) - 1)
-        return self.alpha[mixed][i][j][k]
+        if not self.by_prefill:
+            return self.alpha[pc > 0][i][j][k]
+        p = min(bisect.bisect_left(self.pc_edges, pc), len(self.pc_edges) - 1)
+        q = min(bisect.bisect_left(self.kp_edges, kp), len(self.kp_edges) - 1)
+        return self.alpha[i][j][k][p][q]
 
 
 class LayerCostModel:
@@ -388,7 +405,7 @@ class LayerCostModel:
             if self.alpha is not None and n > 1:
                 top = float(ctx.max())
                 if top > mean:
-                    a = self.alpha(n, False, mean, float(ctx.min()), top)
+                    a = self.alpha(n, mean, float(ctx.min()), top)
                     if a:
                         t += a * (grid(0, 0, n, top) - t)
             return self._layers * t
@@ -403,7 +420,7 @@ class LayerCostModel:
                 dctx = ctx[dec]
                 top = float(dctx.max())
                 if top > mean:
-                    a = self.alpha(n_dec, True, mean, float(dctx.min()), top)
+                    a = self.alpha(n_dec, mean, float(dctx.min()), top, pc, kp)
                     if a:
                         t += a * (grid(pc, kp, n_dec, top) - t)
         else:

@@ -283,6 +283,55 @@ def test_unequal_decode_contexts_cost_between_mean_and_max(fake_profile):
     assert skewed - mean_t == pytest.approx(0.5 * (longest - mean_t), rel=0.05)
 
 
+def _skew_rows(alpha_of) -> pd.DataFrame:
+    """Two-level decode batches (``nb`` rows at 4x the rest's context) beside prefill chunks, their
+    skewed time ``alpha_of(pc, kp)`` of the way from the mean-context time to the longest's."""
+    rows = []
+    for pc in (0, 16, 32, 256, 1024, 2048):
+        for kp in ((0, 2048, 8192) if pc else (0,)):
+            for n in (4, 16, 64):
+                for nb in (1, n // 2):
+                    for kvs in (136, 160, 192, 224, 256, 1024):  # five with the longest in (512, 1024]
+                        big, mean = 4 * kvs, (nb * 4 * kvs + (n - nb) * kvs) / n
+                        tm, tx = attn_s(pc, kp, n, mean), attn_s(pc, kp, n, big)
+                        rows.append({"regime": "mixed" if pc else "pure", "n": n, "nb": nb, "skew": 4.0, "pc": pc,
+                                     "kp": kp, "kvs": kvs, "kv_big": big, "kv_mean": int(mean), "t_mean_s": tm,
+                                     "t_max_s": tx, "t_skew_s": tm + alpha_of(pc, kp) * (tx - tm)})
+    return pd.DataFrame(rows)
+
+
+def test_skew_alpha_is_fitted_per_prefill_chunk_and_cached_context():
+    from servesim.sim.layer_cost_model import SkewAlpha
+
+    def alpha_of(pc, kp):  # decode-only 0.5; behind a short chunk the longest row shows, behind a long one less
+        return 0.5 if pc == 0 else (0.9 if pc <= 64 else 0.3 if kp <= 4096 else 0.1)
+
+    # a grid with the rows' chunks, cached contexts and row counts as nodes, read linearly: exact
+    # for attn_s, which is linear in the decode context
+    axes = {"prefill_chunk": [0, 16, 32, 256, 1024, 2048], "kv_prefill": [0, 2048, 8192], "n_decode": [0, 4, 16, 64],
+            "kv_decode": [0, 128, 4096]}
+    arr = np.array([[[[attn_s(pc, kp, n, kv) for kv in axes["kv_decode"]] for n in axes["n_decode"]]
+                     for kp in axes["kv_prefill"]] for pc in axes["prefill_chunk"]])
+    section, errors = gp.fit_skew(_skew_rows(alpha_of), AttentionGrid(axes, arr, "linear"))
+    alpha = SkewAlpha(section)
+    for n, pc, kp in ((4, 0, 0), (16, 32, 0), (64, 16, 8192), (4, 1024, 0), (16, 2048, 2048), (64, 256, 8192)):
+        assert alpha(n, 640.0, 256.0, 1024.0, pc, kp) == pytest.approx(alpha_of(pc, kp), abs=1e-3), (n, pc, kp)
+    assert errors["skew_full_model"]["p90_ape"] < 1e-3  # held-out rows follow the same law
+    # a shape no training row has (2 rows) takes a coarser bucket's alpha of the same kind of step
+    assert alpha(2, 640.0, 256.0, 1024.0, 0, 0) == pytest.approx(0.5, abs=1e-3)
+
+
+def test_a_profile_skew_section_without_prefill_axes_still_reads():
+    from servesim.sim.layer_cost_model import SkewAlpha
+    old = {"n_edges": [2, 1 << 20], "ratio_edges": [0.5, 1.01], "kv_edges": [1024, 1 << 30],
+           "alpha": [[[[0.25, 0.25], [0.25, 0.25]]] * 2, [[[0.75, 0.75], [0.75, 0.75]]] * 2]}
+    alpha = SkewAlpha(old)
+    assert alpha(4, 500.0, 100.0, 2000.0) == 0.25  # decode-only step
+    assert alpha(4, 500.0, 100.0, 2000.0, 32, 0) == 0.75  # beside a prefill chunk
+    with pytest.raises(ProfileError, match="skew.kp_edges"):
+        SkewAlpha({**old, "pc_edges": [0, 64]})
+
+
 def test_a_second_prefill_row_adds_its_own_chunk(fake_profile):
     _, path = fake_profile
     model = load_profile(path)
