@@ -377,10 +377,10 @@ def fit_skew(skew: pd.DataFrame, grid: AttentionGrid, seed: int = SEED) -> tuple
     A(mean)), A the attention grid's reading of a uniform batch: ``skew_full_model`` scores that.
 
     alpha is fitted to the measured uniform times, not to A: fitted to A it held out better on these
-    two-level batches (p90 6.6-8.3 % against 7.7-9.7 % on the five LLMServingSim tables) but absorbs
-    A's chord error at the file's particular mean contexts, which no other batch shares; replayed
-    on the two measured vLLM runs (``benchmarks/validate_against_runs.py``) it moved every TPOT and
-    E2E figure 1.5-2.5 points further from the run."""
+    two-level batches (p90 6.6-8.3 % against 7.7-9.7 % on the five LLMServingSim tables) but then
+    also absorbs A's chord error at the file's own mean contexts, which other batches need not
+    share; replayed on the two measured vLLM runs (``benchmarks/validate_against_runs.py``) it moved
+    every TPOT and E2E figure 0.8-2.4 points further from the run."""
     df = skew[(skew["t_max_s"] > skew["t_mean_s"])].reset_index(drop=True)
     held = split_mask(len(df), seed=seed, keep_ends=False)
     buckets = skew_buckets(df["n"].to_numpy(), (df["nb"] / df["n"]).to_numpy(), df["kv_big"].to_numpy(),
