@@ -55,6 +55,14 @@ def test_non_numeric_cell_is_named(tmp_path):
         llmservingsim.read_profile(folder)
 
 
+@pytest.mark.parametrize("cell, shown", [("nan", "nan"), ("-5", "-5"), ("-2.5", "-2.5"), ("inf", "inf")])
+def test_a_negative_or_missing_time_is_named_as_read(tmp_path, cell, shown):
+    folder = write_llmservingsim(tmp_path)
+    (folder / "tp1" / "per_sequence.csv").write_text(f"layer,sequences,time_us\nlm_head,1,{cell}\n")
+    with pytest.raises(SourceError, match=rf"per_sequence\.csv: column 'time_us' row 2 is {shown}, expected"):
+        llmservingsim.read_profile(folder)
+
+
 def test_meta_without_tp_degrees_is_an_error(tmp_path):
     folder = write_llmservingsim(tmp_path)
     (folder / "meta.yaml").write_text("gpu: X\nmodel: Y\n")

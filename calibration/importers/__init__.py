@@ -89,8 +89,9 @@ def numeric(df: pd.DataFrame, path: str | Path, columns: list[str] | tuple[str, 
         bad = values.isna() | (values < 0) | (values == float("inf"))
         if bad.any():
             row = int(bad.to_numpy().nonzero()[0][0])
-            raise SourceError(f"{path}: column {c!r} row {row + 2} is {out[c].iloc[row]!r}, "
-                              "expected a finite number >= 0")
+            cell = out[c].iloc[row]
+            shown = repr(cell) if isinstance(cell, str) else str(cell)  # text quoted; nan, -5.0 as read
+            raise SourceError(f"{path}: column {c!r} row {row + 2} is {shown}, expected a finite number >= 0")
         out[c] = values.astype(float)
     return out
 
