@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,14 @@ def row(run_name: str, cost: str, result) -> list[str]:  # noqa: ANN001 - Agains
     return cells
 
 
+def measured_runs(runs: str | Path) -> Iterator[tuple[Path, str]]:
+    """Each measured run folder under ``runs`` (one with a ``requests.jsonl``), in name order, with
+    the shipped profile its GPU, model and TP name."""
+    for folder in sorted(p for p in Path(runs).iterdir() if (p / "requests.jsonl").is_file()):
+        run = read_run(folder)
+        yield folder, f"{run.hardware}-{run.model}-tp{run.tensor_parallel}.json"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", default="results/validation/gpu/runs")
@@ -43,9 +52,7 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     rows = []
-    for folder in sorted(p for p in Path(args.runs).iterdir() if (p / "requests.jsonl").is_file()):
-        run = read_run(folder)
-        profile = f"{run.hardware}-{run.model}-tp{run.tensor_parallel}.json"
+    for folder, profile in measured_runs(args.runs):
         for cost, prof in (("profile", profile), ("roofline", None)):
             if prof is not None:
                 resolve_profile_path(prof)  # a missing profile is an error, not a silent roofline

@@ -19,12 +19,9 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from servesim.calibration.measured_run import read_run
 from servesim.calibration.validate_against import validate_against
 from servesim.sim import layer_cost_model
-
-FIGURES = ("median_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "p90_tpot_ms", "median_e2el_ms", "p90_e2el_ms")
-TARGETS = {"ttft": 5.0, "tpot": 2.0, "e2el": 2.0}
+from validate_against_runs import TARGETS, measured_runs  # (this script's folder is on sys.path)
 
 
 @contextmanager
@@ -50,24 +47,22 @@ def main() -> None:
     ap.add_argument("--out", default="results/validation/gpu/sensitivity.md")
     args = ap.parse_args()
     factors = [float(f) for f in args.factors.split(",")]
-    head = ["run", "step cost x", *FIGURES]
+    head = ["run", "step cost x", *TARGETS]
     lines = ["# validate --against: sensitivity to the step cost", "",
              "Error % of the simulation against each measured run, with every step's time from the run's GPU "
              "profile multiplied by the factor (a diagnostic, not a fit; `python benchmarks/validate_sensitivity.py` "
              "regenerates this file). `*` marks a figure within its target (TTFT 5 %, TPOT and E2E 2 %).", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for folder in sorted(p for p in Path(args.runs).iterdir() if (p / "requests.jsonl").is_file()):
-        run = read_run(folder)
-        profile = f"{run.hardware}-{run.model}-tp{run.tensor_parallel}.json"
+    for folder, profile in measured_runs(args.runs):
         for factor in factors:
             with step_cost_scaled(factor), tempfile.TemporaryDirectory() as tmp:
                 result = validate_against(folder, Path(tmp), profile=profile, overrides=[], plots=False, log=None,
                                           progress=False)
             t = result.table.set_index("metric")
             cells = [folder.name, f"{factor:g}"]
-            for key in FIGURES:
+            for key, target in TARGETS.items():
                 err = float(t.loc[key, "error_pct"])
-                ok = abs(err) <= TARGETS[key.split("_")[1]]
+                ok = abs(err) <= target
                 cells.append(f"{err:+.2f}{' *' if ok else ''}")
             lines.append("| " + " | ".join(cells) + " |")
             print(" | ".join(cells), flush=True)
