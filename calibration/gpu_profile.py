@@ -350,11 +350,11 @@ def _bucket_alpha(buckets: tuple[np.ndarray, ...], dy: np.ndarray, dx: np.ndarra
     mixed = (buckets[3] > 0).astype(np.int64)
     keys = (mixed, *buckets[:3], *buckets[3:])  # (mixed, rows, ratio, longest, chunk, cached)
     cells = np.stack(np.meshgrid(*(np.arange(k) for k in shape), indexing="ij"), axis=-1).reshape(-1, len(shape))
-    cell_keys = (cells[:, 3] > 0).astype(np.int64)[:, None], cells
+    cell_keys = np.concatenate([(cells[:, 3:4] > 0).astype(np.int64), cells], axis=1)  # keys' order
     alpha = np.full(len(cells), np.nan)
     for depth in range(len(keys), 0, -1):
         rows = np.stack(keys[:depth], axis=1)
-        cell = np.concatenate(cell_keys, axis=1)[:, :depth]
+        cell = cell_keys[:, :depth]
         uniq, inv = np.unique(rows, axis=0, return_inverse=True)
         inv = inv.reshape(-1)
         num = np.bincount(inv, weights=w * dy * dx, minlength=len(uniq))
