@@ -203,6 +203,35 @@ def test_histogram_quantiles_stay_within_stated_error():
     assert isinstance(h.quantile(0.5), float)
 
 
+def _bins_one_by_one(h: LogHistogram, v: np.ndarray) -> np.ndarray:
+    """The histogram's counts of ``v`` with every value binned on its own (``add``'s arithmetic)."""
+    f = np.log(np.maximum(v, h.lo) * (1.0 / h.lo)) * h._inv_log_ratio
+    return np.bincount(np.minimum(f.astype(np.int64), h.num_bins - 1), minlength=h.num_bins)
+
+
+@pytest.mark.parametrize("n", [1, 63, 64, 65, 3000, 5000, 70_000])
+def test_histogram_bins_runs_of_equal_values_as_each_value_alone(n):
+    # add() bins a run of equal neighbours (a step's decode rows share one ITL) once: the counts,
+    # sum, spread and extremes must be those of binning every value, also at bin edges and clamps
+    rng = np.random.default_rng(n)
+    h = LogHistogram()
+    edges = h.lo * h.ratio ** rng.integers(0, h.num_bins, 50)  # values exactly on bin edges
+    pool = np.concatenate([rng.lognormal(-4, 1, 50), edges, np.nextafter(edges, 0), [1e-9, 0.0, 5e3, h.hi]])
+    for runs in (True, False):
+        if runs:  # a few long runs of one value and some singletons
+            v = np.repeat(rng.choice(pool, n), rng.integers(1, 300, n))[:n]
+        else:
+            v = rng.choice(pool, n)
+        a, b = LogHistogram(), LogHistogram()
+        a.add(v)
+        assert np.array_equal(a.counts, _bins_one_by_one(a, v))
+        for part in np.array_split(v, 3):
+            b.add(part)
+        assert np.array_equal(b.counts, a.counts)
+        assert (a.count, a.sum, a.min, a.max) == (v.size, float(np.add.reduce(v)), v.min(), v.max())
+        assert a.std == pytest.approx(v.std(), rel=1e-9, abs=1e-15)
+
+
 def test_histogram_merges_and_round_trips_through_dict():
     rng = np.random.default_rng(2)
     a, b = rng.lognormal(-3, 0.5, 5000), rng.lognormal(-5, 0.5, 3000)
