@@ -29,9 +29,9 @@ from .request import Request, RequestState
 
 ITERATIONS_MODES = ("full", "binned", "off")
 IterationsMode = Literal["full", "binned", "off"]
-_PERCENTILES = (90, 95, 99)
+_PERCENTILES = (90, 95, 99)  # reported for every latency, next to mean, median and std
 _RUNS_FROM = 64  # LogHistogram.add looks for runs of equal values in batches this long or longer
-_ZERO_ROW = np.zeros(1, dtype=np.intp)  # reported for every latency, next to mean, median and std
+_ZERO_ROW = np.zeros(1, dtype=np.intp)
 _SLO_KEYS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "e2el_ms": "e2e"}
 
 
