@@ -493,3 +493,141 @@ class BlockManager:
             )
         if len(self._host_free) != self.num_host_blocks:
             raise AssertionError("host swap blocks leaked")
+
+
+_NO_BLOCK = (-1, -1)  # a swap copy pair of CountingBlockManager: it keeps no block ids
+
+
+class CountingBlockManager(BlockManager):
+    """``BlockManager`` without block ids: simulation with prefix caching off.
+
+    There no decision and no output reads which blocks a request holds: ids matter to the prefix
+    cache (off) and to live mode's kernels (which read ``block_table``; live mode builds a
+    ``BlockManager``). So this keeps how many device and host blocks each request holds and how
+    many are free, and answers every call as ``BlockManager(enable_prefix_caching=False)`` does
+    (``tests/test_kv_cache.py`` runs both through random operation sequences), without a list per
+    request and a list operation per block (6-7 % of a simulated step's instructions,
+    ``benchmarks/sim_instructions.py``). A swap's copy pairs are placeholders, one ``(-1, -1)``
+    per block moved: a simulated step counts them (its swap bytes) and nothing reads their ids.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, *, num_host_blocks: int = 0, watermark: float = 0.0) -> None:
+        super().__init__(num_blocks, block_size, enable_prefix_caching=False, num_host_blocks=num_host_blocks,
+                         watermark=watermark)
+        # the id lists of the base class stay empty; counts instead
+        self._free, self._ref, self._block_key, self._host_free = [], [], [], []
+        self._nfree = num_blocks
+        self._held: dict[int, int] = {}  # request_id -> device blocks
+        self._host_nfree = num_host_blocks
+        self._host_held: dict[int, int] = {}  # request_id -> host blocks (swapped out)
+        self._host_deferred_n = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._nfree
+
+    @property
+    def num_host_free_blocks(self) -> int:
+        return self._host_nfree
+
+    def num_blocks_of(self, request: Request) -> int:
+        return self._held.get(request.request_id, 0)
+
+    def block_table(self, request: Request) -> list[int]:
+        raise RuntimeError("CountingBlockManager keeps block counts, not block ids (simulation without prefix "
+                           "caching); live mode, which reads block tables, builds a BlockManager")
+
+    def holds(self, request: Request) -> bool:
+        return request.request_id in self._held or request.request_id in self._host_held
+
+    def stats(self) -> KVStats:
+        return KVStats(self.num_blocks, self._nfree, 0, self.num_host_blocks, self._host_nfree, self.prefix_hits,
+                       self.prefix_queries, self.preempted_prefix_hits, self.preempted_prefix_queries)
+
+    def _allocate(self, request_id: int, num_tokens: int, watermark: bool) -> bool:
+        have = self._held.get(request_id, 0)
+        need = -(-num_tokens // self.block_size) - have
+        if need <= 0:
+            return True
+        if self._nfree - need < (self.watermark_blocks if watermark else 0):
+            return False
+        self._held[request_id] = have + need
+        self._nfree -= need
+        return True
+
+    def allocate(self, request: Request, num_tokens: int, *, watermark: bool = False) -> bool:
+        return self._allocate(request.request_id, num_tokens, watermark)
+
+    def extend_each(self, requests: list[Request], counts: list[int]) -> int:
+        held = self._held
+        total = sum(counts)
+        if total <= self._nfree:
+            for req, c in zip(requests, counts, strict=True):
+                rid = req.request_id
+                held[rid] = held.get(rid, 0) + c
+            self._nfree -= total
+            return -1
+        for j, (req, c) in enumerate(zip(requests, counts, strict=True)):  # short: up to the first that fails
+            if c > self._nfree:
+                return j
+            rid = req.request_id
+            held[rid] = held.get(rid, 0) + c
+            self._nfree -= c
+        return -1
+
+    def append_blocks(self, requests: list[Request]) -> bool:
+        k = len(requests)
+        if k > self._nfree:
+            return False
+        held = self._held
+        for req in requests:
+            rid = req.request_id
+            held[rid] = held.get(rid, 0) + 1
+        self._nfree -= k
+        return True
+
+    def _take_block(self) -> int:
+        raise RuntimeError("CountingBlockManager hands out no block ids")
+
+    def free(self, request: Request) -> int:
+        n = self._held.pop(request.request_id, 0)
+        self._nfree += n
+        return n
+
+    def swap_out(self, request: Request) -> list[tuple[int, int]] | None:
+        n = self._held.get(request.request_id, 0)
+        if n == 0:
+            return []
+        if self._host_nfree < n:
+            return None
+        self._host_held[request.request_id] = n
+        self._host_nfree -= n
+        self.free(request)
+        return [_NO_BLOCK] * n
+
+    def swap_in(self, request: Request) -> list[tuple[int, int]] | None:
+        n = self._host_held.get(request.request_id)
+        if n is None:
+            return []
+        if not self.can_allocate(n):
+            return None
+        self._held[request.request_id] = n
+        self._nfree -= n
+        del self._host_held[request.request_id]
+        self._host_deferred_n += n  # reusable from the next step, as BlockManager's deferred host blocks
+        return [_NO_BLOCK] * n
+
+    def end_step(self) -> None:
+        if self._host_deferred_n:
+            self._host_nfree += self._host_deferred_n
+            self._host_deferred_n = 0
+
+    def check_all_free(self) -> None:
+        self.end_step()
+        if self._held or self._host_held:
+            held = sorted(set(self._held) | set(self._host_held))[:10]
+            raise AssertionError(f"KV blocks leaked: requests {held} still hold blocks")
+        if self._nfree != self.num_blocks:
+            raise AssertionError(f"KV accounting broken: {self._nfree} free of {self.num_blocks} with no holder")
+        if self._host_nfree != self.num_host_blocks:
+            raise AssertionError("host swap blocks leaked")

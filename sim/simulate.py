@@ -24,7 +24,7 @@ from .cluster import Cluster, replica_summary
 from .cost_model import build_cost_model
 from .disagg import DisaggCluster, PrefillRecorder
 from .engine import Replica, SimEnvironment, SimExecutor
-from .kv_cache import BlockManager
+from .kv_cache import BlockManager, CountingBlockManager
 from .metrics import IterationsMode, LogHistogram, MetricsRecorder, summarize, write_run
 from .outputs import begin_folder, write_text
 from .pools import pool_scenario
@@ -69,15 +69,23 @@ def plan_kv(sc: Scenario, block_bytes: int | None = None) -> KVPlan:
     return KVPlan(n, kvc.block_size, bb, host, source)
 
 
-def build_scheduler(sc: Scenario, kv: KVPlan) -> Scheduler:
-    """The scheduler and block manager of one replica, for simulation and live mode alike."""
-    block_manager = BlockManager(
-        kv.num_blocks,
-        kv.block_size,
-        enable_prefix_caching=sc.kv_cache.enable_prefix_caching,
-        num_host_blocks=kv.num_host_blocks,
-        watermark=sc.kv_cache.watermark,
-    )
+def build_scheduler(sc: Scenario, kv: KVPlan, block_ids: bool = True) -> Scheduler:
+    """The scheduler and block manager of one replica, for simulation and live mode alike.
+
+    ``block_ids`` False (simulation): without prefix caching no block id is ever read, and the
+    block manager keeps counts only (``CountingBlockManager``: the same answers, fewer operations)."""
+    if not block_ids and not sc.kv_cache.enable_prefix_caching:
+        block_manager: BlockManager = CountingBlockManager(kv.num_blocks, kv.block_size,
+                                                           num_host_blocks=kv.num_host_blocks,
+                                                           watermark=sc.kv_cache.watermark)
+    else:
+        block_manager = BlockManager(
+            kv.num_blocks,
+            kv.block_size,
+            enable_prefix_caching=sc.kv_cache.enable_prefix_caching,
+            num_host_blocks=kv.num_host_blocks,
+            watermark=sc.kv_cache.watermark,
+        )
     return make_scheduler(sc.policy, block_manager)
 
 
@@ -230,7 +238,7 @@ def simulate(sc: Scenario, requests: Sequence[Request] | None = None, progress: 
         return simulate_disagg(sc, requests, env, progress, t0, iterations)
 
     def parts(_r: int):
-        return build_scheduler(sc, kv), SimExecutor(cost, kv.block_bytes,
+        return build_scheduler(sc, kv, block_ids=False), SimExecutor(cost, kv.block_bytes,
                                                     overlap_host=sc.policy.async_scheduling)
 
     recorder, replicas = run_replicas(env, sc, requests, parts, progress, fast_forward, iterations,
@@ -261,7 +269,7 @@ def simulate_disagg(sc: Scenario, requests: Sequence[Request], env: simpy.Enviro
         cost = build_cost_model(psc.cost_model, model, psc.cost_hardware(), psc.tensor_parallel)
         rec = PrefillRecorder(recorder) if role == "prefill" else recorder
         first = 0 if role == "prefill" else n_pre
-        reps[role] = [Replica(env, first + i, build_scheduler(psc, kv),
+        reps[role] = [Replica(env, first + i, build_scheduler(psc, kv, block_ids=False),
                               SimExecutor(cost, kv.block_bytes, overlap_host=psc.policy.async_scheduling), rec,
                               async_scheduling=psc.policy.async_scheduling)
                       for i in range(psc.cluster.num_replicas)]

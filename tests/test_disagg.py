@@ -10,7 +10,7 @@ import pytest
 import yaml
 from servesim.sim.cli import main
 from servesim.sim.disagg import DisaggCluster
-from servesim.sim.kv_cache import BlockManager
+from servesim.sim.kv_cache import BlockManager, CountingBlockManager
 from servesim.sim.presets import get_model, kv_block_bytes
 from servesim.sim.request import RequestState
 from servesim.sim.scenario import scenario_from_dict
@@ -70,12 +70,12 @@ def test_full_decode_pool_holds_kv_on_the_prefill_side_and_every_block_comes_bac
 
 
 def test_end_of_run_check_catches_a_block_held_on_the_prefill_side(monkeypatch):
-    real_free = BlockManager.free
+    # (both managers: simulation without prefix caching keeps counts, CountingBlockManager)
+    for cls in (BlockManager, CountingBlockManager):
+        def leaky(self, request, real_free=cls.free):  # the prefill side never lets go of what it held
+            return 0 if request.request_id < 0 else real_free(self, request)
 
-    def leaky(self, request):  # the prefill side never lets go of what it held for the transfer
-        return 0 if request.request_id < 0 else real_free(self, request)
-
-    monkeypatch.setattr(BlockManager, "free", leaky)
+        monkeypatch.setattr(cls, "free", leaky)
     with pytest.raises(AssertionError, match="blocks"):
         simulate(disagg(num_requests=20), progress=False)
 

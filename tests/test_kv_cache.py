@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from servesim.sim.kv_cache import BlockManager
+import random
+
+import pytest
+from servesim.sim.kv_cache import BlockManager, CountingBlockManager
 from servesim.sim.request import Request, RequestState
 
 
@@ -276,3 +279,58 @@ def test_random_traffic_keeps_every_block_accounted_for():
             kv.free(r)
         kv.check_all_free()
         check_block_accounting(kv)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_counting_manager_answers_every_call_as_the_block_manager_without_caching(seed):
+    # simulation without prefix caching keeps counts only: random allocations (with and without
+    # the watermark), per-request growth, decode appends, frees, swaps out and in, step ends; every
+    # answer, count, holder and stat must be the id-keeping manager's
+    rng = random.Random(seed)
+    num_blocks, host = rng.choice([(24, 0), (24, 10), (64, 40), (9, 30)])
+    ids = BlockManager(num_blocks, 4, num_host_blocks=host, watermark=0.1)
+    counts = CountingBlockManager(num_blocks, 4, num_host_blocks=host, watermark=0.1)
+    rs = [req(i) for i in range(8)]
+    out: set[int] = set()  # swapped out: as in the schedulers, they grow and free nothing until back
+    swaps = 0
+    for _ in range(400):
+        op = rng.choice(["allocate", "extend", "append", "free", "swap_out", "swap_in", "end_step"])
+        live = [r for r in rs if r.request_id not in out]
+        if op == "allocate" and live:
+            r, t, w = rng.choice(live), rng.randint(0, 60), rng.random() < 0.5
+            got = [kv.allocate(r, t, watermark=w) for kv in (ids, counts)]
+        elif op == "extend" and live:
+            chosen = rng.sample(live, rng.randint(1, min(4, len(live))))
+            c = [rng.randint(1, 5) for _ in chosen]
+            got = [ids.extend_each(chosen, c), counts.extend_each(chosen, c)]
+        elif op == "append" and live:
+            chosen = [rng.choice(live) for _ in range(rng.randint(0, 6))]
+            got = [kv.append_blocks(chosen) for kv in (ids, counts)]
+        elif op == "free" and live:
+            r = rng.choice(live)
+            got = [kv.free(r) for kv in (ids, counts)]
+        elif op in ("swap_out", "swap_in"):
+            r = rng.choice(live if op == "swap_out" else [q for q in rs if q.request_id in out] or rs)
+            got = [getattr(kv, op)(r) for kv in (ids, counts)]
+            got = [None if g is None else len(g) for g in got]  # (ids: real copy pairs; counts: placeholders)
+            if got[0]:
+                (out.add if op == "swap_out" else out.discard)(r.request_id)
+                swaps += op == "swap_out"
+        else:
+            got = [kv.end_step() for kv in (ids, counts)]
+        assert got[0] == got[1], (op, got)
+        assert ids.stats() == counts.stats()
+        assert [(ids.num_blocks_of(r), ids.holds(r)) for r in rs] == [(counts.num_blocks_of(r), counts.holds(r))
+                                                                      for r in rs]
+        assert (ids.num_free_blocks, ids.num_used_blocks, ids.num_host_free_blocks) == \
+            (counts.num_free_blocks, counts.num_used_blocks, counts.num_host_free_blocks)
+    assert swaps or not host, "the sequence never swapped"
+    for kv in (ids, counts):
+        for r in rs:
+            kv.free(r)
+        for r in rs:
+            assert kv.swap_in(r) is not None
+            kv.free(r)
+        kv.check_all_free()
+    with pytest.raises(RuntimeError, match="keeps block counts"):
+        counts.block_table(rs[0])

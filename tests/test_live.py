@@ -8,7 +8,7 @@ import pytest
 import simpy.rt
 from servesim.sim.cluster import Cluster
 from servesim.sim.engine import Replica
-from servesim.sim.kv_cache import BlockManager
+from servesim.sim.kv_cache import BlockManager, CountingBlockManager
 from servesim.sim.metrics import MetricsRecorder
 from servesim.sim.request import Request, RequestState
 from servesim.sim.scenario import scenario_from_dict
@@ -47,9 +47,9 @@ def test_live_and_sim_build_their_scheduler_through_the_same_code_path(monkeypat
     built = []
     real = sim_module.build_scheduler
 
-    def spy(sc, kv):
-        s = real(sc, kv)
-        built.append((type(s), s.config, sc.scheduler))
+    def spy(sc, kv, block_ids=True):
+        s = real(sc, kv, block_ids)
+        built.append((type(s), s.config, sc.scheduler, type(s.kv)))
         return s
 
     monkeypatch.setattr(sim_module, "build_scheduler", spy)
@@ -58,8 +58,11 @@ def test_live_and_sim_build_their_scheduler_through_the_same_code_path(monkeypat
     sc = tiny_scenario(n=3)
     sim_module.simulate(sc, progress=False)
     live.run_live(sc, progress=False)
-    (sim_cls, sim_cfg, sim_sc_cfg), (live_cls, live_cfg, live_sc_cfg) = built
+    (sim_cls, sim_cfg, sim_sc_cfg, sim_kv), (live_cls, live_cfg, live_sc_cfg, live_kv) = built
     assert sim_cls is live_cls
+    # the block manager differs: live mode's kernels read block ids, a simulation without prefix
+    # caching keeps counts (the same answers to the scheduler)
+    assert (sim_kv, live_kv) == (CountingBlockManager, BlockManager)
     assert sim_cfg is sim_sc_cfg and live_cfg is live_sc_cfg  # the scenario's own config object
     assert sim_cfg == live_cfg
 
