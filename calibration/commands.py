@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 from servesim.sim.cost_model import REGIMES, GemmTables, save_profile, to_profile_dict
 from servesim.sim.presets import get_model
+from servesim.sim.scenario import MAX_THREADS
 from tqdm import tqdm
 
 from . import fit as fitting
@@ -106,6 +107,31 @@ def _check(opts: CalibrateOptions) -> None:
                             "are written beside it)")
     if opts.time_budget_s is not None and not opts.time_budget_s > 0:
         raise ScenarioError(f"--time-budget must be > 0 seconds, got {opts.time_budget_s}")
+    if opts.threads is not None and not 1 <= opts.threads <= MAX_THREADS:
+        raise ScenarioError(f"--threads must be between 1 and {MAX_THREADS}, got {opts.threads}")
+    if not 0 <= opts.seed < 2**32:
+        raise ScenarioError(f"--seed must be between 0 and 2**32 - 1, got {opts.seed}")
+    _check_fits(opts, torch)
+
+
+def _check_fits(opts: CalibrateOptions, torch: Any) -> None:
+    """Refuse, before anything is allocated, a model whose random weights cannot fit where they are
+    built (as live mode's ``check_live_fits`` does for a scenario): the weights in ``--dtype``, on
+    a CPU in this machine's memory, on CUDA in the device's."""
+    from servesim.sim.host_memory import format_bytes, host_memory_bytes
+    from servesim.sim.scenario import ScenarioError
+
+    model = get_model(opts.model)
+    elem = torch.tensor([], dtype=getattr(torch, opts.dtype)).element_size()
+    need = model.num_params * elem
+    if opts.device == "cpu":
+        limit, where = host_memory_bytes(), "this machine has"
+    else:
+        limit, where = torch.cuda.mem_get_info()[1], "the GPU has"
+    if limit is not None and need > limit:
+        raise ScenarioError(f"--model {opts.model}: calibrate builds it with random weights, {format_bytes(need)} of "
+                            f"{opts.dtype}, and {where} {format_bytes(limit)}; use a smaller model (--model tiny) "
+                            "or --dtype bfloat16")
 
 
 def calibrate(opts: CalibrateOptions) -> dict[str, Any]:

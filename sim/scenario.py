@@ -62,6 +62,11 @@ class KVCacheConfig(ConfigModel):
     watermark: float = Field(0.01, ge=0.0, lt=1.0, description="fraction of blocks kept free on admission")
 
 
+# most torch CPU threads a run may ask for (live.threads, calibrate --threads): torch's thread pool
+# segfaults at some tens of thousands, and past a few per core they only cost time
+MAX_THREADS = 1024
+
+
 class LiveConfig(ConfigModel):
     """How ``servesim live`` runs the model (ignored by ``servesim run``)."""
 
@@ -71,7 +76,7 @@ class LiveConfig(ConfigModel):
     kv_cache_memory_mb: float | None = Field(
         None, gt=0, description="memory budget for the KV cache tensor; sets num_blocks when num_blocks is unset"
     )
-    threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's choice)")
+    threads: int | None = Field(None, ge=1, le=MAX_THREADS, description="torch CPU threads (default: torch's choice)")
     warmup_steps: int = Field(2, ge=0, description="untimed forward passes before the replay starts")
     cuda_graphs: bool = Field(
         False, description="replay decode-only steps from CUDA graphs captured at start-up, one per padded batch "
@@ -303,6 +308,34 @@ def check_files(sc: Scenario) -> None:
     build_cost_model(sc.cost_model, get_model(sc.model), sc.cost_hardware(), sc.tensor_parallel)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` that refuses a key given twice in one mapping, where YAML keeps the last
+    one without a word (``seed: 0`` ... ``seed: 1`` would run seed 1). Keys a merge (``<<``) brings
+    in may still be overridden, as YAML intends."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    duplicate = key in seen
+                except TypeError:  # an unhashable key: the base class says so
+                    continue
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"the key {key!r} is given twice (YAML would keep the last one silently)", key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def read_scenario_file(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
     """The scenario file as a raw mapping with ``--set`` overrides applied, not yet validated."""
     p = Path(path)
@@ -315,7 +348,7 @@ def read_scenario_file(path: str | Path, overrides: list[str] | None = None) -> 
         raise ScenarioError(f"{p}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
                             "a scenario is a YAML file saved as UTF-8") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = _load_yaml(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -360,7 +393,7 @@ def parse_yaml_value(text: str, where: str) -> Any:
     """One command-line value parsed as YAML (``128``, ``[1, 2]``, ``true``); ``ScenarioError`` naming
     ``where`` when it is not valid YAML or uses a tag safe YAML refuses (``!!python/...``)."""
     try:
-        return yaml.safe_load(text)
+        return _load_yaml(text)
     except yaml.YAMLError as e:
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ScenarioError(f"{where}: the value {text!r} is not valid YAML ({problem}); "

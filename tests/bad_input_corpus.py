@@ -191,6 +191,8 @@ def _files(b: _Builder) -> None:
         "empty.yaml": b"",
         "tabs.yaml": b"name: x\n\tmodel: tiny\n",
         "duplicate-mapping.yaml": b"workload: [1, 2]\n",
+        # YAML would keep the last of a key given twice without a word
+        "duplicate-key.yaml": text.encode() + b"\nseed: 1\nseed: 2\n",
     }
     for name, data in bad.items():
         p = b.file(name, data)
@@ -297,6 +299,8 @@ def _verb_options(b: _Builder) -> None:
                         (["--candidate-set", "workload.arrival.rate=true"], "rate"),
                         (["--fail-on", "nonsense"], "fail-on"), (["--seeds", "0"], "seeds"),
                         (["--seeds", "100000000"], "--seeds"),
+                        # one seed gives no interval: the gate could never flag anything
+                        (["--seeds", "1", "--fail-on", "p99_ttft_ms=+5%"], "--fail-on"),
                         (["--metrics", "no_such_metric"], "no_such_metric")]:
         b.raw("verb_options", ["compare", q, q, *extra, "--quiet", "--workers", "1"], (name,))
     b.raw("verb_options", ["validate", q, "--max-error", "ttft=abc", "--quiet", "--no-plots"], ("abc",))
@@ -333,6 +337,8 @@ def _out_of_range(b: _Builder) -> None:
         (q, ["workload.arrival={process: gamma, rate: 2}"], "workload.arrival"),
         (q, ["workload.prompt_len={dist: zipf, a: 1, max: 10}"], "workload.prompt_len.a"),
         (q, ["slo.ttft_ms=0"], "slo.ttft_ms"), (q, ["live.kv_cache_memory_mb=0"], "live.kv_cache_memory_mb"),
+        (q, ["live.threads=100000"], "live.threads"),  # (torch's thread pool segfaulted)
+        (q, ["workload.arrival={process: poisson, rate: 1, rate: 50}"], "rate"),
         (q, ["scheduler.max_num_seqs=0"], "scheduler.max_num_seqs"),
         (q, ["scheduler.max_num_batched_tokens=0"], "scheduler.max_num_batched_tokens"),
         (q, [*composed, "scheduler.chunk_unit=0"], "scheduler.chunk_unit"),

@@ -253,3 +253,17 @@ def test_calibrate_refit_reproduces_a_profile_from_its_raw_csv_and_keeps_the_fir
     assert "not a servesim profile" in capsys.readouterr().err
     assert main(["calibrate", "refit", str(out), "--out", str(tmp_path)]) == 2
     assert "is a folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--threads", "100000"], "--threads must be between 1 and 1024"),  # torch's thread pool segfaulted
+    (["--threads", "0"], "--threads must be between 1 and 1024"),
+    (["--seed", "-1"], "--seed must be between 0"),  # was numpy's traceback
+    (["--model", "llama-3.1-70b"], "--model llama-3.1-70b: calibrate builds it with random weights"),  # was OOM
+])
+def test_calibrate_refuses_settings_it_cannot_run_in_one_line(args, says, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("servesim.sim.host_memory.host_memory_bytes", lambda: 24 << 30)  # (any machine)
+    assert main(["calibrate", "--quick", "--quiet", *args, "--out", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "p.json").exists()

@@ -208,6 +208,9 @@ def compare(baseline: Scenario, candidate: Scenario, seeds: int = 10, fail_on: S
         raise ScenarioError(f"{over[0]} {seeds}: {over[1]}")
     known = summary_keys()
     rules = {f.metric: f for f in parse_fail_on(fail_on, known)}  # checked before any run
+    if rules and seeds < 2:
+        raise ScenarioError(f"--fail-on needs --seeds 2 or more (got {seeds}): a change is flagged only when its "
+                            "confidence interval over seeds excludes zero, and one seed gives no interval")
     wanted = list(metrics) if metrics else [*DEFAULT_METRICS, *(SLO_METRICS if baseline.slo else ())]
     unknown = [m for m in wanted if m not in known]
     if unknown:
