@@ -39,7 +39,7 @@ import pandas as pd
 from servesim.sim.config_model import MAX_SIM_SECONDS
 from servesim.sim.hints import did_you_mean
 from servesim.sim.metrics import REQUEST_COLUMNS, LogHistogram
-from servesim.sim.presets import HARDWARE, MODELS
+from servesim.sim.presets import HARDWARE, MODELS, hardware_preset
 from servesim.sim.scenario import ScenarioError
 
 FORMATS = ("llmservingsim", "vllm-bench")
@@ -51,23 +51,6 @@ _HF_MODELS = {
     "mistral-7b-v0.3": "mistral-7b",
 }
 _TUNE_TAGS = re.compile(r"-(instruct|chat|hf)(?=-|$)")
-# a GPU name as runs spell it, lower-cased with only letters and digits kept -> hardware preset
-_GPUS = {
-    "rtxpro6000": "rtx-pro-6000",
-    "rtx4090": "rtx-4090",
-    "h100": "h100-sxm",
-    "h200": "h200",
-    "a100": "a100-80g",
-    "l40s": "l40s",
-}
-# Variants of a family whose memory or bandwidth differ from the preset's: no preset, so the run must
-# name one (--set hardware=) rather than be simulated on the wrong card (an A100 40GB priced with
-# 80 GB of memory, an H100 PCIe at the SXM part's 3.35 TB/s, a GH200 as an H200).
-_OTHER_VARIANTS = {
-    "a100-80g": ("40g",),
-    "h100-sxm": ("pcie", "nvl", "h100l"),
-    "h200": ("gh200", "nvl"),
-}
 # LLMServingSim's summary rows -> servesim summary keys
 _REF_FAMILIES = {"TTFT": "ttft", "TPOT": "tpot", "ITL": "itl", "Latency": "e2el"}
 _REF_STATS = {"Mean": "mean", "Median": "median"}
@@ -155,17 +138,6 @@ def model_preset(name: str) -> str | None:
     base = base.removeprefix("meta-")
     base = _HF_MODELS.get(base, base)
     return base if base in MODELS else None
-
-
-def hardware_preset(name: str) -> str | None:
-    """The servesim hardware preset a GPU name names (``RTXPRO6000``, ``NVIDIA H100 80GB HBM3``), or None."""
-    key = re.sub(r"[^a-z0-9]", "", str(name).lower())
-    if key in HARDWARE:
-        return key
-    hits = [preset for token, preset in _GPUS.items() if token in key]
-    if len(hits) != 1 or any(marker in key for marker in _OTHER_VARIANTS.get(hits[0], ())):
-        return None
-    return hits[0]
 
 
 def unknown_model_message(where: str, name: str) -> str:

@@ -447,7 +447,7 @@ def validate(
     template = sim_scenario(sc, profile)
     # built now so a missing or bad profile fails before the live run; the step check reuses it
     cost_model = build_cost_model(template.cost_model, get_model(sc.model), template.cost_hardware(),
-                                  sc.tensor_parallel)
+                                  sc.tensor_parallel, template.kv_cache.block_size)
     try:
         from servesim.kernels.live import run_live
     except ImportError as e:  # torch is an optional extra

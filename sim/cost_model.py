@@ -96,7 +96,7 @@ from .batch import step_sums as _step_sums
 from .config_model import ConfigModel
 from .errors import PresetError, ProfileError
 from .layer_cost_model import GPU_PROFILE_FORMAT, LayerCostModel, whole_number
-from .presets import HardwareConfig, ModelConfig, get_hardware, get_model, kv_heads_per_rank
+from .presets import HardwareConfig, ModelConfig, get_hardware, get_model, hardware_preset, kv_heads_per_rank
 from .varlen_attention import FA2VarlenAttention
 
 PROFILE_FORMAT = "servesim-profile/2"
@@ -467,6 +467,18 @@ def _check_floor(regime: str, floor: Any) -> float:
     return float(floor)
 
 
+MAX_COEF_S = 1e3  # seconds per unit of any feature a fitted profile may weigh
+
+
+def _overhead_seconds(overhead: Mapping[str, Any], key: str) -> float:
+    value = overhead.get(key)
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (math.isfinite(value) and value >= 0):
+        raise ProfileError(f"overhead.{key} must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
 def _check_coef(regime: str, coef: Any, num_features: int = len(FEATURE_NAMES)) -> tuple[float, ...]:
     if not isinstance(coef, Sequence) or len(coef) != num_features:
         raise ProfileError(f"regimes.{regime}.coef must be a list of {num_features} numbers "
@@ -477,6 +489,9 @@ def _check_coef(regime: str, coef: Any, num_features: int = len(FEATURE_NAMES)) 
         raise ProfileError(f"regimes.{regime}.coef must hold numbers, got {coef!r}") from None
     if not all(math.isfinite(c) and c >= 0.0 for c in values):
         raise ProfileError(f"regimes.{regime}.coef must be finite and >= 0, got {list(values)}")
+    if max(values, default=0.0) > MAX_COEF_S:  # (1e300 overflowed every step time to inf)
+        raise ProfileError(f"regimes.{regime}.coef holds {max(values):g} seconds per unit of a feature; no step "
+                           f"costs more than {MAX_COEF_S:g} s a token, pair or row: the profile is corrupt, refit it")
     # a legacy profile's missing features get zero weight
     return values + (0.0,) * (len(FEATURE_NAMES) - num_features)
 
@@ -537,11 +552,12 @@ class FittedCostModel:
         unknown = set(self.overhead) - {"step_s", "per_seq_s", "swap_bandwidth"}
         if unknown:
             raise ProfileError(f"unknown overhead key(s) {sorted(unknown)}; use step_s, per_seq_s, swap_bandwidth")
-        self._step_s = float(self.overhead.get("step_s") or 0.0)
-        self._per_seq_s = float(self.overhead.get("per_seq_s") or 0.0)
-        bw = self.overhead.get("swap_bandwidth") or swap_bandwidth
-        if bw is not None and not bw > 0:
+        self._step_s = _overhead_seconds(self.overhead, "step_s")
+        self._per_seq_s = _overhead_seconds(self.overhead, "per_seq_s")
+        bw = self.overhead.get("swap_bandwidth")
+        if bw is not None and (isinstance(bw, bool) or not isinstance(bw, int | float) or not bw > 0):
             raise ProfileError(f"overhead.swap_bandwidth must be > 0 bytes/s, got {bw!r}")
+        bw = bw or swap_bandwidth
         self._swap_bw = float(bw) if bw else math.inf
         self._dec, self._pre, self._mix = (Coefficients(*checked.get(r, checked.get("all")))
                                            for r in ("decode", "prefill", "mixed"))
@@ -557,6 +573,11 @@ class FittedCostModel:
                     raise
                 raise ProfileError(f"gemm_tables must have tokens, linear_s and lm_head_s lists: {exc}") from None
         self.gemm = gemm_tables
+        measured = [n for i, n in enumerate(FEATURE_NAMES) if n.endswith("_measured_s")
+                    and any(c[i] for c in checked.values())]
+        if measured and gemm_tables is None:
+            raise ProfileError(f"the coefficients weigh {', '.join(measured)} (read from the measured GEMM tables) "
+                               "but the profile has no gemm_tables; restore them or refit the profile")
 
     @classmethod
     def from_profile(cls, path: str | Path, swap_bandwidth: float | None = None) -> FittedCostModel:
@@ -855,19 +876,35 @@ def roofline_attention_shape(profile: Mapping[str, Any]) -> Any:
 
 
 def check_profile_matches(cost: Any, path: str | Path, model: ModelConfig, hardware: HardwareConfig,
-                          tensor_parallel: int) -> None:
-    """A profile measured for another model, hardware or TP degree than the scenario's is a
-    ``ProfileError`` naming both (a GPU profile states all three; a fitted one its model)."""
+                          tensor_parallel: int, block_size: int | None = None) -> None:
+    """A profile measured for another model, hardware, TP degree or KV block size than the
+    scenario's is a ``ProfileError`` naming both. A GPU profile states model, hardware and TP; a
+    fitted one (``servesim calibrate``) its model, the device it ran on and the block size of its
+    paged kernels, on one device (TP 1)."""
     gpu = getattr(cost, "hardware", None) is not None
     prov = getattr(cost, "provenance", {}) or {}
     theirs = {"model": getattr(cost, "model", None) if gpu else prov.get("model"),
               "hardware": getattr(cost, "hardware", None) if gpu else prov.get("hardware"),
               "tensor_parallel": getattr(cost, "tp", None) if gpu else prov.get("tensor_parallel")}
+    on_cpu = not gpu and prov.get("device") == "cpu"
+    if not gpu and prov.get("device") in ("cpu", "cuda"):
+        theirs["tensor_parallel"] = theirs["tensor_parallel"] or 1  # calibrate measures one device
+        if theirs["hardware"] is None and prov.get("device") == "cuda" and prov.get("device_name"):
+            theirs["hardware"] = hardware_preset(str(prov["device_name"]))
     ours = {"model": model.name, "hardware": hardware.name, "tensor_parallel": tensor_parallel}
     for key, value in theirs.items():
+        if key == "hardware" and on_cpu and value is None and not hardware.name.startswith("cpu"):
+            raise ProfileError(f"profile {path} was measured on a CPU ({prov.get('cpu_model') or 'cpu'}) but the "
+                               f"scenario runs {hardware.name!r}; use a profile measured on {hardware.name!r} or a "
+                               "cpu hardware preset")
         if value is not None and value != ours[key]:
             raise ProfileError(f"profile {path} is for {key} {value!r} but the scenario runs {ours[key]!r}; "
                                f"use a profile for {ours[key]!r} or change the scenario's {key}")
+    measured_bs = None if gpu else prov.get("block_size")
+    if block_size is not None and isinstance(measured_bs, int) and measured_bs != block_size:
+        raise ProfileError(f"profile {path} timed paged kernels with KV blocks of {measured_bs} tokens but the "
+                           f"scenario's kv_cache.block_size is {block_size}; set kv_cache.block_size: {measured_bs} "
+                           "or calibrate with --block-size")
     layers = getattr(cost, "num_layers", None) if gpu else None
     if layers is not None and layers != model.num_layers:  # its per-layer tables would be summed over the wrong depth
         raise ProfileError(f"profile {path} gives num_layers {layers} but {model.name} has {model.num_layers}; "
@@ -875,15 +912,16 @@ def check_profile_matches(cost: Any, path: str | Path, model: ModelConfig, hardw
 
 
 def build_cost_model(cfg: CostModelConfig, model: ModelConfig, hardware: HardwareConfig,
-                     tensor_parallel: int = 1) -> CostModel:
-    """The cost model a scenario asks for. A profile for another model, hardware or TP degree
-    than the scenario's is a ``ProfileError``."""
+                     tensor_parallel: int = 1, block_size: int | None = None) -> CostModel:
+    """The cost model a scenario asks for. A profile for another model, hardware, TP degree or
+    (``block_size``: the scenario's KV block size) block size than the scenario's is a
+    ``ProfileError``."""
     if cfg.type == "constant":
         return ConstantCostModel(cfg.step_ms / 1e3, (cfg.per_token_ms or 0.0) / 1e3, hardware.pcie_bandwidth)
     if cfg.type == "profile":
         path = resolve_profile_path(cfg.path)
         cost = load_profile(path, swap_bandwidth=hardware.pcie_bandwidth)
-        check_profile_matches(cost, cfg.path, model, hardware, tensor_parallel)
+        check_profile_matches(cost, cfg.path, model, hardware, tensor_parallel, block_size)
         return cost
     kw: dict[str, float] = {}
     for field, arg, scale in (("flops_efficiency", "flops_efficiency", 1.0),

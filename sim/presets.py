@@ -12,6 +12,7 @@ timings and cited next to ``HARDWARE``.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from .errors import PresetError
@@ -461,3 +462,33 @@ def num_kv_blocks(model: ModelConfig, hardware: HardwareConfig, tensor_parallel:
             f"{budget / GiB:.1f} GiB at gpu_memory_utilization={gpu_memory_utilization}; "
             "raise tensor_parallel or pick bigger hardware")
     return math.floor(usable / per_block)
+
+
+# a GPU name as runs spell it, lower-cased with only letters and digits kept -> hardware preset
+_GPUS = {
+    "rtxpro6000": "rtx-pro-6000",
+    "rtx4090": "rtx-4090",
+    "h100": "h100-sxm",
+    "h200": "h200",
+    "a100": "a100-80g",
+    "l40s": "l40s",
+}
+# Variants of a family whose memory or bandwidth differ from the preset's: no preset, so the run must
+# name one (--set hardware=) rather than be simulated on the wrong card (an A100 40GB priced with
+# 80 GB of memory, an H100 PCIe at the SXM part's 3.35 TB/s, a GH200 as an H200).
+_OTHER_VARIANTS = {
+    "a100-80g": ("40g",),
+    "h100-sxm": ("pcie", "nvl", "h100l"),
+    "h200": ("gh200", "nvl"),
+}
+
+
+def hardware_preset(name: str) -> str | None:
+    """The servesim hardware preset a GPU name names (``RTXPRO6000``, ``NVIDIA H100 80GB HBM3``), or None."""
+    key = re.sub(r"[^a-z0-9]", "", str(name).lower())
+    if key in HARDWARE:
+        return key
+    hits = [preset for token, preset in _GPUS.items() if token in key]
+    if len(hits) != 1 or any(marker in key for marker in _OTHER_VARIANTS.get(hits[0], ())):
+        return None
+    return hits[0]

@@ -305,7 +305,8 @@ def check_files(sc: Scenario) -> None:
     """Read the files the scenario names (traces, length CSVs, a cost-model profile) the way a run
     will, so every verb refuses a bad one before it starts: a ``WorkloadError`` or ``ProfileError``."""
     check_workload_files(sc.workload)
-    build_cost_model(sc.cost_model, get_model(sc.model), sc.cost_hardware(), sc.tensor_parallel)
+    build_cost_model(sc.cost_model, get_model(sc.model), sc.cost_hardware(), sc.tensor_parallel,
+                     sc.kv_cache.block_size)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -221,7 +221,7 @@ def simulate(sc: Scenario, requests: Sequence[Request] | None = None, progress: 
     t0 = time.perf_counter()
     model = get_model(sc.model)
     kv = plan_kv(sc)
-    cost = build_cost_model(sc.cost_model, model, sc.cost_hardware(), sc.tensor_parallel)
+    cost = build_cost_model(sc.cost_model, model, sc.cost_hardware(), sc.tensor_parallel, sc.kv_cache.block_size)
     if requests is None:
         # columns; each Request is made when it arrives and dropped once it is recorded
         requests = generate_workload(sc.workload, sc.seed).requests
@@ -266,7 +266,8 @@ def simulate_disagg(sc: Scenario, requests: Sequence[Request], env: simpy.Enviro
     kvs: dict[str, KVPlan] = {}
     for role, psc in pools.items():
         kvs[role] = kv = plan_kv(psc)
-        cost = build_cost_model(psc.cost_model, model, psc.cost_hardware(), psc.tensor_parallel)
+        cost = build_cost_model(psc.cost_model, model, psc.cost_hardware(), psc.tensor_parallel,
+                                psc.kv_cache.block_size)
         rec = PrefillRecorder(recorder) if role == "prefill" else recorder
         first = 0 if role == "prefill" else n_pre
         reps[role] = [Replica(env, first + i, build_scheduler(psc, kv, block_ids=False),

@@ -1,5 +1,6 @@
 import importlib.util
 import json
+import re
 import sys
 import timeit
 from dataclasses import replace
@@ -493,6 +494,40 @@ def test_profile_fitted_on_another_model_is_an_error(tmp_path, monkeypatch):
     with pytest.raises(ProfileError, match="for model 'tiny' but the scenario runs 'llama-3.1-8b'"):
         build_cost_model(CostModelConfig(type="profile", path=str(tmp_path / "p.json")),
                          get_model("llama-3.1-8b"), get_hardware("h100-sxm"), 1)
+
+
+@pytest.mark.parametrize(("provenance", "hardware", "tp", "block_size", "says"), [
+    # a fitted profile states the device it ran on, one device, and its paged kernels' block size
+    ({"device": "cuda", "device_name": "NVIDIA H200"}, "h100-sxm", 1, 16, "for hardware 'h200' but the scenario runs 'h100-sxm'"),
+    ({"device": "cuda", "device_name": "NVIDIA H200"}, "h200", 2, 16, "for tensor_parallel 1 but the scenario runs 2"),
+    ({"device": "cpu", "cpu_model": "AMD EPYC"}, "h100-sxm", 1, 16, "measured on a CPU (AMD EPYC)"),
+    ({"device": "cpu", "block_size": 16}, "cpu-2core", 1, 32, "KV blocks of 16 tokens but the scenario's kv_cache.block_size is 32"),
+])
+def test_fitted_profile_for_another_device_tp_or_block_size_is_an_error(tmp_path, provenance, hardware, tp, block_size,
+                                                                        says):
+    # these ran before, priced with the wrong device's measurements
+    profile = example_profile()
+    profile["provenance"] = {"model": "tiny", **provenance}
+    save_profile(tmp_path / "p.json", profile)
+    cfg = CostModelConfig(type="profile", path=str(tmp_path / "p.json"))
+    with pytest.raises(ProfileError, match=re.escape(says)):
+        build_cost_model(cfg, get_model("tiny"), get_hardware(hardware), tp, block_size)
+    fine = {"cuda": "h200", "cpu": "cpu-2core"}[provenance["device"]]  # its own device, TP 1, its block size
+    build_cost_model(cfg, get_model("tiny"), get_hardware(fine), 1, provenance.get("block_size", block_size))
+
+
+@pytest.mark.parametrize(("edit", "says"), [
+    (lambda p: p["overhead"].update(step_s=-1), "overhead.step_s must be a number of seconds >= 0"),  # simpy's traceback
+    (lambda p: p["overhead"].update(per_seq_s="fast"), "overhead.per_seq_s must be a number"),  # float()'s traceback
+    (lambda p: p["overhead"].update(swap_bandwidth="x"), "overhead.swap_bandwidth must be > 0"),
+    (lambda p: p["regimes"]["decode"]["coef"].__setitem__(0, 1e300), "holds 1e+300 seconds"),  # TTFT 3.6e302 ms
+    (lambda p: p.update(gemm_tables=None), "no gemm_tables"),  # the measured terms were silently 0
+])
+def test_a_corrupt_fitted_profile_names_its_field(edit, says):
+    profile = example_profile()
+    edit(profile)
+    with pytest.raises(ProfileError, match=re.escape(says)):
+        FittedCostModel.from_profile_dict(profile)
 
 
 # ---- speed ----
