@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from servesim.sim.cost_model import REGIMES, GemmTables, save_profile, to_profile_dict
+from servesim.sim.cost_model import FEATURE_NAMES, REGIMES, GemmTables, save_profile, to_profile_dict
 from servesim.sim.presets import get_model
 from servesim.sim.scenario import MAX_THREADS
 from tqdm import tqdm
@@ -244,6 +244,39 @@ def _profile_of(result: fitting.Fit, overhead: dict[str, Any], provenance: dict[
                            floors=result.floors)
 
 
+def _read_raw(raw_path: Path) -> pd.DataFrame:
+    """The raw per-run timings a profile was fitted to, each bad row a one-line ``ScenarioError``
+    naming it (a traceback from deep in the fit, or a profile fitted to negative seconds, before)."""
+    from servesim.sim.scenario import ScenarioError
+
+    where = f"calibrate refit: {raw_path}"
+    try:
+        raw = pd.read_csv(raw_path)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as e:
+        raise ScenarioError(f"{where}: not a CSV of timings ({str(e).splitlines()[0]})") from None
+    missing = {"round", "shape", "regime", "seconds"} - set(raw.columns)
+    if missing:
+        raise ScenarioError(f"{where} lacks column(s) {sorted(missing)}")
+    seconds = pd.to_numeric(raw["seconds"], errors="coerce")
+    for i, (shape, regime, sec) in enumerate(zip(raw["shape"], raw["regime"], seconds, strict=True)):
+        row = f"{where}: row {i + 2}"  # (the header is line 1)
+        if regime not in REGIMES:
+            raise ScenarioError(f"{row}: regime {regime!r} is not one of {list(REGIMES)}")
+        if not (np.isfinite(sec) and sec > 0):
+            raise ScenarioError(f"{row}: seconds must be a number > 0, got {raw['seconds'].iloc[i]}")
+        try:
+            q, ctx = fitting.parse_shape(str(shape))
+        except ValueError:
+            q = ctx = np.zeros(0, dtype=np.int64)
+        if len(q) == 0 or len(q) != len(ctx) or (q < 1).any() or (ctx < 0).any():
+            raise ScenarioError(f"{row}: shape {shape!r} is not 'q=N N ...;ctx=N N ...' with one ctx per q")
+    shapes = raw["shape"].nunique()
+    need = fitting.MIN_ROWS_PER_FEATURE * len(FEATURE_NAMES)
+    if shapes < need:
+        raise ScenarioError(f"{where}: {shapes} shape(s); a fit needs at least {need} (two per feature)")
+    return raw
+
+
 def refit(path: str | Path, out: str | Path | None = None) -> dict[str, Any]:
     """Fit a ``servesim calibrate`` profile again from the raw CSV beside it (no device needed):
     same held-out split (the provenance's fraction and seed), same GEMM tables and engine-loop
@@ -267,10 +300,7 @@ def refit(path: str | Path, out: str | Path | None = None) -> dict[str, Any]:
     if not raw_path.is_file():
         raise ScenarioError(f"calibrate refit: {raw_path} (the profile's raw_csv) is missing; it must sit beside the "
                             "profile")
-    raw = pd.read_csv(raw_path)
-    missing = {"round", "shape", "regime", "seconds"} - set(raw.columns)
-    if missing:
-        raise ScenarioError(f"calibrate refit: {raw_path} lacks column(s) {sorted(missing)}")
+    raw = _read_raw(raw_path)
     result = fitting.fit(raw, holdout=prov.get("holdout_fraction", 0.2), seed=prov.get("holdout_seed", 0),
                          gemm=model.gemm)
     commit, dirty = servesim_commit()

@@ -267,3 +267,27 @@ def test_calibrate_refuses_settings_it_cannot_run_in_one_line(args, says, tmp_pa
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize(("edit", "says"), [
+    (lambda lines: [], "not a CSV of timings"),  # pandas' EmptyDataError
+    (lambda lines: lines[:1], "0 shape(s); a fit needs at least"),  # numpy's 'need at least one array to stack'
+    (lambda lines: lines[:6], "5 shape(s)"),
+    (lambda lines: [lines[0], lines[1].replace("q=", "q=x", 1), *lines[2:]], "row 2: shape"),  # int()'s traceback
+    (lambda lines: [lines[0], *(ln.rsplit(",", 1)[0] + ",-0.001" for ln in lines[1:])], "row 2: seconds must be"),
+    (lambda lines: [lines[0], lines[1].replace(",mixed,", ",banana,").replace(",decode,", ",banana,"), *lines[2:]],
+     "row 2: regime 'banana'"),
+])
+def test_calibrate_refit_names_the_bad_row_of_its_raw_csv(edit, says, tmp_path, capsys):
+    # each was a traceback, or (negative seconds) a profile fitted to them with a -100 % error
+    import shutil
+    from pathlib import Path
+
+    shipped = Path(__file__).resolve().parents[1] / "calibration" / "profiles"
+    shutil.copy(shipped / "cpu-tiny.json", tmp_path / "cpu-tiny.json")
+    lines = (shipped / "cpu-tiny.csv").read_text().splitlines()
+    (tmp_path / "cpu-tiny.csv").write_text("\n".join(edit(lines)) + "\n")
+    assert main(["calibrate", "refit", str(tmp_path / "cpu-tiny.json"), "--out", str(tmp_path / "o.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "o.json").exists()
