@@ -7,6 +7,7 @@ prints one line on stderr and exits with status 2; a traceback means a bug in se
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -569,8 +570,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous_term = signal.signal(signal.SIGTERM, _interrupt)
     try:
         out = getattr(args, "out", None)
-        if out and Path(out).exists() and not Path(out).is_dir():
-            raise UserError(f"--out {out}: exists and is not a folder; name a folder (it is created if missing)")
+        if out is not None and isinstance(out, str):
+            _check_out(out)
         if getattr(args, "workers", None) is not None:
             from .verbs.parallel import check_workers
 
@@ -579,6 +580,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except USER_ERRORS as e:
         print(f"servesim {args.command}: error: {one_line_error(e)}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as e:  # writing the results: a path this machine refuses (too long, read-only, full)
+        what = f"{e.strerror or e}" + (f": {e.filename}" if e.filename else "")
+        print(f"servesim {args.command}: error: cannot write the results ({what})", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt as e:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not turn this line into a traceback
         what = str(e) if isinstance(e, Interrupted) and str(e) else "interrupted before its results were written"
@@ -586,6 +591,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     finally:
         signal.signal(signal.SIGTERM, previous_term)
+
+
+def _check_out(out: str) -> None:
+    """Refuse, before any work, an --out folder that cannot be made: empty, a file, a name longer
+    than a file name may be, or under a path that is no writable folder."""
+    if not out.strip():
+        raise UserError("--out is empty; name a folder (it is created if missing)")
+    p = Path(out)
+    long = [part for part in p.parts if len(part.encode()) > 255]
+    if long:
+        raise UserError(f"--out: the name {long[0][:40]!r}... is {len(long[0].encode())} bytes; a folder name may "
+                        "hold 255")
+    if p.exists() and not p.is_dir():
+        raise UserError(f"--out {out}: exists and is not a folder; name a folder (it is created if missing)")
+    parent = p.absolute()
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"--out {out}: {parent} is not a folder this user can write in")
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -65,6 +65,9 @@ class KVCacheConfig(ConfigModel):
 # most torch CPU threads a run may ask for (live.threads, calibrate --threads): torch's thread pool
 # segfaults at some tens of thousands, and past a few per core they only cost time
 MAX_THREADS = 1024
+# longest scenario name: it names run folders with a suffix (NAME-plan, NAME-sweep, NAME-PRESET), and
+# a file name may hold 255 bytes
+MAX_NAME_BYTES = 200
 
 
 class LiveConfig(ConfigModel):
@@ -111,6 +114,15 @@ class Scenario(ConfigModel):
     def _known_model(cls, v: str) -> str:
         if v not in MODELS:
             raise ValueError(f"unknown model preset '{v}'{did_you_mean(v, MODELS)}; allowed: {', '.join(MODELS)}")
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _folder_name(cls, v: str) -> str:
+        # the default run folder is results/NAME: a name is one folder name, never a path
+        if not v.strip() or v.strip() in (".", "..") or any(c in v for c in "/\\\0") or len(v.encode()) > MAX_NAME_BYTES:
+            raise ValueError(f"{v[:60]!r}{'...' if len(v) > 60 else ''} cannot name a run folder (results/NAME): use "
+                             f"letters, digits, '-', '_' or '.', at most {MAX_NAME_BYTES} bytes, no '/'")
         return v
 
     @field_validator("hardware")

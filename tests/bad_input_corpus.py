@@ -304,6 +304,8 @@ def _verb_options(b: _Builder) -> None:
                         (["--metrics", "no_such_metric"], "no_such_metric")]:
         b.raw("verb_options", ["compare", q, q, *extra, "--quiet", "--workers", "1"], (name,))
     b.raw("verb_options", ["validate", q, "--max-error", "ttft=abc", "--quiet", "--no-plots"], ("abc",))
+    for out, name in [("", "--out"), ("o" * 300, "--out")]:  # (ignored; a traceback after the run)
+        b.raw("verb_options", ["run", q, "--out", out, "--quiet", "--no-plots"], (name,), out=False)
     # argparse's own errors: its usage block made them several lines
     for argv, name in [(["plan", q, "--seeds", "abc"], "--seeds"), (["plan", q, "--target-rate", "fast"], "--target-rate"),
                        (["search", q, "--space", "seed=0,1"], "--target-rate"), (["run", q, "--frobnicate"], "--frobnicate"),
@@ -338,6 +340,9 @@ def _out_of_range(b: _Builder) -> None:
         (q, ["workload.prompt_len={dist: zipf, a: 1, max: 10}"], "workload.prompt_len.a"),
         (q, ["slo.ttft_ms=0"], "slo.ttft_ms"), (q, ["live.kv_cache_memory_mb=0"], "live.kv_cache_memory_mb"),
         (q, ["live.threads=100000"], "live.threads"),  # (torch's thread pool segfaulted)
+        # a name is the run folder's (results/NAME): never a path out of it, nor too long to create
+        (q, ["name=../escaped"], "name"), (q, ["name=/tmp/elsewhere"], "name"), (q, ["name=."], "name"),
+        (q, ["name=''"], "name"), (q, ["name=" + "n" * 300], "name"),
         (q, ["workload.arrival={process: poisson, rate: 1, rate: 50}"], "rate"),
         (q, ["scheduler.max_num_seqs=0"], "scheduler.max_num_seqs"),
         (q, ["scheduler.max_num_batched_tokens=0"], "scheduler.max_num_batched_tokens"),
