@@ -355,11 +355,17 @@ def _csv_chunks(path: Path, columns: dict[str, str], where: str) -> Iterator[Any
         raise WorkloadError(f"{where}.path: cannot read {path} as CSV: {str(e).splitlines()[0]}") from e
 
 
-def _numeric(series: Any, src: str, most: float | None = None) -> np.ndarray:
-    """Column values as float64, each at most ``most`` where given (token counts);
-    ``src`` ("<field>: column 'x' of <path>") prefixes errors, which name the file's line."""
+def _numeric(series: Any, src: str, most: float | None = None, whole: bool = False) -> np.ndarray:
+    """Column values as float64, each at most ``most`` where given (token counts) and a whole
+    number where ``whole`` (a trace's token counts: a fraction means another column); ``src``
+    ("<field>: column 'x' of <path>") prefixes errors, which name the file's line. ``true`` and
+    ``false`` are no numbers here (pandas reads them as 1 and 0)."""
     import pandas as pd
 
+    if series.dtype == bool or (series.dtype == object and series.map(lambda v: isinstance(v, bool)).any()):
+        flags = series.map(lambda v: isinstance(v, bool | np.bool_)).to_numpy()
+        line = int(series.index[np.flatnonzero(flags)[0]]) + 2
+        raise WorkloadError(f"{src}, line {line}: {series.iloc[int(np.flatnonzero(flags)[0])]} is not a number")
     values = pd.to_numeric(series, errors="coerce").to_numpy(dtype=np.float64)
     bad = ~np.isfinite(values)
     if bad.any():
@@ -370,6 +376,10 @@ def _numeric(series: Any, src: str, most: float | None = None) -> np.ndarray:
         line = int(series.index[first]) + 2
         raise WorkloadError(f"{src}, line {line}: {values[first]:.6g} tokens is more than any context "
                             f"(at most {most:.0f}); is it the right column?")
+    if whole and (values != np.rint(values)).any():
+        first = np.flatnonzero(values != np.rint(values))[0]
+        raise WorkloadError(f"{src}, line {int(series.index[first]) + 2}: {values[first]:.6g} is not a whole number "
+                            "of tokens; is it the right column?")
     return values
 
 
@@ -467,8 +477,8 @@ def load_trace(cfg: TraceConfig, where: str = "workload.trace") -> Trace:
             df, skip = df.iloc[skip:], max(0, skip - len(df))
         if df.empty:
             continue
-        prompt = _numeric(df[pcol], f"{where}.prompt_column: column {pcol!r} {of}", INT_MAX)
-        output = _numeric(df[ocol], f"{where}.output_column: column {ocol!r} {of}", INT_MAX)
+        prompt = _numeric(df[pcol], f"{where}.prompt_column: column {pcol!r} {of}", INT_MAX, whole=True)
+        output = _numeric(df[ocol], f"{where}.output_column: column {ocol!r} {of}", INT_MAX, whole=True)
         if cfg.format == "burstgpt":
             ok = output > 0
             failed += int((~ok).sum())

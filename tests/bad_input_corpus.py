@@ -214,6 +214,9 @@ def _data_files(b: _Builder) -> None:
         "trace-bad-time.csv": header + b"0,5,3\nabc,1,2\n",
         "trace-text-length.csv": header + b"0,five,3\n",
         "trace-no-columns.csv": b"a,b\n1,2\n",
+        # read as 1 / 0 tokens, and rounded to 101, before
+        "trace-bool-length.csv": header + b"0,true,3\n1,false,3\n",
+        "trace-fraction-length.csv": header + b"0,100.7,3\n",
     }
     for name, data in traces.items():
         b.file(name, data)
