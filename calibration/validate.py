@@ -63,8 +63,11 @@ TABLE_COLUMNS = ("metric", "unit", "live", "sim", "error_pct", "max_error_pct", 
 CDF_METRICS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2e": "e2e"}  # file suffix -> column
 _ITEM = re.compile(r"^(?P<key>[a-z0-9_]+)=(?P<pct>[0-9.eE+]+|nan|inf)%?$")
 
+MAX_REPEATS = 100  # live runs one validate may repeat (each takes minutes)
+
 
 # ---- thresholds ---------------------------------------------------------------------------------
+
 def canonical_metric(key: str) -> str:
     """A metric key as the summary spells it: ``p50_`` -> ``median_``, ``_e2e_ms`` -> ``_e2el_ms``."""
     if key.startswith("p50_"):
@@ -436,8 +439,8 @@ def validate(
     (max - min) / median, the noise floor any simulation error should be read against.
     ``replay_steps`` replays the live run's steps into the simulation (the dynamics check).
     """
-    if repeats < 1:
-        raise ScenarioError(f"--repeats must be >= 1, got {repeats}")
+    if not 1 <= repeats <= MAX_REPEATS:  # (10**9 was accepted and ran until killed)
+        raise ScenarioError(f"--repeats must be between 1 and {MAX_REPEATS}, got {repeats}")
     if replay_steps and repeats > 1:
         raise ScenarioError(f"--replay-steps replays one live run, its own steps; drop --repeats {repeats}")
     if replay_steps and sc.cluster.num_replicas > 1:

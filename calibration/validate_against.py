@@ -320,6 +320,11 @@ def validate_against(
     say = log or (lambda _msg: None)
     thresholds = parse_max_error(max_error)
     run = read_run(run_path, fmt)
+    measured = measured_summary(run)
+    unmeasured = [m for m in thresholds if not math.isfinite(measured.get(m, math.nan))]
+    if unmeasured:  # (exit 1, 'FAIL ... error undefined', after the whole simulation, before)
+        raise ScenarioError(f"--max-error: the run ({run.format}) does not measure {', '.join(unmeasured)}; "
+                            "set thresholds on what it measures")
     base = read_scenario_file(scenario_file) if scenario_file else None
     raw, notes = scenario_dict(run, base, profile, overrides)
     source = f"{run.path} (validate --against)"
@@ -340,7 +345,6 @@ def validate_against(
     write_results(sim, out / "sim", plots=plots)
     (out / "sim" / "scenario.yaml").write_text(scenario_to_yaml(sc))  # the trace path relative to it
 
-    measured = measured_summary(run)
     table = error_table(measured, sim.summary, thresholds)
     table[REFERENCE_COLUMN] = [run.reference.get(m, {}).get("error_pct", math.nan) for m in METRICS]
     table.attrs.update(TABLE_ATTRS)

@@ -154,6 +154,8 @@ def cmd_validate_against(args: argparse.Namespace) -> int:
 
     if args.repeats != 1:
         raise UserError("--repeats repeats a live run; a measured run (--against) is what it is")
+    if args.replay_steps:  # (it was ignored)
+        raise UserError("--replay-steps replays a live run's own steps; a measured run (--against) has none")
     out = Path(args.out) if args.out else Path("results") / f"{Path(args.against).stem}-against"
     print(f"servesim validate --against {args.against}"
           f"{f' (scenario {args.scenario})' if args.scenario else ''} | sim cost model: "
@@ -439,6 +441,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     from .verbs.search_report import format_search, write_search
     from .verbs.search_space import parse_space, space_hardware
 
+    if args.top < 1:  # (a Python slice: -1 printed all but the last, 0 nothing)
+        raise UserError(f"--top must be >= 1, got {args.top}")
     sc = _load(args)
     axes = parse_space(args.space)
     prices = prices_for(space_hardware(sc, axes), parse_gpu_costs(args.gpu_cost))

@@ -307,6 +307,18 @@ def _verb_options(b: _Builder) -> None:
                         (["--metrics", "no_such_metric"], "no_such_metric")]:
         b.raw("verb_options", ["compare", q, q, *extra, "--quiet", "--workers", "1"], (name,))
     b.raw("verb_options", ["validate", q, "--max-error", "ttft=abc", "--quiet", "--no-plots"], ("abc",))
+    # each accepted before: a slice that dropped the last row, a window of no requests, a run of 1e9 live
+    # runs, an ignored flag, and a threshold on what the run does not measure (exit 1 after simulating)
+    b.raw("verb_options", ["search", q, "--target-rate", "10", "--slo", "p99_ttft_ms=500", "--space", "seed=0,1",
+                           "--top", "-1", "--quiet", "--no-plots", "--workers", "1"], ("--top",))
+    b.raw("verb_options", ["plan", q, "--min-requests", "0", "--slo", "p99_ttft_ms=500", "--quiet", "--no-plots",
+                           "--workers", "1"], ("--min-requests",))
+    b.raw("verb_options", ["validate", str(ROOT / "scenarios" / "live-cpu-chunked.yaml"), "--repeats", "1000000000",
+                           "--quiet", "--no-plots"], ("--repeats",))
+    run = ROOT.parent / "shared" / "data" / "gpu" / "llmservingsim" / "runs" / "RTXPRO6000-Llama-3.1-8B"
+    if run.is_dir():
+        for extra, name in [(["--replay-steps"], "--replay-steps"), (["--max-error", "itl=5"], "median_itl_ms")]:
+            b.raw("verb_options", ["validate", "--against", str(run), *extra, "--quiet", "--no-plots"], (name,))
     for out, name in [("", "--out"), ("o" * 300, "--out")]:  # (ignored; a traceback after the run)
         b.raw("verb_options", ["run", q, "--out", out, "--quiet", "--no-plots"], (name,), out=False)
     # argparse's own errors: its usage block made them several lines

@@ -78,6 +78,8 @@ class PlanSettings:
             raise ScenarioError(f"--attainment must be in (0, 1], got {self.attainment}")
         if self.seeds < 1:
             raise ScenarioError(f"--seeds must be >= 1, got {self.seeds}")
+        if self.min_requests < 1:  # (0 or -5 let a seed's window shrink to nothing)
+            raise ScenarioError(f"--min-requests must be >= 1, got {self.min_requests}")
         # every seed's run at a rate is kept until the rate is judged: a huge count would die allocating them
         over = over_host_memory([Demand("--seeds", "seed runs", self.seeds,
                                         SEED_RUN_BYTES + self.min_requests * POOLED_REQUEST_BYTES)])
