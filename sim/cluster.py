@@ -52,6 +52,7 @@ class Cluster:
         self._all_released: simpy.Event = env.event()
         # Conversation turns between answer and send: when each think time ends (a heap of times).
         self._releases: list[float] = []
+        self._due_turns: list[tuple[float, int, Request]] = []  # (due, request id, turn) of turns not sent
         # Sent turns with a next turn, not yet answered, by replica: {request id: think time} and a
         # heap of (think time, request id) whose answered entries are dropped when they surface.
         self._asking: dict[int, dict[int, float]] = {rep.replica_id: {} for rep in replicas}
@@ -153,8 +154,10 @@ class Cluster:
                 self.on_turn(req, req.next_turn)
             think = req.think_time_s
             # the time _release's timeout lands on
-            heapq.heappush(self._releases, self.env.now + think if think > 0 else self.env.now)
-            self.env.process(self._release(req.next_turn, think))
+            due = self.env.now + think if think > 0 else self.env.now
+            heapq.heappush(self._releases, due)
+            heapq.heappush(self._due_turns, (due, req.next_turn.request_id, req.next_turn))
+            self.env.process(self._release(think))
         if self.on_progress is not None:
             self.on_progress(1)
 
@@ -177,9 +180,13 @@ class Cluster:
             rep.close()
         yield from ()
 
-    def _release(self, req: Request, think_s: float):  # noqa: ANN202 - a SimPy process
+    def _release(self, think_s: float):  # noqa: ANN202 - a SimPy process
         if think_s > 0:
             yield self.env.timeout(think_s)
+        # Turns due on one instant go out in request-id order, whichever release fires first: their
+        # releases fire in the order the turns before them were reported done, and two replicas'
+        # steps ending on one instant report in an order the fast-forward may change.
+        _, _, req = heapq.heappop(self._due_turns)
         req.arrival_time = self.env.now
         heapq.heappop(self._releases)  # (the earliest: think times end in time order)
         self._send(req)
