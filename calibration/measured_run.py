@@ -347,9 +347,22 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     for ours, theirs in (("num_blocks", "num_gpu_blocks"), ("block_size", "block_size"),
                          ("enable_prefix_caching", "enable_prefix_caching"),
                          ("gpu_memory_utilization", "gpu_memory_utilization")):
-        value = next((v for v in (cache.get(theirs), cache_cfg.get(theirs), kwargs.get(theirs)) if v is not None), None)
-        if value is not None:
-            kv[ours] = value
+        sources = (("kv_cache", cache), ("resolved_config.cache_config", cache_cfg), ("engine_kwargs", kwargs))
+        where, value = next(((w, d.get(theirs)) for w, d in sources if d.get(theirs) is not None), (None, None))
+        if value is None:
+            continue
+        # the type vLLM writes: a string such as "false" or "16" would be read as a value otherwise
+        if ours == "enable_prefix_caching":
+            ok = isinstance(value, bool)
+        elif ours == "gpu_memory_utilization":
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        if not ok:
+            kind = "true or false" if ours == "enable_prefix_caching" else "a number" if ours.startswith("gpu") \
+                else "an integer"
+            raise RunFileError(f"{meta_path}: field '{where}.{theirs}' must be {kind}, got {value!r:.60}")
+        kv[ours] = value
     missing = [k for k in ("num_blocks", "block_size", "enable_prefix_caching") if k not in kv]
     if missing:
         notes.append(f"meta.json does not record {', '.join(missing)}: vLLM V1's defaults are used (block size 16, "
@@ -528,6 +541,10 @@ def read_vllm_bench(path: str | Path, seed: int = 0) -> MeasuredRun:
     ttft = np.array([seconds("ttfts", i) for i in ok])
     itls = per_request["itls"]
     gaps_of = {i: _gaps(itls[i], f"{p}: request {i}") for i in ok} if isinstance(itls, list) else {}
+    for j, i in enumerate(ok):  # a gap per streamed chunk after the first: at most one per token after it
+        if len(gaps_of.get(i, ())) > max(int(output[j]) - 1, 0):
+            raise RunFileError(f"{p}: request {i}: {len(gaps_of[i])} itls for output_lens {int(output[j])} (at most "
+                               f"{max(int(output[j]) - 1, 0)}: a gap between consecutive tokens)")
     if latencies is not None:
         e2e = np.array([seconds("latencies", i, least=t) for i, t in zip(ok, ttft, strict=True)])
     else:
@@ -563,7 +580,10 @@ def read_vllm_bench(path: str | Path, seed: int = 0) -> MeasuredRun:
                 if exact else f"field 'request_rate' {rate:g} spreads the arrivals over {start.max():.3g} s")
         raise RunFileError(f"{p}: {what}, past the {MAX_SIM_SECONDS:.0e} s servesim simulates; "
                            f"{'they must be seconds of one clock' if exact else 'the rate must be requests per second'}")
-    if data.get("max_concurrency"):
+    conc = data.get("max_concurrency")
+    if conc is not None and (isinstance(conc, bool) or not isinstance(conc, int) or conc < 1):
+        raise RunFileError(f"{p}: field 'max_concurrency' must be a whole number >= 1 or null, got {conc!r:.60}")
+    if conc:
         notes.append(f"max_concurrency {data['max_concurrency']}: the client's own queue is replayed as the "
                      "measured send times, not as a closed loop")
     order = np.argsort(start, kind="stable")

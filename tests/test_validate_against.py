@@ -225,6 +225,10 @@ def test_vllm_bench_fields_of_unequal_length_are_an_error(tmp_path):
     ({"request_rate": "fast"}, "field 'request_rate' must be a number > 0 or \"inf\""),
     ({"request_rate": -2}, "field 'request_rate' must be a number > 0"),
     ({"start_times": None, "burstiness": 0}, "field 'burstiness' must be > 0"),
+    # used as they were before: more gaps than tokens, and a client limit of no one or of text
+    ({"itls": [[0.01] * 10, [0.01], []]}, "request 0: 10 itls for output_lens 3 (at most 2"),
+    ({"max_concurrency": 0}, "field 'max_concurrency' must be a whole number >= 1 or null"),
+    ({"max_concurrency": "many"}, "field 'max_concurrency' must be a whole number >= 1 or null"),
 ])
 def test_hostile_vllm_bench_values_are_one_error_naming_the_field(tmp_path, edit, says):
     # these were a RuntimeError ('a servesim bug'), a ValueError and a TypeError traceback
@@ -535,6 +539,23 @@ def test_a_run_setting_of_the_wrong_type_names_its_field_instead_of_being_replac
         (folder / "meta.json").write_text(json.dumps(meta))
         with pytest.raises(RunFileError, match=re.escape(f"field '{field}' must be a whole number >= 1")):
             read_run(folder)
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"enable_prefix_caching": "false"}, "field 'engine_kwargs.enable_prefix_caching' must be true or false"),
+    ({"block_size": "16"}, "field 'engine_kwargs.block_size' must be an integer"),
+    ({"gpu_memory_utilization": True}, "field 'engine_kwargs.gpu_memory_utilization' must be a number"),
+])
+def test_a_cache_setting_written_as_text_is_an_error_not_its_value(tmp_path, change, says):
+    # "false" turned prefix caching off and "16" was read as 16 blocks
+    folder = write_run(tmp_path / "run", isolated_requests())
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["engine_kwargs"].update(change)
+    meta.pop("kv_cache", None)
+    meta.get("resolved_config", {}).pop("cache_config", None)
+    (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(RunFileError, match=re.escape(says)):
+        read_run(folder)
 
 
 def test_a_scenario_scheduler_of_another_engine_is_left_out_with_a_note(tmp_path):
