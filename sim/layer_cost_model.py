@@ -336,6 +336,23 @@ class SkewAlpha:
         return self.alpha[i][j][k][p][q]
 
 
+REQUIRED_SECTIONS = ("dense", "per_sequence", "attention")  # objects; the rest may be absent or null
+OPTIONAL_SECTIONS = ("skew", "overhead", "allreduce", "extrapolation", "provenance", "held_out_error")
+
+
+def check_sections(p: Mapping[str, Any]) -> None:
+    """Every key a GPU profile needs present, and each section an object (null or a list there was
+    an AttributeError deep in the loader)."""
+    for key in ("model", "hardware", "tensor_parallel", "num_layers", *REQUIRED_SECTIONS):
+        if key not in p:
+            raise ProfileError(f"GPU profile lacks {key!r}")
+    for key in (*REQUIRED_SECTIONS, *OPTIONAL_SECTIONS):
+        value = p.get(key)
+        if not isinstance(value, Mapping) and (key in REQUIRED_SECTIONS or value is not None):
+            need = "an object" if key in REQUIRED_SECTIONS else "an object or null"
+            raise ProfileError(f"{key} must be {need}, got {type(value).__name__ if value is not None else 'null'}")
+
+
 class LayerCostModel:
     """A ``servesim-gpu-profile/1`` file as a cost model (see the module docstring)."""
 
@@ -349,9 +366,7 @@ class LayerCostModel:
         fmt = p.get("format")
         if fmt != GPU_PROFILE_FORMAT:
             raise ProfileError(f"not a servesim GPU profile: format is {fmt!r}, expected {GPU_PROFILE_FORMAT!r}")
-        for key in ("model", "hardware", "tensor_parallel", "num_layers", "dense", "per_sequence", "attention"):
-            if key not in p:
-                raise ProfileError(f"GPU profile lacks {key!r}")
+        check_sections(p)
         self.profile = p
         self.model, self.hardware = str(p["model"]), str(p["hardware"])
         self.tp, self.num_layers = whole_number("tensor_parallel", p["tensor_parallel"], 64), whole_number("num_layers", p["num_layers"])

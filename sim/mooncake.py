@@ -85,8 +85,11 @@ def read_mooncake(path: Path, time_scale: float = 1.0, start: int = 0, limit: in
                 obj = json.loads(raw)
                 if not isinstance(obj, dict):
                     raise ValueError(f"a JSON object per line, got {type(obj).__name__}")
+                hashes = obj.get("hash_ids", [])
+                if not isinstance(hashes, list):
+                    raise ValueError(f"hash_ids must be a list of integers, got {json.dumps(hashes)[:60]}")
                 row = (_number(obj, "timestamp"), _count(obj, "input_length"), _count(obj, "output_length"),
-                       [_hash(h) for h in obj.get("hash_ids", [])])
+                       [_hash(h) for h in hashes])
             except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, RecursionError) as e:
                 raise WorkloadError(f"{where}: {path} line {lineno} is not a Mooncake record "
                                     f"(timestamp, input_length, output_length, hash_ids): {e}") from None

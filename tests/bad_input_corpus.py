@@ -231,6 +231,7 @@ def _data_files(b: _Builder) -> None:
         "mooncake-bool-length.jsonl": b'{"timestamp": 0, "input_length": true, "output_length": 5, "hash_ids": []}\n',
         "mooncake-nan-time.jsonl": b'{"timestamp": NaN, "input_length": 100, "output_length": 5, "hash_ids": []}\n',
         "mooncake-array-line.jsonl": b"[1, 2]\n",
+        "mooncake-scalar-hashes.jsonl": b'{"timestamp": 0, "input_length": 100, "output_length": 5, "hash_ids": 7}\n',
         "mooncake-empty.jsonl": b"",
         "mooncake-utf16.jsonl": record.decode().encode("utf-16"),
     }

@@ -541,3 +541,16 @@ def test_a_loaded_profile_is_reused_until_its_bytes_change(tmp_path):
     path.write_text(json.dumps(data))
     again = load_profile(path)
     assert again is not first and again.loop_overhead(1) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(("key", "value", "says"), [
+    ("attention", None, "attention must be an object, got null"),  # was 'malformed profile (AttributeError ...)'
+    ("dense", [1], "dense must be an object, got list"),
+    ("skew", "x", "skew must be an object or null, got str"),
+])
+def test_a_gpu_profile_section_of_the_wrong_kind_is_named(tmp_path, key, value, says):
+    data = json.loads((PROFILES / "rtx-4090-llama-3.1-8b-tp1.json").read_text())
+    data[key] = value
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match=says):
+        load_profile(tmp_path / "p.json")
