@@ -497,7 +497,7 @@ def _measured_runs(b: _Builder) -> None:
         ("max-model-len-text", {"meta": kwargs(max_model_len="4096")}, ("meta.json", "max_model_len")),
         ("dtype-list", {"meta": kwargs(dtype=["bfloat16"])}, ("meta.json", "engine_kwargs.dtype")),
         ("kv-dtype-list", {"meta": kwargs(kv_cache_dtype=["fp8"])}, ("meta.json", "kv_cache_dtype")),
-        ("utilization-text", {"meta": kwargs(gpu_memory_utilization="nan")}, ("kv_cache.gpu_memory_utilization",)),
+        ("utilization-text", {"meta": kwargs(gpu_memory_utilization="nan")}, ("meta.json", "engine_kwargs.gpu_memory_utilization")),
         ("utilization-tiny", {"meta": kwargs(gpu_memory_utilization=0.01)}, ("kv_cache", "does not fit")),
         ("block-size-text", {"meta": edit_meta(lambda m: m.update(kv_cache={"block_size": "abc"}))},
          ("kv_cache.block_size",)),
