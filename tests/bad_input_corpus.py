@@ -273,7 +273,8 @@ def _set_syntax(b: _Builder) -> None:
             b.scenario("set_syntax", QUICKSTART, [item], (name,), verb=verb)
     for grid, name in {"seed": "seed", "seed=": "seed", "=1,2": "--grid", "seed=[1,": "seed",
                        "seed=!!python/name:os.system": "seed", "scheduler.max_num_seq=1,2": "max_num_seq",
-                       "workload.num_requests=true": "num_requests", "kv_cache.num_blocks=1.0e30": "num_blocks"}.items():
+                       "workload.num_requests=true": "num_requests", "kv_cache.num_blocks=1.0e30": "num_blocks",
+                       "seed=0,0": "seed"}.items():  # (each point ran twice)
         b.raw("grid_syntax", ["sweep", str(QUICKSTART), "--grid", grid, "--quiet", "--no-plots", "--workers", "1"],
               (name,))
 
@@ -305,6 +306,8 @@ def _verb_options(b: _Builder) -> None:
                         (["--seeds", "100000000"], "--seeds"),
                         # one seed gives no interval: the gate could never flag anything
                         (["--seeds", "1", "--fail-on", "p99_ttft_ms=+5%"], "--fail-on"),
+                        # the second rule replaced the first
+                        (["--fail-on", "p99_ttft_ms=+5%", "--fail-on", "p99_ttft_ms=-5%"], "p99_ttft_ms"),
                         (["--metrics", "no_such_metric"], "no_such_metric")]:
         b.raw("verb_options", ["compare", q, q, *extra, "--quiet", "--workers", "1"], (name,))
     b.raw("verb_options", ["validate", q, "--max-error", "ttft=abc", "--quiet", "--no-plots"], ("abc",))

@@ -79,6 +79,8 @@ def parse_fail_on(items: Sequence[str], known: Sequence[str]) -> list[FailOn]:
             hint = did_you_mean(metric, known)
             raise ScenarioError(f"--fail-on {item!r}: unknown metric '{metric}'{hint}; summary keys such as "
                                 "p99_tpot_ms, mean_ttft_ms, request_goodput")
+        if any(f.metric == metric for f in out):  # (the last rule silently replaced the first)
+            raise ScenarioError(f"--fail-on {item!r}: {metric} has a rule already; give each metric one")
         out.append(FailOn(metric, 1 if m.group("sign") == "+" else -1, float(m.group("margin"))))
     return out
 

@@ -57,7 +57,11 @@ def parse_grid(items: Sequence[str]) -> list[GridAxis]:
         texts = tuple(_split_values(text))
         if any(a.key == key for a in axes):
             raise ScenarioError(f"--grid {key}: given twice; put all its values in one --grid")
-        axes.append(GridAxis(key, tuple(parse_yaml_value(t, f"--grid {key}") for t in texts), texts))
+        values = tuple(parse_yaml_value(t, f"--grid {key}") for t in texts)
+        twice = next((t for j, t in enumerate(texts) if values[j] in values[:j]), None)
+        if twice is not None:  # (each point ran twice, its results counted twice)
+            raise ScenarioError(f"--grid {key}: the value {twice} is given twice")
+        axes.append(GridAxis(key, values, texts))
     if not axes:
         raise ScenarioError("sweep needs at least one --grid key.path=v1,v2,...")
     return axes
