@@ -344,23 +344,16 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     cache = _object(meta, "kv_cache", str(meta_path))
     # the same facts in the resolved CacheConfig, for a run whose kv_cache snapshot came out empty
     cache_cfg = _object(resolved, "cache_config", f"{meta_path}: resolved_config")
-    for ours, theirs in (("num_blocks", "num_gpu_blocks"), ("block_size", "block_size"),
-                         ("enable_prefix_caching", "enable_prefix_caching"),
-                         ("gpu_memory_utilization", "gpu_memory_utilization")):
-        sources = (("kv_cache", cache), ("resolved_config.cache_config", cache_cfg), ("engine_kwargs", kwargs))
+    sources = (("kv_cache", cache), ("resolved_config.cache_config", cache_cfg), ("engine_kwargs", kwargs))
+    # each with the type vLLM writes: a string such as "false" or "16" would be read as a value otherwise
+    for ours, theirs, types, kind in (("num_blocks", "num_gpu_blocks", int, "an integer"),
+                                      ("block_size", "block_size", int, "an integer"),
+                                      ("enable_prefix_caching", "enable_prefix_caching", bool, "true or false"),
+                                      ("gpu_memory_utilization", "gpu_memory_utilization", int | float, "a number")):
         where, value = next(((w, d.get(theirs)) for w, d in sources if d.get(theirs) is not None), (None, None))
         if value is None:
             continue
-        # the type vLLM writes: a string such as "false" or "16" would be read as a value otherwise
-        if ours == "enable_prefix_caching":
-            ok = isinstance(value, bool)
-        elif ours == "gpu_memory_utilization":
-            ok = isinstance(value, int | float) and not isinstance(value, bool)
-        else:
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        if not ok:
-            kind = "true or false" if ours == "enable_prefix_caching" else "a number" if ours.startswith("gpu") \
-                else "an integer"
+        if not isinstance(value, types) or (types is not bool and isinstance(value, bool)):
             raise RunFileError(f"{meta_path}: field '{where}.{theirs}' must be {kind}, got {value!r:.60}")
         kv[ours] = value
     missing = [k for k in ("num_blocks", "block_size", "enable_prefix_caching") if k not in kv]

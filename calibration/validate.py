@@ -67,7 +67,6 @@ MAX_REPEATS = 100  # live runs one validate may repeat (each takes minutes)
 
 
 # ---- thresholds ---------------------------------------------------------------------------------
-
 def canonical_metric(key: str) -> str:
     """A metric key as the summary spells it: ``p50_`` -> ``median_``, ``_e2e_ms`` -> ``_e2el_ms``."""
     if key.startswith("p50_"):

@@ -95,7 +95,7 @@ from .batch import StepSums
 from .batch import step_sums as _step_sums
 from .config_model import ConfigModel
 from .errors import PresetError, ProfileError
-from .layer_cost_model import GPU_PROFILE_FORMAT, LayerCostModel, check_sections, whole_number
+from .layer_cost_model import GPU_PROFILE_FORMAT, LayerCostModel, whole_number
 from .presets import HardwareConfig, ModelConfig, get_hardware, get_model, hardware_preset, kv_heads_per_rank
 from .varlen_attention import FA2VarlenAttention
 
@@ -845,7 +845,6 @@ def load_profile(path: str | Path, swap_bandwidth: float | None = None) -> Layer
     data = _parse_profile(path, raw)
     try:
         if isinstance(data, Mapping) and data.get("format") == GPU_PROFILE_FORMAT:
-            check_sections(data)
             model = LayerCostModel(data, swap_bandwidth=swap_bandwidth, attention_shape=roofline_attention_shape(data))
             if len(_GPU_PROFILES) >= 16:
                 _GPU_PROFILES.pop(next(iter(_GPU_PROFILES)))

@@ -544,19 +544,16 @@ class CountingBlockManager(BlockManager):
         return KVStats(self.num_blocks, self._nfree, 0, self.num_host_blocks, self._host_nfree, self.prefix_hits,
                        self.prefix_queries, self.preempted_prefix_hits, self.preempted_prefix_queries)
 
-    def _allocate(self, request_id: int, num_tokens: int, watermark: bool) -> bool:
-        have = self._held.get(request_id, 0)
+    def allocate(self, request: Request, num_tokens: int, *, watermark: bool = False) -> bool:
+        have = self._held.get(request.request_id, 0)
         need = -(-num_tokens // self.block_size) - have
         if need <= 0:
             return True
         if self._nfree - need < (self.watermark_blocks if watermark else 0):
             return False
-        self._held[request_id] = have + need
+        self._held[request.request_id] = have + need
         self._nfree -= need
         return True
-
-    def allocate(self, request: Request, num_tokens: int, *, watermark: bool = False) -> bool:
-        return self._allocate(request.request_id, num_tokens, watermark)
 
     def extend_each(self, requests: list[Request], counts: list[int]) -> int:
         held = self._held

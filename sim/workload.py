@@ -362,10 +362,11 @@ def _numeric(series: Any, src: str, most: float | None = None, whole: bool = Fal
     ``false`` are no numbers here (pandas reads them as 1 and 0)."""
     import pandas as pd
 
-    if series.dtype == bool or (series.dtype == object and series.map(lambda v: isinstance(v, bool)).any()):
-        flags = series.map(lambda v: isinstance(v, bool | np.bool_)).to_numpy()
-        line = int(series.index[np.flatnonzero(flags)[0]]) + 2
-        raise WorkloadError(f"{src}, line {line}: {series.iloc[int(np.flatnonzero(flags)[0])]} is not a number")
+    if series.dtype == bool or series.dtype == object:  # (an object column may hold a few booleans)
+        flags = series.map(lambda v: isinstance(v, bool | np.bool_)).to_numpy(dtype=bool)
+        if flags.any():
+            first = int(np.flatnonzero(flags)[0])
+            raise WorkloadError(f"{src}, line {int(series.index[first]) + 2}: {series.iloc[first]} is not a number")
     values = pd.to_numeric(series, errors="coerce").to_numpy(dtype=np.float64)
     bad = ~np.isfinite(values)
     if bad.any():
