@@ -6,7 +6,8 @@ executes can: callgrind counts them (run to run they agree within ~0.3 %), and o
 call — a child process loads servesim and the compiled step loops and runs a small warm-up
 simulation uninstrumented, then switches counting on around the measured ``simulate`` call with
 callgrind's client requests (a 3-line C shim compiled here with ``cc``). The workloads and the
-code path are ``sim_speed.py``'s (``--iterations binned``, the compiled loops on).
+code path are ``sim_speed.py``'s (``--iterations binned``, the compiled loops on, so the compiled
+engine by default; ``--engine python`` counts the Python engine's).
 
 Each requested size is one valgrind run (~100x slower than native inside the call: 4,000
 ShareGPT-like requests take ~40 s, 8,000 conv-like ones ~90 s). With two or more sizes the table
@@ -17,6 +18,7 @@ instructions per second before and after a change, but not a change that trades 
 cache misses (check those with ``sim_speed.py`` at scale).
 
     python benchmarks/sim_instructions.py --workload sharegpt|conv [--requests 4000 8000]
+        [--engine auto|python|compiled]
 
 Needs ``valgrind`` (with its headers, ``valgrind/callgrind.h``) and a C compiler on PATH; exits 2
 naming what is missing.
@@ -45,7 +47,7 @@ def _fail(msg: str) -> NoReturn:
     raise SystemExit(2)
 
 
-def child(workload: str, requests: int, shim: str) -> None:
+def child(workload: str, requests: int, shim: str, engine: str) -> None:
     """Inside valgrind: warm up uninstrumented, then count one ``simulate`` call."""
     import ctypes
 
@@ -53,23 +55,24 @@ def child(workload: str, requests: int, shim: str) -> None:
     import sim_speed
     from servesim.sim.simulate import simulate
 
-    simulate(sim_speed.scenario(workload, 300, None), progress=False, iterations="binned")  # imports, loops
+    kw = {} if engine == "auto" else {"compiled": engine == "compiled"}
+    simulate(sim_speed.scenario(workload, 300, None), progress=False, iterations="binned", **kw)  # imports, loops
     sc = sim_speed.scenario(workload, requests, None)
     lib = ctypes.CDLL(shim)
     lib.servesim_count_start()
-    res = simulate(sc, progress=False, iterations="binned")
+    res = simulate(sc, progress=False, iterations="binned", **kw)
     lib.servesim_count_stop()
     print(f"steps {res.summary['num_iterations']}")
 
 
-def count(workload: str, requests: int, shim: str, work: Path) -> tuple[int, int]:
+def count(workload: str, requests: int, shim: str, work: Path, engine: str) -> tuple[int, int]:
     """(instructions in the simulate call, engine steps) of one instrumented run."""
     out = work / f"{workload}-{requests}"
     out.mkdir()
     env = dict(os.environ, SERVESIM_JIT="1")
     proc = subprocess.run(
         ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}/cg.%p",
-         sys.executable, __file__, "--child", workload, str(requests), shim],
+         sys.executable, __file__, "--child", workload, str(requests), shim, engine],
         capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -85,12 +88,15 @@ def count(workload: str, requests: int, shim: str, work: Path) -> tuple[int, int
 
 
 def main() -> None:
-    if len(sys.argv) == 5 and sys.argv[1] == "--child":
-        child(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    if len(sys.argv) == 6 and sys.argv[1] == "--child":
+        child(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5])
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", choices=["sharegpt", "conv"], default="sharegpt")
     ap.add_argument("--requests", type=int, nargs="+", default=[4000, 8000])
+    ap.add_argument("--engine", choices=["auto", "python", "compiled"], default="auto",
+                    help="auto: what simulate picks (the compiled engine, for these workloads); python: the "
+                         "Python engine (engine.py), the yardstick for its per-step work")
     args = ap.parse_args()
     if any(n < 1 for n in args.requests):
         _fail("--requests must be >= 1")
@@ -108,7 +114,7 @@ def main() -> None:
             _fail(f"cannot build the callgrind shim ({msg}); valgrind's headers (valgrind/callgrind.h) "
                   f"are needed")
         sizes = sorted(set(args.requests))
-        rows = [(n, *count(args.workload, n, str(shim), work)) for n in sizes]
+        rows = [(n, *count(args.workload, n, str(shim), work, args.engine)) for n in sizes]
     print(f"{'workload':>9} {'requests':>9} {'steps':>8} {'instr M':>9} {'marginal M/1k req':>18} "
           f"{'marginal k/step':>16}")
     prev = None

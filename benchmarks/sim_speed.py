@@ -13,7 +13,9 @@ Two workloads on one llama-3.1-8b replica with the chunked scheduler:
 
 The run is ``simulate`` (the workload generated inside, as ``servesim run`` does) then
 ``write_results`` without plots into a temporary folder; the wall time includes loading the
-compiled step loops that ``simulate`` turns on for large runs (sim/row_kernels.py). Prints wall
+compiled step loops that ``simulate`` turns on for large runs (sim/row_kernels.py) and, in the
+compiled engine's class (both workloads here), the compiled engine (sim/compiled_engine.py);
+``--engine python`` measures the Python engine on the same run. Prints wall
 and CPU seconds (simulate + write; on a shared machine the CPU seconds move less), peak RSS
 (ru_maxrss), engine steps, and wall µs per step and per request.
 
@@ -24,7 +26,8 @@ round_robin); ``--rate`` is then the cluster's (give N times a replica's rate fo
 per replica).
 
     python benchmarks/sim_speed.py --workload sharegpt|conv [--requests 100000] [--rate R] [--profile]
-        [--iterations auto|full|binned|off] [--plain] [--preset vllm-v1|sglang|tensorrt-llm|...]
+        [--iterations auto|full|binned|off] [--plain] [--engine auto|python|compiled]
+        [--preset vllm-v1|sglang|tensorrt-llm|...]
         [--replicas N] [--router round_robin|least_outstanding|...]
 """
 
@@ -85,7 +88,10 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=None, help="requests/s (default: the workload's)")
     ap.add_argument("--iterations", choices=["auto", "full", "binned", "off"], default=None,
                     help="iterations.parquet mode (default: simulate's, full; servesim run's is auto)")
-    ap.add_argument("--plain", action="store_true", help="no fast-forward: every step through schedule/update")
+    ap.add_argument("--plain", action="store_true",
+                    help="the Python engine without fast-forward: every step through schedule/update")
+    ap.add_argument("--engine", choices=["auto", "python", "compiled"], default="auto",
+                    help="auto: what simulate picks (servesim run's path); python / compiled: that engine")
     ap.add_argument("--profile", action="store_true", help="cProfile the run and print the top functions")
     ap.add_argument("--preset", default=None, help="an engine preset at its defaults instead of the chunked scheduler")
     ap.add_argument("--replicas", type=int, default=1, help="replicas behind the router (--rate is the cluster's)")
@@ -95,7 +101,13 @@ def main() -> None:
         sc = scenario(args.workload, args.requests, args.rate, args.preset, args.replicas, args.router)
     except ValueError as e:  # a ScenarioError: an unknown preset, a bad rate
         raise SystemExit(f"sim_speed.py: {e}") from None
-    sim_kw: dict = {"fast_forward": False} if args.plain else {}
+    if args.plain and args.engine == "compiled":
+        raise SystemExit("sim_speed.py: --plain runs the Python engine; drop --engine compiled")
+    sim_kw: dict = {"fast_forward": False, "compiled": False} if args.plain else {}
+    if args.engine != "auto":
+        if "compiled" not in inspect.signature(simulate).parameters:
+            raise SystemExit("this servesim has no compiled engine")
+        sim_kw["compiled"] = args.engine == "compiled"
     if args.iterations is not None:
         if "iterations" not in inspect.signature(simulate).parameters:
             raise SystemExit("this servesim has no --iterations")
@@ -125,7 +137,8 @@ def main() -> None:
           f"p99 TPOT {s['p99_tpot_ms']:.1f} ms, preemptions {s['num_preemptions']}")
     try:  # (older commits have no compiled loops)
         from servesim.sim import row_kernels
-        print(f"compiled step loops: {'on' if row_kernels.ON else 'off'} (sim/row_kernels.py; SERVESIM_JIT)")
+        print(f"compiled step loops: {'on' if row_kernels.ON else 'off'} (sim/row_kernels.py; SERVESIM_JIT); "
+              f"engine: {getattr(res, 'engine', 'python')}")
     except ImportError:
         pass
     if prof:

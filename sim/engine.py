@@ -76,6 +76,29 @@ class SimExecutor:
             t = max(t - host, host)
         return t
 
+    def prices_rows(self, sums: StepSums) -> bool:
+        """Whether ``price`` reads the rows (q, ctx) of a step with these sums, not only the sums."""
+        return self._step_time is None or (self._mixed_rows and sums.prefill_attn_pairs and sums.decode_seqs)
+
+    def price(self, sums: StepSums, longest_decode_kv: int, q: np.ndarray | None = None,
+              ctx: np.ndarray | None = None) -> float:
+        """``run`` of a step without swaps from its ``sums``, the largest ctx + 1 of its q == 1 rows
+        (0: none) and, for a cost model that prices rows (``prices_rows``), the rows' new and
+        context tokens: the compiled engine's steps (``compiled_engine.py``). Each branch is
+        ``run``'s call, with the same arguments."""
+        if self._mixed_rows and sums.prefill_attn_pairs and sums.decode_seqs:
+            t = self.cost_model.iteration_time(q, ctx, 0.0, sums=sums, longest_decode_kv=longest_decode_kv)
+        elif self._step_time is not None:
+            t = self._step_time(sums, 0.0)
+        elif self._needs_rows:
+            t = self.cost_model.iteration_time(q, ctx, 0.0, sums=sums)
+        else:
+            t = self.cost_model.iteration_time(q, ctx, 0.0)
+        if self._host is not None and t > 0:
+            host = self._host(sums[0])
+            t = max(t - host, host)
+        return t
+
     def run(self, batch: Batch) -> float:
         swap_blocks = len(batch.swap_out) + len(batch.swap_in)
         swap_bytes = swap_blocks * self.kv_block_bytes if swap_blocks else 0.0

@@ -394,6 +394,48 @@ class MetricsRecorder:
         self._n_iters = i + k
         self._decode_itls(starts, durations, n, first_itl)
 
+    def on_iteration_rows(self, replica: int, rows: np.ndarray) -> None:
+        """Steps of ``replica`` recorded elsewhere (``compiled_engine``), one row each in
+        ``ITERATION_COLUMNS`` order: kept exactly as ``on_iteration`` step by step keeps them (the
+        same rows, the same switch to bins at ``bin_after``, bins added in the same groups, busy
+        seconds added one by one)."""
+        i, k = 0, len(rows)
+        while i < k:
+            if self._bins is None:
+                n = self._n_iters
+                room = len(self._iters) - n
+                if room == 0:
+                    if self._past_bin_limit(1):
+                        self._switch_to_bins()
+                    else:
+                        grown = np.empty((2 * n, self._iters.shape[1]), dtype=np.float64)
+                        grown[:n] = self._iters
+                        self._iters = grown
+                    continue
+                m = min(room, k - i)
+                self._iters[n : n + m] = rows[i : i + m]
+                self._n_iters = n + m
+                i += m
+            else:
+                block = rows[i:].copy()
+                block[:, 0] = block[:, 1]  # a bin row: start, num_steps 1, then duration on as in a step's row
+                block[:, 1] = 1.0
+                self._bins.add_block(replica, block)
+                i = k
+        self._add_busy(replica, rows[:, 2].tolist())
+
+    def on_request_columns(self, cols: dict[str, np.ndarray]) -> None:
+        """Requests recorded elsewhere (``compiled_engine``) as the recorded ``REQUEST_SPEC`` columns
+        (``state`` as ``RequestState`` values, ``reject_reason`` None where there is none)."""
+        self._flush_requests()
+        n = len(cols["request_id"])
+        for name, dtype in _RECORDED_DTYPES:
+            col = np.asarray(cols[name], dtype=dtype)
+            if len(col) != n:
+                raise ValueError(f"on_request_columns: column {name} has {len(col)} values for {n} requests")
+            self._req_cols[name].append(col)
+        self._num_requests += n
+
     def _record_into_bins(self) -> None:
         self.on_iteration = self._bin_iteration  # type: ignore[method-assign]
         self.on_decode_steps = self._bin_decode_steps  # type: ignore[method-assign]

@@ -19,7 +19,7 @@ import pandas as pd
 import simpy
 from tqdm import tqdm
 
-from . import row_kernels
+from . import compiled_engine, row_kernels
 from .cluster import Cluster, replica_summary
 from .cost_model import build_cost_model
 from .disagg import DisaggCluster, PrefillRecorder
@@ -107,6 +107,7 @@ class RunResult:
     # ... and the request id of each row (validate's dynamics check replays these steps)
     step_request_ids: list[np.ndarray] | None = None
     iterations: str = "full"  # what iterations_df holds: every step (full), time bins (binned) or none (off)
+    engine: str = "python"  # what ran the steps: the Python engine (engine.py) or the compiled one (compiled_engine.py)
 
     def header(self) -> dict[str, Any]:
         """Run metadata that goes first in summary.json (nothing here may vary between equal runs)."""
@@ -210,10 +211,15 @@ def summary_iterations(sc: Scenario) -> IterationsMode:
 
 
 def simulate(sc: Scenario, requests: Sequence[Request] | None = None, progress: bool | None = None,
-             fast_forward: bool = True, iterations: IterationsMode | Literal["auto"] = "full") -> RunResult:
+             fast_forward: bool = True, iterations: IterationsMode | Literal["auto"] = "full",
+             compiled: bool | None = None) -> RunResult:
     """Simulate the scenario (its workload, or the given requests) and summarise the run.
 
     ``fast_forward`` False: no stretch of decode steps is taken at once (same results, slower).
+    ``compiled``: run on the compiled engine (``compiled_engine.py``: the same results, one
+    compiled loop) when the compiled step loops are on and the scenario is in its class (None,
+    the default), never (False: the Python engine), or always (True: a ScenarioError saying why
+    when it cannot).
     ``iterations``: the iterations table holds every step (``full``), time bins of them
     (``binned``) or nothing (``off``), or ``auto`` (``auto_iterations``, and bins from the
     ``AUTO_BINNED_STEPS``-th step of a longer run: the result's ``iterations`` says which); the
@@ -235,14 +241,34 @@ def simulate(sc: Scenario, requests: Sequence[Request] | None = None, progress: 
         bin_after = AUTO_BINNED_STEPS  # (a disaggregated cluster ignores it: it needs every step)
     env = SimEnvironment()
     if sc.cluster.disagg is not None:
+        if compiled:
+            raise ScenarioError("the compiled engine cannot run this scenario: a disaggregated cluster")
         return simulate_disagg(sc, requests, env, progress, t0, iterations)
 
     def parts(_r: int):
         return build_scheduler(sc, kv, block_ids=False), SimExecutor(cost, kv.block_bytes,
                                                     overlap_host=sc.policy.async_scheduling)
 
-    recorder, replicas = run_replicas(env, sc, requests, parts, progress, fast_forward, iterations,
-                                      bin_after=bin_after)
+    built: dict[int, tuple[Scheduler, SimExecutor]] = {}  # replica 0's parts, if built to ask the compiled engine
+    if compiled is not False:
+        scheduler, executor = built[0] = parts(0)
+        why = compiled_engine.reason_not_compiled(sc, requests, scheduler, executor)
+        if why is None:
+            recorder = MetricsRecorder(num_replicas=1, iterations=iterations, bin_after=bin_after)
+            bar = tqdm(total=len(requests), unit="req", delay=2.0, mininterval=0.5, disable=progress is False,
+                       desc=sc.name, leave=False)
+            try:
+                with _young_gc_only():
+                    compiled_engine.run_compiled(requests, scheduler, executor, recorder, bar.update)
+            finally:
+                bar.close()
+            result = finish_run(sc, "sim", requests, recorder, kv, time.perf_counter() - t0)
+            result.engine = "compiled"
+            return result
+        if compiled:
+            raise ScenarioError(f"the compiled engine cannot run this scenario: {why}")
+    recorder, replicas = run_replicas(env, sc, requests, lambda r: built.pop(r, None) or parts(r), progress,
+                                      fast_forward, iterations, bin_after=bin_after)
     return finish_run(sc, "sim", requests, recorder, kv, time.perf_counter() - t0, replicas)
 
 

@@ -50,7 +50,8 @@ def both_ways(sc, monkeypatch, **kw):
     plain = simulate(sc, progress=False, **kw)
     assert not rk.ON
     monkeypatch.setenv("SERVESIM_JIT", "1")
-    compiled = simulate(sc, progress=False, **kw)
+    # (the Python engine with the loops: the compiled engine has its own tests, test_compiled_engine.py)
+    compiled = simulate(sc, progress=False, compiled=False, **kw)
     assert rk.ON
     return plain, compiled
 

@@ -1,0 +1,271 @@
+"""The compiled engine (sim/compiled_engine.py) is the Python engine's plain loop, bit for bit.
+
+Every run here is simulated on the Python engine with the fast-forward off (each step through
+``ChunkedScheduler.schedule`` / ``update`` and a SimPy event) and on the compiled engine, and
+every output must be identical: the requests and iterations tables, the summary, and the ITL
+histogram down to its running sum and squared deviations (the same values staged and flushed at
+the same points). Randomized scenarios cover KV pressure with preemption, rejections, tiny token
+budgets and seat counts, prefill thresholds, both roofline attention paths (H100, A100's FA2
+varlen pricing of mixed steps), a constant step cost whose step ends fall exactly on arrival
+times (SimPy's tie order), bursts of simultaneous arrivals and unsorted ones.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from servesim.sim import compiled_engine as ce
+from servesim.sim import row_kernels as rk
+from servesim.sim.batch import Batch
+from servesim.sim.cost_model import build_cost_model
+from servesim.sim.engine import SimExecutor
+from servesim.sim.metrics import ITERATION_COLUMNS, MetricsRecorder
+from servesim.sim.presets import get_model
+from servesim.sim.scenario import ScenarioError, load_scenario, scenario_from_dict
+from servesim.sim.simulate import build_scheduler, plan_kv, simulate
+from servesim.sim.workload import RequestArrays
+from test_fast_forward import SCENARIOS_DIR, SHIPPED, assert_same_run
+
+pytestmark = pytest.mark.skipif(not rk.available(), reason="numba is not installed")
+
+
+@pytest.fixture(autouse=True)
+def jit_on(monkeypatch):
+    """The compiled loops on for every run (the compiled engine needs them), restored after."""
+    was = rk.ON
+    monkeypatch.setenv("SERVESIM_JIT", "1")
+    yield
+    rk.use(was)
+
+
+def assert_identical(sc, requests=None, iterations="full"):
+    python = simulate(sc, requests=requests, progress=False, fast_forward=False, compiled=False,
+                      iterations=iterations)
+    compiled = simulate(sc, requests=requests, progress=False, compiled=True, iterations=iterations)
+    assert_same_run(python, compiled)
+    ha, hb = python.itl_hist, compiled.itl_hist
+    assert (ha.sum, ha._m2) == (hb.sum, hb._m2)
+    return python, compiled
+
+
+def _scenario(seed: int, n: int, *, hardware: str, block_size: int, num_blocks: int, watermark: float,
+              scheduler: dict, cost: dict):
+    return scenario_from_dict({
+        "name": f"compiled-{seed}", "seed": seed, "model": "llama-3.1-8b", "hardware": hardware,
+        "scheduler": {"type": "chunked", **scheduler}, "cost_model": cost,
+        "kv_cache": {"block_size": block_size, "num_blocks": num_blocks, "watermark": watermark},
+        "workload": {"num_requests": max(n, 1), "arrival": {"process": "poisson", "rate": 1.0},
+                     "prompt_len": {"dist": "fixed", "value": 8}, "output_len": {"dist": "fixed", "value": 8}},
+    })
+
+
+def random_case(seed: int):
+    """A scenario and its requests as columns: lengths, arrival pattern, KV size and knobs drawn."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.choice([1, 3, 40, 300]))
+    bs = int(rng.choice([1, 4, 16]))
+    scheduler = {"max_num_seqs": int(rng.choice([1, 4, 32, 256])),
+                 "max_num_batched_tokens": int(rng.choice([1, 16, 512, 4096]))}
+    if rng.random() < 0.3:
+        scheduler["long_prefill_token_threshold"] = int(rng.choice([1, 8, 100]))
+    if rng.random() < 0.2:
+        scheduler["max_model_len"] = int(rng.choice([60, 400]))
+    prompt = rng.integers(1, int(rng.choice([8, 200, 2000])) + 1, n)
+    output = rng.integers(1, int(rng.choice([1, 8, 120])) + 1, n)
+    if rng.random() < 0.5:
+        cost = {"type": "roofline"}
+    else:
+        cost = {"type": "constant", "step_ms": float(rng.choice([0.5, 1.0, 10.0])),
+                "per_token_ms": float(rng.choice([0.0, 0.01]))}
+    pattern = seed % 4
+    if pattern == 0:
+        arrival = np.cumsum(rng.exponential(1 / float(rng.choice([2.0, 50.0, 1000.0])), n))
+    elif pattern == 1:  # bursts: many requests on one instant
+        arrival = np.sort(rng.choice([0.0, 0.25, 0.5, 1.5], n))
+    elif pattern == 2 and cost["type"] == "constant":  # step ends exactly on arrival times
+        cost["per_token_ms"] = 0.0
+        arrival = np.sort(cost["step_ms"] / 1000 * rng.integers(0, 3 * n + 1, n))
+    else:  # unsorted: late rows sent at once, after the one before them
+        arrival = rng.uniform(0.0, n / 20, n)
+    need = int(((prompt + output + bs - 1) // bs).max())
+    num_blocks = int(rng.choice([max(need // 2, 1), need, need + 2, 3 * need, 100_000]))
+    sc = _scenario(seed, n, hardware=str(rng.choice(["h100-sxm", "a100-80g"])), block_size=bs,
+                   num_blocks=num_blocks, watermark=float(rng.choice([0.0, 0.01, 0.1])), scheduler=scheduler,
+                   cost=cost)
+    requests = RequestArrays(arrival.astype(np.float64), prompt, output, np.full(n, -1), np.zeros(n, dtype=np.int64))
+    return sc, requests
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_scenario_is_the_python_engines_run(seed: int):
+    sc, requests = random_case(seed)
+    assert_identical(sc, requests, iterations=["full", "binned", "off", "auto"][seed % 4])
+
+
+def test_the_random_cases_reach_preemption_rejection_and_ties():
+    """The cases above are not all easy ones: some preempt, some reject, some end steps on arrivals."""
+    preempted = rejected = tied = 0
+    for seed in range(40):
+        sc, requests = random_case(seed)
+        res = simulate(sc, requests=requests, progress=False, compiled=True, iterations="full")
+        df = res.requests_df
+        preempted += int(df["num_preemptions"].sum() > 0)
+        rejected += int((df["state"] == "rejected").any())
+        ends = (res.iterations_df["start"] + res.iterations_df["duration"]).to_numpy()
+        tied += int(np.isin(requests.arrival_time, ends).any())
+    assert preempted >= 4 and rejected >= 4 and tied >= 2, (preempted, rejected, tied)
+
+
+def test_a_run_past_the_itl_and_row_buffers_is_the_python_engines_run():
+    """More than one ITL buffer (65,536 values) and one block of iteration rows (4,096 steps),
+    binned and full: the flushes fall at the same points."""
+    rng = np.random.default_rng(11)
+    n = 1500
+    sc = _scenario(1, n, hardware="a100-80g", block_size=16, num_blocks=3000, watermark=0.01,
+                   scheduler={"max_num_seqs": 32, "max_num_batched_tokens": 256}, cost={"type": "roofline"})
+    requests = RequestArrays(np.cumsum(rng.exponential(1 / 4.0, n)), rng.integers(4, 1500, n),
+                             rng.integers(1, 200, n), np.full(n, -1), np.zeros(n, dtype=np.int64))
+    for iterations in ("binned", "full"):
+        python, _ = assert_identical(sc, requests, iterations)
+    assert python.itl_hist.count > 2 * ce.ITL_CAP and python.summary["num_iterations"] > 2 * ce.ROW_BLOCK
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[str(p.relative_to(SCENARIOS_DIR)) for p in SHIPPED])
+def test_shipped_scenario_in_its_class_is_the_python_engines_run(path):
+    sc = load_scenario(path, ["workload.num_requests=200"])
+    kv = plan_kv(sc)
+    from servesim.sim.workload import generate_workload
+
+    requests = generate_workload(sc.workload, sc.seed).requests
+    rk.use(True)
+    cost = build_cost_model(sc.cost_model, get_model(sc.model), sc.cost_hardware(), sc.tensor_parallel,
+                            sc.kv_cache.block_size)
+    why = ce.reason_not_compiled(sc, requests, build_scheduler(sc, kv, block_ids=False),
+                                 SimExecutor(cost, kv.block_bytes, overlap_host=sc.policy.async_scheduling))
+    if why is not None:
+        with pytest.raises(ScenarioError, match="compiled engine cannot run"):
+            simulate(sc, progress=False, compiled=True)
+        pytest.skip(f"not in the compiled engine's class: {why}")
+    assert_identical(sc)
+
+
+def test_some_shipped_scenarios_are_in_its_class():
+    quick = load_scenario(SCENARIOS_DIR / "quickstart.yaml")
+    assert quick.scheduler_name == "chunked" and quick.cluster.num_replicas == 1
+    rk.use(True)
+    kv = plan_kv(quick)
+    cost = build_cost_model(quick.cost_model, get_model(quick.model), quick.cost_hardware(), quick.tensor_parallel,
+                            quick.kv_cache.block_size)
+    from servesim.sim.workload import generate_workload
+
+    assert ce.reason_not_compiled(quick, generate_workload(quick.workload, 0).requests,
+                                  build_scheduler(quick, kv, block_ids=False), SimExecutor(cost, kv.block_bytes)) is None
+
+
+BASE = {"name": "class", "seed": 1, "model": "llama-3.1-8b", "hardware": "h100-sxm",
+        "workload": {"num_requests": 20, "arrival": {"process": "poisson", "rate": 5.0},
+                     "prompt_len": {"dist": "fixed", "value": 40}, "output_len": {"dist": "fixed", "value": 5}}}
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"cluster": {"num_replicas": 2}}, "more than one replica"),
+    ({"scheduler": {"type": "continuous"}}, "scheduler continuous"),
+    ({"scheduler": {"type": "chunked", "policy": "priority"}}, "policy priority"),
+    ({"scheduler": {"type": "chunked", "preemption_mode": "swap"}}, "preemption_mode swap"),
+    ({"scheduler": {"type": "chunked", "async_scheduling": True}}, "async_scheduling"),
+    ({"kv_cache": {"enable_prefix_caching": True}}, "prefix caching"),
+    ({"workload": {**BASE["workload"], "sessions": {"turns": 3}}}, "request objects"),
+])
+def test_what_it_does_not_run_is_named_and_runs_on_the_python_engine(change, reason):
+    try:
+        sc = scenario_from_dict({**BASE, **change})
+    except ScenarioError as e:  # (a workload field spelled differently: look it up, do not pass)
+        pytest.fail(f"test scenario invalid: {e}")
+    with pytest.raises(ScenarioError, match=f"compiled engine cannot run this scenario: .*{reason}"):
+        simulate(sc, progress=False, compiled=True)
+    auto = simulate(sc, progress=False)  # the Python engine
+    assert auto.summary["completed"] == simulate(sc, progress=False, compiled=False).summary["completed"] > 0
+
+
+def test_with_the_loops_off_it_says_so(monkeypatch):
+    monkeypatch.setenv("SERVESIM_JIT", "0")
+    with pytest.raises(ScenarioError, match="compiled step loops are off"):
+        simulate(scenario_from_dict(BASE), progress=False, compiled=True)
+
+
+def test_auto_uses_it_for_a_run_in_its_class(monkeypatch):
+    """``compiled=None`` (what ``servesim run`` does) takes the compiled engine by itself; the
+    Python engine's Replica never runs."""
+    from servesim.sim import engine
+
+    def no_replica(*_a, **_k):
+        raise AssertionError("the Python engine ran")
+
+    monkeypatch.setattr(engine.Replica, "__init__", no_replica)
+    res = simulate(scenario_from_dict(BASE), progress=False)
+    assert res.summary["completed"] == 20 and res.summary["num_iterations"] > 0
+
+
+def test_progress_counts_every_request():
+    sc, requests = random_case(3)
+    kv = plan_kv(sc)
+    rk.use(True)
+    cost = build_cost_model(sc.cost_model, get_model(sc.model), sc.cost_hardware(), 1, sc.kv_cache.block_size)
+    seen = []
+    steps = ce.run_compiled(requests, build_scheduler(sc, kv, block_ids=False), SimExecutor(cost, kv.block_bytes),
+                            MetricsRecorder(), seen.append)
+    assert sum(seen) == len(requests) and steps > 0
+
+
+def test_iteration_rows_are_recorded_as_step_by_step():
+    """``on_iteration_rows`` in blocks against ``on_iteration`` per step: full rows that switch to
+    bins part way (``bin_after``), binned and off; rows, bins, summary figures and busy seconds."""
+    rng = np.random.default_rng(2)
+    k = 13_000
+    rows = np.zeros((k, len(ITERATION_COLUMNS)))
+    rows[:, 1] = np.cumsum(rng.exponential(0.03, k))
+    rows[:, 2] = rng.exponential(0.02, k)
+    rows[:, 3] = rng.integers(1, 300, k)
+    rows[:, 5] = np.minimum(rows[:, 3], rng.integers(0, 300, k))
+    rows[:, 6] = rows[:, 5] + rng.integers(0, 900, k)
+    rows[:, 4] = rows[:, 6] - rows[:, 5]
+    rows[:, 7] = rng.integers(0, 1000, k)
+    rows[:, 8] = 1000
+    rows[:, 9:11] = rng.integers(0, 50, (k, 2))
+    rows[:, 12] = rng.integers(0, 2, k)
+    rows[:, 14] = math.nan
+    for mode, bin_after in (("full", 5000), ("full", None), ("binned", None), ("off", None)):
+        step_by_step = MetricsRecorder(iterations=mode, bin_after=bin_after)
+        for r in rows:
+            q = np.ones(int(r[3]), dtype=np.int64)
+            batch = Batch(num_new_tokens=q, num_context_tokens=q, samples=q.astype(bool))
+            batch.set_shape(int(r[3]), 0, int(r[6]), 0, 0, 0, 0, int(r[5]), 0)
+            step_by_step.on_iteration(0, float(r[1]), float(r[2]), batch, int(r[7]), int(r[8]), int(r[9]),
+                                      int(r[10]), 0, int(r[12]))
+        blocks = MetricsRecorder(iterations=mode, bin_after=bin_after)
+        i = 0
+        while i < k:
+            m = int(rng.integers(1, 5000))
+            blocks.on_iteration_rows(0, rows[i : i + m])
+            i += m
+        assert step_by_step.iterations_mode == blocks.iterations_mode
+        a, b = step_by_step.iterations_frame(), blocks.iterations_frame()
+        assert a.equals(b), mode
+        assert step_by_step.iteration_summary() == blocks.iteration_summary()
+        assert step_by_step.busy_by_replica().tolist() == blocks.busy_by_replica().tolist()
+
+
+def test_lengths_past_int64_sums_are_rejected_as_the_python_engine_rejects_them():
+    """Prompt + output beyond 2**63 (a hostile trace): the rejection check must not wrap."""
+    big = 2**62
+    for prompt, output, max_len in ((big, big, 1000), (big, big, None), (2**63 - 1, 1, None), (1, 2**63 - 1, None),
+                                    (5, 5, None)):
+        sched = {"max_model_len": max_len} if max_len else {}
+        sc = _scenario(0, 2, hardware="h100-sxm", block_size=16, num_blocks=1000, watermark=0.01, scheduler=sched,
+                       cost={"type": "constant", "step_ms": 1.0})
+        requests = RequestArrays(np.array([0.0, 0.5]), np.array([prompt, 7]), np.array([output, 3]), np.full(2, -1),
+                                 np.zeros(2, dtype=np.int64))
+        python, _ = assert_identical(sc, requests)
+        assert python.requests_df["state"].tolist() == ["finished" if prompt == 5 else "rejected", "finished"]
