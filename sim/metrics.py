@@ -373,25 +373,15 @@ class MetricsRecorder:
         ``on_iteration`` / ``on_itl`` called step by step: ``first_itl`` per row for step 0, then
         each later step's n rows wait exactly the gap between the two steps' ends.
         """
-        k = len(starts)
-        i = self._n_iters
-        if self._past_bin_limit(k):
-            self._switch_to_bins()
-            self._bin_decode_steps(replica, starts, durations, n, kv_blocks_used, kv_blocks_total, num_waiting,
-                                   num_swapped, first_itl, last_running, running)
-            return
-        self._add_busy(replica, durations)
-        while i + k > len(self._iters):
-            grown = np.empty((2 * len(self._iters), self._iters.shape[1]), dtype=np.float64)
-            grown[:i] = self._iters[:i]
-            self._iters = grown
-        rows = self._iters[i : i + k]
+        rows = np.empty((len(starts), len(ITERATION_COLUMNS)), dtype=np.float64)
         rows[:] = (replica, 0.0, 0.0, n, 0, n, n, 0, kv_blocks_total, num_waiting, running, num_swapped, 0, 0, math.nan)
         rows[:, 1] = starts
         rows[:, 2] = durations
         rows[:, 7] = kv_blocks_used
         rows[-1, 10] = last_running  # the last step's finished requests have left
-        self._n_iters = i + k
+        # (rows up to bin_after stay rows and the rest go into bins, as step by step: a stretch across
+        # the switch is split where the steps would have switched)
+        self.on_iteration_rows(replica, rows)
         self._decode_itls(starts, durations, n, first_itl)
 
     def on_iteration_rows(self, replica: int, rows: np.ndarray) -> None:
@@ -438,7 +428,6 @@ class MetricsRecorder:
 
     def _record_into_bins(self) -> None:
         self.on_iteration = self._bin_iteration  # type: ignore[method-assign]
-        self.on_decode_steps = self._bin_decode_steps  # type: ignore[method-assign]
 
     def _past_bin_limit(self, k: int) -> bool:
         """``k`` more rows would outgrow the row buffer past ``bin_after``: time to bin."""
@@ -487,20 +476,6 @@ class MetricsRecorder:
             kv_blocks_total, num_waiting, num_running, num_swapped, num_preempted,
             len(batch.swap_out) + len(batch.swap_in), sched_overhead_s,
         ))  # fmt: skip
-
-    def _bin_decode_steps(self, replica: int, starts: list[float], durations: list[float], n: int,
-                          kv_blocks_used: np.ndarray, kv_blocks_total: int, num_waiting: int, num_swapped: int,
-                          first_itl: np.ndarray, last_running: int, running: int) -> None:
-        """``on_decode_steps`` into time bins: the rows ``_bin_iteration`` would stage for each step."""
-        self._add_busy(replica, durations)
-        rows = np.empty((len(starts), 1 + len(SUM_COLUMNS)), dtype=np.float64)
-        rows[:] = (0.0, 1, 0.0, n, 0, n, n, 0, kv_blocks_total, num_waiting, running, num_swapped, 0, 0, math.nan)
-        rows[:, 0] = starts
-        rows[:, 2] = durations
-        rows[:, 7] = kv_blocks_used
-        rows[-1, 10] = last_running  # the last step's finished requests have left
-        self._bins.add_block(replica, rows)  # type: ignore[union-attr]
-        self._decode_itls(starts, durations, n, first_itl)
 
     def _decode_itls(self, starts: list[float], durations: list[float], n: int, first_itl: np.ndarray) -> None:
         """The stretch's ITLs as ``on_itl`` step by step would stage them: step 0's per row, then n

@@ -585,3 +585,44 @@ def test_decodes_ahead_promises_only_plain_decode_steps(seed: int, monkeypatch: 
                random_sglang_scenario(seed), random_static_scenario(seed)):
         simulate(sc, progress=False, fast_forward=False)
     assert checked[0] > 0
+
+
+@pytest.mark.parametrize("mode", ["full", "binned"])
+def test_a_stretch_across_the_switch_to_bins_is_recorded_as_its_steps(mode: str):
+    """``on_decode_steps`` against ``on_iteration`` / ``on_itl`` step by step, with stretches that
+    cross ``bin_after`` (a full run switching to time bins): the rows before the switch stay rows
+    and the bins get the same groups of steps (a stretch switched before its first step once, and
+    the bins' float sums then differed in the last bit from the plain loop's)."""
+    from servesim.sim.batch import Batch
+    from servesim.sim.metrics import MetricsRecorder
+
+    rng = np.random.default_rng(5)
+    n, total = 3, 13_000
+    plain = MetricsRecorder(iterations=mode, bin_after=5000)
+    fast = MetricsRecorder(iterations=mode, bin_after=5000)
+    t, last, done = 0.0, np.zeros(n), 0
+    while done < total:
+        k = min(int(rng.integers(1, 3000)), total - done)
+        durations = rng.exponential(0.02, k).tolist()
+        starts, ends = [], []
+        for d in durations:
+            starts.append(t)
+            t = t + d
+            ends.append(t)
+        used = rng.integers(0, 900, k)
+        first_itl = ends[0] - last
+        fast.on_decode_steps(0, starts, durations, n, used, 1000, 2, 0, first_itl, n - 1, n)
+        for j in range(k):
+            q = np.ones(n, dtype=np.int64)
+            batch = Batch(num_new_tokens=q, num_context_tokens=q, samples=q.astype(bool))
+            batch.set_shape(n, n, n, 0, 0, 0, 0, n, n)
+            plain.on_itl(first_itl if j == 0 else np.full(n, ends[j] - ends[j - 1]))
+            plain.on_iteration(0, starts[j], durations[j], batch, int(used[j]), 1000, 2, n - 1 if j == k - 1 else n, 0, 0)
+        last = np.full(n, ends[-1])
+        done += k
+    assert plain.iterations_mode == fast.iterations_mode == "binned"
+    assert plain.iterations_frame().equals(fast.iterations_frame())
+    assert plain.iteration_summary() == fast.iteration_summary()
+    assert plain.busy_by_replica().tolist() == fast.busy_by_replica().tolist()
+    ha, hb = plain.itl_histogram, fast.itl_histogram
+    assert (ha.count, ha.sum, ha._m2) == (hb.count, hb.sum, hb._m2) and np.array_equal(ha.counts, hb.counts)
