@@ -34,6 +34,7 @@ arrival's ``T`` after every request sent at once with it.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -384,20 +385,34 @@ def send_times(arrival: np.ndarray, sent: np.ndarray, yielded: np.ndarray) -> No
 
 _PLAIN = {"_send": _send, "_send_at_once": _send_at_once, "_close_rows": _close_rows, "_schedule": _schedule,
           "engine_step": engine_step, "send_times": send_times}
-_loaded = False
+_loaded: bool | None = None  # None: not tried yet; False: numba could not build it
 
 
-def _load() -> None:
-    """Compile (or load from numba's cache) the loop, callees first so the callers bind to them."""
+def _load() -> bool:
+    """Compile (or load from numba's cache) the loop, callees first so the callers bind to them,
+    and run it once on an empty state (the types a run passes); False, with one warning, when
+    that fails (the Python engine then runs: the same results)."""
     global _loaded
-    if _loaded:
-        return
-    import numba
+    if _loaded is None:
+        g = globals()
+        try:
+            import numba
 
-    g = globals()
-    for name, f in _PLAIN.items():
-        g[name] = numba.njit(cache=True, nogil=True)(f)
-    _loaded = True
+            for name, f in _PLAIN.items():
+                g[name] = numba.njit(cache=True, nogil=True)(f)
+            empty_i, empty_f = np.zeros((_QI, 0), dtype=np.int64), np.zeros((_QF, 0))
+            g["send_times"](empty_f[0], empty_f[1], empty_i[0])
+            g["engine_step"](empty_i, empty_f, np.zeros((6, 1), dtype=np.int64), np.zeros(1),
+                             np.zeros(1, dtype=np.int64), np.zeros((7, 1), dtype=np.int64),
+                             np.zeros(_NS, dtype=np.int64), np.zeros(1), np.zeros(1),
+                             np.zeros((1, len(ITERATION_COLUMNS))), 0.0)
+            _loaded = True
+        except Exception as e:  # noqa: BLE001 - the optional fast path falls back
+            g.update(_PLAIN)
+            _loaded = False
+            warnings.warn(f"servesim: the compiled engine is unavailable ({type(e).__name__}: {e}); running the "
+                          "Python engine (same results, slower)", RuntimeWarning, stacklevel=3)
+    return _loaded
 
 
 def reason_not_compiled(sc: Any, requests: Any, scheduler: Any, executor: Any) -> str | None:
@@ -425,6 +440,8 @@ def reason_not_compiled(sc: Any, requests: Any, scheduler: Any, executor: Any) -
         return "an executor that is not the cost model's (SimExecutor)"
     if scheduler.max_num_seqs > ITL_CAP:
         return f"max_num_seqs above {ITL_CAP}"
+    if not _load():
+        return "numba could not build the compiled engine (see the warning)"
     return None
 
 
@@ -446,7 +463,8 @@ def run_compiled(requests: RequestArrays, scheduler: Any, executor: Any, recorde
     """Simulate ``requests`` on one replica of ``scheduler``'s policy and sizes with the compiled
     loop, each step priced by ``executor.price`` (``SimExecutor``); records into ``recorder``
     exactly what the Python engine would. Returns the number of steps."""
-    _load()
+    if not _load():
+        raise RuntimeError("the compiled engine is unavailable (numba could not build it)")
     n = len(requests)
     kv = scheduler.kv
     qi = np.zeros((_QI, n), dtype=np.int64)

@@ -269,3 +269,19 @@ def test_lengths_past_int64_sums_are_rejected_as_the_python_engine_rejects_them(
                                  np.zeros(2, dtype=np.int64))
         python, _ = assert_identical(sc, requests)
         assert python.requests_df["state"].tolist() == ["finished" if prompt == 5 else "rejected", "finished"]
+
+
+def test_a_numba_that_cannot_build_it_falls_back_to_the_python_engine(monkeypatch):
+    import sys
+
+    rk.use(True)
+    for name in ce._PLAIN:  # (restored after the test: the failure puts the plain functions back)
+        monkeypatch.setattr(ce, name, getattr(ce, name))
+    monkeypatch.setattr(ce, "_loaded", None)
+    monkeypatch.setitem(sys.modules, "numba", None)  # import numba raises ImportError
+    sc = scenario_from_dict(BASE)
+    with pytest.warns(RuntimeWarning, match="compiled engine is unavailable"):
+        res = simulate(sc, progress=False)
+    assert res.engine == "python" and ce._loaded is False
+    with pytest.raises(ScenarioError, match="numba could not build"):
+        simulate(sc, progress=False, compiled=True)
