@@ -1,34 +1,39 @@
-"""One replica under the chunked policy as one compiled loop over columns (large simulations).
+"""Replicas under the chunked policy as one compiled loop over columns (large simulations).
 
 At a million requests the Python engine (``engine.py`` driving ``schedulers/chunked.py``) costs
 ~50-80 µs a step in objects, SimPy events and small numpy calls. For the configuration most
-large runs use — one replica, the ``chunked`` policy (fcfs, preemption by recompute, no async
-scheduling), prefix caching off, a generated or trace workload held as columns
-(``RequestArrays``) — this module runs the same
-engine as one numba function over arrays: requests are columns (no ``Request`` objects), the
-running table, the waiting queue and the KV block counts are arrays, and Python is left with
-one call per step to the executor's price (``SimExecutor.price``, the cost model's own code, so
-every step's duration is the same float).
+large runs use — the ``chunked`` policy (fcfs, preemption by recompute, no async scheduling),
+prefix caching off, one replica or several behind ``round_robin`` or ``least_outstanding``, a
+generated or trace workload held as columns (``RequestArrays``) — this module runs the same
+engine as one numba function over arrays: requests are columns (no ``Request`` objects), each
+replica's running table, waiting queue (a linked list through the request columns) and KV block
+counts are arrays, and Python is left with one call per step to the executor's price
+(``SimExecutor.price``, the cost model's own code, so every step's duration is the same float).
 
-It is a twin of the Python engine, not a different model: the arrivals are delivered in the
-order SimPy's event queue delivers them (below), the policy's budget split, KV growth,
-preemption of the newest running row and watermark admission are ``ChunkedScheduler``'s, the
-updates are ``RunningTable.advance``'s, and the iteration records, inter-token latencies and
-request records reach the ``MetricsRecorder`` in the same order and groups, so the results are
-equal to the last bit (``tests/test_compiled_engine.py`` runs both engines on randomized
-scenarios, preemption included, and compares every output). Any change to the chunked policy,
-the KV accounting or the engine loop must change both: that test fails otherwise.
-``simulate`` uses it by itself when the compiled step loops are on (``row_kernels``, runs of
-20,000 requests or more) and the scenario is in its class (``reason_not_compiled`` says why
-not); ``simulate(compiled=False)`` forces the Python engine.
+It is a twin of the Python engine, not a different model: events run in the order SimPy's queue
+runs them (below), the policy's budget split, KV growth, preemption of the newest running row and
+watermark admission are ``ChunkedScheduler``'s, the router's picks ``Router.pick``'s, the updates
+``RunningTable.advance``'s, and the iteration records, inter-token latencies and request records
+reach the ``MetricsRecorder`` in the same order and groups, so the results are the Python plain
+loop's to the last bit (``tests/test_compiled_engine.py`` runs both on randomized scenarios,
+preemption, several replicas and exact time ties included, and compares every output; with
+several replicas the Python fast-forward stages ITLs in another order, so mean and std ITL may
+differ from it in the last bits, as they differ between its own fast-forward and plain loop).
+Any change to the chunked policy, the KV accounting, the routers or the engine loop must change
+both: that test fails otherwise. ``simulate`` uses it by itself when the compiled step loops are
+on (``row_kernels``, runs of 20,000 requests or more) and the scenario is in its class
+(``reason_not_compiled`` says why not); ``simulate(compiled=False)`` forces the Python engine.
 
-Arrival order (SimPy, one replica): the arrival process sends request k at ``T[k]``, the time its
-timeout lands on (``T[k-1] + (a[k] - T[k-1])`` when that delay is positive, else at once, with
-the request before it). A step scheduled at ``ts`` ends at ``te``; the requests sent before the
-replica's update at ``te`` are those with ``T < te``, and those at ``te`` only when the first of
-them is the arrival that was pending when the step was scheduled (its timeout was queued before
-the step's, and SimPy breaks ties by queueing order); an idle replica wakes at its next
-arrival's ``T`` after every request sent at once with it.
+Event order (SimPy): an event runs at its time, and events of one instant in the order they were
+queued, which each event here keeps as a stamp from one counter. The arrival process sends
+request k at ``T[k]``, the time its timeout lands on (``T[k-1] + (a[k] - T[k-1])`` when that
+delay is positive, else at once, with the request before it), and queues its next timeout after
+sending; a replica queues its step's end when it schedules the step, and an idle replica's wakeup
+is queued when a request reaches it. The loop runs the earliest (time, stamp) each time, so a
+request arriving exactly when a step ends is seen by that step's update only when its timeout was
+queued before the step's, and replicas whose steps end on one instant update in the order they
+scheduled those steps. The step loops duplicate ``row_kernels``' budget split and step sums on
+purpose: numba's on-disk cache does not notice a change in another module's jitted callee.
 """
 
 from __future__ import annotations
@@ -49,19 +54,30 @@ from .workload import RequestArrays
 ITL_CAP = MetricsRecorder._ITL_BUFFER  # the recorder's ITL staging buffer: flushed at the same points
 ROW_BLOCK = 4096  # iteration rows handed to the recorder at a time
 
-# request columns (int): prompt, output, outputs so far, preemptions, state, rejected, sent by a timeout
-_QI = 7
-P_LEN, O_LEN, OUT, PREEMPTS, STATE, REJECT, YIELDED = range(_QI)
+# request columns (int): prompt, output, outputs so far, preemptions, state, rejected, sent by a
+# timeout, replica, next in its replica's waiting queue
+_QI = 9
+P_LEN, O_LEN, OUT, PREEMPTS, STATE, REJECT, YIELDED, REPLICA, NEXT_WAITING = range(_QI)
 # request columns (float): arrival (recorded), first scheduled, first token, last token, finish, sent at
 _QF = 6
 ARRIVAL, FIRST_SCHED, FIRST_TOK, LAST_TOK, FINISH, SENT = range(_QF)
-# scalars
-(N_REQ, MAX_SEQS, BUDGET, THRESHOLD, BLOCK, NUM_BLOCKS, WATERMARK, N_RUN, W_HEAD, W_COUNT, FREE, NEXT, PHASE,
- PENDING, K, NPRE, ITL_N, ROWS_N, DONE, STEPS, PREEMPTIONS, S_SEQS, S_DEC, S_TOKENS, S_PAIRS, S_DKV, S_PKV,
- S_LONGEST, S_PLAIN, S_SAMPLES) = range(30)
-_NS = 32
-# float scalars: the clock (a step's start until its update)
-NOW = 0
+# global scalars
+(N_REQ, MAX_SEQS, BUDGET, THRESHOLD, BLOCK, NUM_BLOCKS, WATERMARK, NREP, ROUTER, RR_NEXT, NEXT, A_STAMP, STAMPS,
+ AWAIT, ITL_N, ROWS_N, DONE, STEPS, PREEMPTIONS, STARTED) = range(20)
+_NS = 24
+# per-replica scalars: running rows, waiting queue (head, tail, length), free KV blocks, phase, the
+# stamp of its pending event, the step's rows and preemptions, requests outstanding (the router's
+# count), the step's sums
+(R_RUN, R_HEAD, R_TAIL, R_COUNT, R_FREE, R_PHASE, R_STAMP, R_K, R_NPRE, R_OUT, S_SEQS, S_DEC, S_TOKENS, S_PAIRS,
+ S_DKV, S_PKV, S_LONGEST, S_PLAIN, S_SAMPLES) = range(19)
+_NRS = 20
+# per-replica floats: when its pending event happens, when its step started, the step's duration
+R_TIME, R_START, R_DT = range(3)
+# replica phases: idle (waiting for a request), woken (a request came: it resumes at R_TIME),
+# stepping (its step ends at R_TIME), pricing (its step waits for the caller's price)
+IDLE, WOKEN, STEPPING, PRICING = range(4)
+ROUND_ROBIN, LEAST_OUTSTANDING = range(2)
+ROUTERS = {"round_robin": ROUND_ROBIN, "least_outstanding": LEAST_OUTSTANDING}
 # return codes
 DONE_RC, STEP_RC, FLUSH_ITL_RC, ROWS_FULL_RC, NO_PROGRESS_RC, BROKEN_RC = range(6)
 
@@ -70,28 +86,57 @@ _WAITING, _RUNNING, _FINISHED, _REJECTED = (int(RequestState.WAITING), int(Reque
 _UNSENT = -1
 
 
-def _send(qi: np.ndarray, wq: np.ndarray, s: np.ndarray, r: int) -> None:
-    """Request ``r`` reaches the replica: queued, or recorded done if the policy rejects it."""
-    if qi[REJECT, r]:
-        qi[STATE, r] = _REJECTED
+def _send(qi: np.ndarray, s: np.ndarray, rs: np.ndarray, rf: np.ndarray, q: int, now: float) -> None:
+    """Request ``q`` arrives now: the router picks its replica (``Router.pick``), which queues it,
+    or reports it done at once when the policy rejects it; an idle replica is woken."""
+    nrep = s[NREP]
+    r = 0
+    if nrep > 1:
+        if s[ROUTER] == ROUND_ROBIN:
+            r = s[RR_NEXT] % nrep
+            s[RR_NEXT] += 1
+        else:  # least outstanding, ties to the lowest index
+            for i in range(1, nrep):
+                if rs[i, R_OUT] < rs[r, R_OUT]:
+                    r = i
+    rs[r, R_OUT] += 1
+    qi[REPLICA, q] = r
+    if qi[REJECT, q]:
+        qi[STATE, q] = _REJECTED
         s[DONE] += 1
+        rs[r, R_OUT] -= 1
         return
-    qi[STATE, r] = _WAITING
-    cap = wq.shape[0]
-    wq[(s[W_HEAD] + s[W_COUNT]) % cap] = r
-    s[W_COUNT] += 1
+    qi[STATE, q] = _WAITING
+    qi[NEXT_WAITING, q] = -1
+    if rs[r, R_COUNT] == 0:
+        rs[r, R_HEAD] = q
+    else:
+        qi[NEXT_WAITING, rs[r, R_TAIL]] = q
+    rs[r, R_TAIL] = q
+    rs[r, R_COUNT] += 1
+    if rs[r, R_PHASE] == IDLE:  # its wakeup event, queued now
+        rs[r, R_PHASE] = WOKEN
+        rf[r, R_TIME] = now
+        s[STAMPS] += 1
+        rs[r, R_STAMP] = s[STAMPS]
 
 
-def _send_at_once(qi: np.ndarray, wq: np.ndarray, s: np.ndarray) -> None:
-    """The arrival process's next request and those it sends with it (no timeout between)."""
+def _arrivals(qi: np.ndarray, qf: np.ndarray, s: np.ndarray, rs: np.ndarray, rf: np.ndarray, now: float) -> None:
+    """One run of the arrival process (``Cluster.arrivals``) at ``now``: the request it waited for
+    and those after it with no delay, then its timeout for the next one."""
     p = s[NEXT]
     n = s[N_REQ]
-    _send(qi, wq, s, p)
-    p += 1
+    if s[STARTED]:
+        _send(qi, s, rs, rf, p, now)
+        p += 1
+    s[STARTED] = 1
     while p < n and not qi[YIELDED, p]:
-        _send(qi, wq, s, p)
+        _send(qi, s, rs, rf, p, now)
         p += 1
     s[NEXT] = p
+    if p < n:
+        s[STAMPS] += 1
+        s[A_STAMP] = s[STAMPS]
 
 
 def _close_rows(rt: np.ndarray, rl: np.ndarray, gone: np.ndarray, m: int, n: int) -> int:
@@ -111,11 +156,13 @@ def _close_rows(rt: np.ndarray, rl: np.ndarray, gone: np.ndarray, m: int, n: int
     return dst
 
 
-def _schedule(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, wq: np.ndarray, st: np.ndarray,
-              s: np.ndarray, now: float) -> int:
-    """``ChunkedScheduler.schedule`` at ``now``: the step's rows (table rows, tokens) into ``st``
-    rows 0-1, its context and sample flags into rows 2-3, its sums into ``s``; returns its rows."""
-    n = s[N_RUN]
+def _schedule(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, st: np.ndarray, s: np.ndarray,
+              rsr: np.ndarray, now: float) -> int:
+    """``ChunkedScheduler.schedule`` at ``now`` for one replica (its table ``rt``/``rl``, scratch
+    ``st``, scalars ``rsr``): the step's rows (table rows, tokens) into ``st`` rows 0-1, its
+    context and sample flags into rows 2-3, its sums into ``rsr``; returns its rows (-1: an
+    allocation failed after preemption, which the Python engine raises on)."""
+    n = rsr[R_RUN]
     budget = s[BUDGET]
     thr = s[THRESHOLD]
     bs = s[BLOCK]
@@ -160,45 +207,41 @@ def _schedule(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, wq
                     w = b - rt[4, i]
             want[i] = w
             total += w
-        if total > s[FREE]:
-            gone = st[6]
-            ng = 0
-            top = n  # rows at or above this one are preempted (newest first)
-            while total > s[FREE] and top > 0:
+        if total > rsr[R_FREE]:
+            top = n  # rows from here on are preempted, the newest first
+            while total > rsr[R_FREE] and top > 0:
                 v = top - 1
                 top = v
                 total -= want[v]
-                r = rt[5, v]
-                qi[OUT, r] = rt[2, v]
-                qf[LAST_TOK, r] = rl[v]
-                qi[PREEMPTS, r] += 1
-                qi[STATE, r] = _WAITING
+                q = rt[5, v]
+                qi[OUT, q] = rt[2, v]
+                qf[LAST_TOK, q] = rl[v]
+                qi[PREEMPTS, q] += 1
+                qi[STATE, q] = _WAITING
                 s[PREEMPTIONS] += 1
                 npre += 1
-                s[FREE] += rt[4, v]
+                rsr[R_FREE] += rt[4, v]
                 budget += new[v]
-                cap = wq.shape[0]
-                s[W_HEAD] = (s[W_HEAD] - 1) % cap  # back to the front of the queue
-                s[W_COUNT] += 1
-                wq[s[W_HEAD]] = r
-            for v in range(top, n):
-                gone[ng] = v
-                ng += 1
-            preempted_any = ng > 0
-            # (the victims are the rows top..n-1, in preemption order n-1 first)
+                # back to the front of the waiting queue
+                qi[NEXT_WAITING, q] = rsr[R_HEAD] if rsr[R_COUNT] else -1
+                if rsr[R_COUNT] == 0:
+                    rsr[R_TAIL] = q
+                rsr[R_HEAD] = q
+                rsr[R_COUNT] += 1
+            preempted_any = top < n
             for i in range(top):
                 if want[i] > 0:
-                    if want[i] > s[FREE]:
+                    if want[i] > rsr[R_FREE]:
                         return -1
-                    s[FREE] -= want[i]
+                    rsr[R_FREE] -= want[i]
                     rt[4, i] += want[i]
             n = top
-            s[N_RUN] = n
+            rsr[R_RUN] = n
         else:
             for i in range(n):
                 if want[i] > 0:
                     rt[4, i] += want[i]
-            s[FREE] -= total
+            rsr[R_FREE] -= total
     k = 0
     for i in range(n):
         if new[i] > 0:
@@ -207,29 +250,28 @@ def _schedule(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, wq
             k += 1
     if not preempted_any:
         # admit waiting requests, oldest first, while budget, seats and blocks (watermark kept) last
-        cap = wq.shape[0]
-        while s[W_COUNT] > 0 and budget > 0 and s[N_RUN] < s[MAX_SEQS]:
-            r = wq[s[W_HEAD]]
-            tokens = qi[P_LEN, r] + qi[OUT, r]
+        while rsr[R_COUNT] > 0 and budget > 0 and rsr[R_RUN] < s[MAX_SEQS]:
+            q = rsr[R_HEAD]
+            tokens = qi[P_LEN, q] + qi[OUT, q]
             chunk = min(tokens, budget, thr)
             need = (chunk + bs - 1) // bs
-            if need > 0 and s[FREE] - need < s[WATERMARK]:
+            if need > 0 and rsr[R_FREE] - need < s[WATERMARK]:
                 break
-            s[W_HEAD] = (s[W_HEAD] + 1) % cap
-            s[W_COUNT] -= 1
-            s[FREE] -= need
-            if qf[FIRST_SCHED, r] != qf[FIRST_SCHED, r]:
-                qf[FIRST_SCHED, r] = now
-            qi[STATE, r] = _RUNNING
-            i = s[N_RUN]
+            rsr[R_HEAD] = qi[NEXT_WAITING, q]
+            rsr[R_COUNT] -= 1
+            rsr[R_FREE] -= need
+            if qf[FIRST_SCHED, q] != qf[FIRST_SCHED, q]:
+                qf[FIRST_SCHED, q] = now
+            qi[STATE, q] = _RUNNING
+            i = rsr[R_RUN]
             rt[0, i] = 0
             rt[1, i] = tokens
-            rt[2, i] = qi[OUT, r]
-            rt[3, i] = qi[O_LEN, r]
+            rt[2, i] = qi[OUT, q]
+            rt[3, i] = qi[O_LEN, q]
             rt[4, i] = need
-            rt[5, i] = r
-            rl[i] = qf[LAST_TOK, r]
-            s[N_RUN] = i + 1
+            rt[5, i] = q
+            rl[i] = qf[LAST_TOK, q]
+            rsr[R_RUN] = i + 1
             st[0, k] = i
             st[1, k] = chunk
             k += 1
@@ -256,116 +298,142 @@ def _schedule(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, wq
         else:
             pairs += qj * c + qj * (qj + 1) // 2
             prefill_kv += c + qj
-    s[K] = k
-    s[NPRE] = npre
-    s[S_SEQS] = k
-    s[S_DEC] = n_dec
-    s[S_TOKENS] = total
-    s[S_PAIRS] = pairs
-    s[S_DKV] = decode_kv
-    s[S_PKV] = prefill_kv
-    s[S_LONGEST] = longest
-    s[S_PLAIN] = plain
-    s[S_SAMPLES] = sampled
+    rsr[R_K] = k
+    rsr[R_NPRE] = npre
+    rsr[S_SEQS] = k
+    rsr[S_DEC] = n_dec
+    rsr[S_TOKENS] = total
+    rsr[S_PAIRS] = pairs
+    rsr[S_DKV] = decode_kv
+    rsr[S_PKV] = prefill_kv
+    rsr[S_LONGEST] = longest
+    rsr[S_PLAIN] = plain
+    rsr[S_SAMPLES] = sampled
     return k
 
 
-def engine_step(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, wq: np.ndarray, st: np.ndarray,
-                s: np.ndarray, sf: np.ndarray, itl: np.ndarray, rows: np.ndarray, dt: float) -> int:
-    """Finish the step in flight (it took ``dt`` seconds), then run the replica up to its next
-    step and return ``STEP_RC`` with that step's sums in ``s`` (the caller prices it and calls
-    again with its duration); ``DONE_RC`` when every request is done; ``FLUSH_ITL_RC`` /
-    ``ROWS_FULL_RC`` (nothing changed) when the ITL or iteration-row buffer must be emptied first;
-    ``NO_PROGRESS_RC`` / ``BROKEN_RC`` on a state the Python engine raises on."""
-    if s[PHASE] == 1:
-        k = s[K]
-        cnt = 0
-        for j in range(k):
-            if st[3, j] and rt[2, st[0, j]] > 0:
-                cnt += 1
-        if s[ITL_N] + cnt > itl.shape[0]:
-            return FLUSH_ITL_RC
-        if s[ROWS_N] == rows.shape[0]:
-            return ROWS_FULL_RC
-        ts = sf[NOW]
-        te = ts + dt
-        # the arrivals SimPy delivers before the step's end
-        n_req = s[N_REQ]
-        pending = s[PENDING]
-        while s[NEXT] < n_req:
-            t = qf[SENT, s[NEXT]]
-            if t < te or (t == te and s[NEXT] == pending):
-                _send_at_once(qi, wq, s)
-            else:
-                break
-        sf[NOW] = te
-        now = te
-        ni = s[ITL_N]
-        done = st[6]
-        nd = 0
-        for j in range(k):
-            i = st[0, j]
-            rt[0, i] += st[1, j]
-            if st[3, j]:
-                o = rt[2, i]
-                if o > 0:
-                    itl[ni] = now - rl[i]
-                    ni += 1
-                else:
-                    r = rt[5, i]
-                    if qf[FIRST_TOK, r] != qf[FIRST_TOK, r]:
-                        qf[FIRST_TOK, r] = now
-                o += 1
-                rt[2, i] = o
-                rt[1, i] += 1
-                rl[i] = now
-                if o >= rt[3, i]:
-                    done[nd] = i
-                    nd += 1
-        s[ITL_N] = ni
-        for j in range(nd):
-            i = done[j]
-            r = rt[5, i]
-            qi[OUT, r] = rt[2, i]
-            qf[LAST_TOK, r] = rl[i]
-            qi[STATE, r] = _FINISHED
-            qf[FINISH, r] = now
-            s[FREE] += rt[4, i]
-            s[DONE] += 1
-        s[N_RUN] = _close_rows(rt, rl, done, nd, s[N_RUN])
-        m = s[ROWS_N]
-        rows[m, 0] = 0.0
-        rows[m, 1] = ts
-        rows[m, 2] = dt
-        rows[m, 3] = k
-        rows[m, 4] = s[S_TOKENS] - s[S_PLAIN]
-        rows[m, 5] = s[S_PLAIN]
-        rows[m, 6] = s[S_TOKENS]
-        rows[m, 7] = s[NUM_BLOCKS] - s[FREE]
-        rows[m, 8] = s[NUM_BLOCKS]
-        rows[m, 9] = s[W_COUNT]
-        rows[m, 10] = s[N_RUN]
-        rows[m, 11] = 0.0
-        rows[m, 12] = s[NPRE]
-        rows[m, 13] = 0.0
-        rows[m, 14] = math.nan
-        s[ROWS_N] = m + 1
-        s[STEPS] += 1
-        s[PHASE] = 0
+def engine_step(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, st: np.ndarray, s: np.ndarray,
+                rs: np.ndarray, rf: np.ndarray, itl: np.ndarray, rows: np.ndarray, dt: float) -> int:
+    """Run the replicas' events in SimPy's order — by time, then by when each was queued (its
+    stamp): the arrival process's timeout, a replica's step end, an idle replica's wakeup — until
+    a replica schedules a step; return ``STEP_RC`` with that replica in ``s[AWAIT]`` and its sums
+    in ``rs`` (the caller prices the step and calls again with its duration ``dt``). ``DONE_RC``
+    when every request is done; ``FLUSH_ITL_RC`` / ``ROWS_FULL_RC`` (nothing changed) when the
+    ITL or iteration-row buffer must be emptied first; ``NO_PROGRESS_RC`` / ``BROKEN_RC`` on a
+    state the Python engine raises on."""
+    nrep = s[NREP]
+    a = s[AWAIT]
+    if a >= 0:  # the step just priced: its end is queued now
+        rf[a, R_DT] = dt
+        rf[a, R_TIME] = rf[a, R_START] + dt
+        s[STAMPS] += 1
+        rs[a, R_STAMP] = s[STAMPS]
+        rs[a, R_PHASE] = STEPPING
+        s[AWAIT] = -1
+    if not s[STARTED]:
+        _arrivals(qi, qf, s, rs, rf, 0.0)
     while True:
-        if s[W_COUNT] == 0 and s[N_RUN] == 0:
-            if s[NEXT] >= s[N_REQ]:
-                return DONE_RC
-            sf[NOW] = qf[SENT, s[NEXT]]  # idle until the next arrival
-            _send_at_once(qi, wq, s)
+        # the next event: the earliest time, then the earliest queued
+        ev = -2
+        t = 0.0
+        stamp = 0
+        if s[NEXT] < s[N_REQ]:
+            ev = -1
+            t = qf[SENT, s[NEXT]]
+            stamp = s[A_STAMP]
+        for r in range(nrep):
+            ph = rs[r, R_PHASE]
+            if ph == WOKEN or ph == STEPPING:
+                tr = rf[r, R_TIME]
+                if ev == -2 or tr < t or (tr == t and rs[r, R_STAMP] < stamp):
+                    ev = r
+                    t = tr
+                    stamp = rs[r, R_STAMP]
+        if ev == -2:
+            return DONE_RC
+        if ev == -1:
+            _arrivals(qi, qf, s, rs, rf, t)
             continue
-        k = _schedule(qi, qf, rt, rl, wq, st, s, sf[NOW])
+        r = ev
+        now = t
+        rsr = rs[r]
+        rtr = rt[r]
+        rlr = rl[r]
+        str_ = st[r]
+        if rsr[R_PHASE] == STEPPING:
+            k = rsr[R_K]
+            cnt = 0
+            for j in range(k):
+                if str_[3, j] and rtr[2, str_[0, j]] > 0:
+                    cnt += 1
+            if s[ITL_N] + cnt > itl.shape[0]:
+                return FLUSH_ITL_RC
+            if s[ROWS_N] == rows.shape[0]:
+                return ROWS_FULL_RC
+            ni = s[ITL_N]
+            done = str_[6]
+            nd = 0
+            for j in range(k):
+                i = str_[0, j]
+                rtr[0, i] += str_[1, j]
+                if str_[3, j]:
+                    o = rtr[2, i]
+                    if o > 0:
+                        itl[ni] = now - rlr[i]
+                        ni += 1
+                    else:
+                        q = rtr[5, i]
+                        if qf[FIRST_TOK, q] != qf[FIRST_TOK, q]:
+                            qf[FIRST_TOK, q] = now
+                    o += 1
+                    rtr[2, i] = o
+                    rtr[1, i] += 1
+                    rlr[i] = now
+                    if o >= rtr[3, i]:
+                        done[nd] = i
+                        nd += 1
+            s[ITL_N] = ni
+            for j in range(nd):
+                i = done[j]
+                q = rtr[5, i]
+                qi[OUT, q] = rtr[2, i]
+                qf[LAST_TOK, q] = rlr[i]
+                qi[STATE, q] = _FINISHED
+                qf[FINISH, q] = now
+                rsr[R_FREE] += rtr[4, i]
+                rsr[R_OUT] -= 1
+                s[DONE] += 1
+            rsr[R_RUN] = _close_rows(rtr, rlr, done, nd, rsr[R_RUN])
+            m = s[ROWS_N]
+            rows[m, 0] = r
+            rows[m, 1] = rf[r, R_START]
+            rows[m, 2] = rf[r, R_DT]
+            rows[m, 3] = k
+            rows[m, 4] = rsr[S_TOKENS] - rsr[S_PLAIN]
+            rows[m, 5] = rsr[S_PLAIN]
+            rows[m, 6] = rsr[S_TOKENS]
+            rows[m, 7] = s[NUM_BLOCKS] - rsr[R_FREE]
+            rows[m, 8] = s[NUM_BLOCKS]
+            rows[m, 9] = rsr[R_COUNT]
+            rows[m, 10] = rsr[R_RUN]
+            rows[m, 11] = 0.0
+            rows[m, 12] = rsr[R_NPRE]
+            rows[m, 13] = 0.0
+            rows[m, 14] = math.nan
+            s[ROWS_N] = m + 1
+            s[STEPS] += 1
+        # the replica runs on: its next step, or idle until a request comes
+        if rsr[R_COUNT] == 0 and rsr[R_RUN] == 0:
+            rsr[R_PHASE] = IDLE
+            continue
+        k = _schedule(qi, qf, rtr, rlr, str_, s, rsr, now)
         if k < 0:
             return BROKEN_RC
         if k == 0:
             return NO_PROGRESS_RC
-        s[PENDING] = s[NEXT]
-        s[PHASE] = 1
+        rf[r, R_START] = now
+        rsr[R_PHASE] = PRICING
+        s[AWAIT] = r
         return STEP_RC
 
 
@@ -383,7 +451,7 @@ def send_times(arrival: np.ndarray, sent: np.ndarray, yielded: np.ndarray) -> No
         sent[k] = now
 
 
-_PLAIN = {"_send": _send, "_send_at_once": _send_at_once, "_close_rows": _close_rows, "_schedule": _schedule,
+_PLAIN = {"_send": _send, "_arrivals": _arrivals, "_close_rows": _close_rows, "_schedule": _schedule,
           "engine_step": engine_step, "send_times": send_times}
 _loaded: bool | None = None  # None: not tried yet; False: numba could not build it
 
@@ -402,10 +470,11 @@ def _load() -> bool:
                 g[name] = numba.njit(cache=True, nogil=True)(f)
             empty_i, empty_f = np.zeros((_QI, 0), dtype=np.int64), np.zeros((_QF, 0))
             g["send_times"](empty_f[0], empty_f[1], empty_i[0])
-            g["engine_step"](empty_i, empty_f, np.zeros((6, 1), dtype=np.int64), np.zeros(1),
-                             np.zeros(1, dtype=np.int64), np.zeros((7, 1), dtype=np.int64),
-                             np.zeros(_NS, dtype=np.int64), np.zeros(1), np.zeros(1),
-                             np.zeros((1, len(ITERATION_COLUMNS))), 0.0)
+            s = np.zeros(_NS, dtype=np.int64)
+            s[NREP], s[AWAIT] = 1, -1
+            g["engine_step"](empty_i, empty_f, np.zeros((1, 6, 1), dtype=np.int64), np.zeros((1, 1)),
+                             np.zeros((1, 7, 1), dtype=np.int64), s, np.zeros((1, _NRS), dtype=np.int64),
+                             np.zeros((1, 3)), np.zeros(1), np.zeros((1, len(ITERATION_COLUMNS))), 0.0)
             _loaded = True
         except Exception as e:  # noqa: BLE001 - the optional fast path falls back
             g.update(_PLAIN)
@@ -421,8 +490,10 @@ def reason_not_compiled(sc: Any, requests: Any, scheduler: Any, executor: Any) -
 
     if not rk.ON:
         return "the compiled step loops are off (runs under 20,000 requests, SERVESIM_JIT=0 or no numba)"
-    if sc.cluster.num_replicas != 1 or sc.cluster.disagg is not None:
-        return "more than one replica"
+    if sc.cluster.disagg is not None:
+        return "a disaggregated cluster"
+    if sc.cluster.num_replicas > 1 and sc.cluster.router not in ROUTERS:
+        return f"router {sc.cluster.router} (the compiled engine routes round_robin and least_outstanding)"
     if type(scheduler) is not ChunkedScheduler:
         return f"scheduler {sc.scheduler_name} (the compiled engine runs the chunked policy)"
     cfg = scheduler.config
@@ -459,19 +530,23 @@ def _rejected(requests: RequestArrays, scheduler: Any) -> np.ndarray:
 
 
 def run_compiled(requests: RequestArrays, scheduler: Any, executor: Any, recorder: MetricsRecorder,
-                 on_progress: Callable[[int], None] | None = None) -> int:
-    """Simulate ``requests`` on one replica of ``scheduler``'s policy and sizes with the compiled
-    loop, each step priced by ``executor.price`` (``SimExecutor``); records into ``recorder``
-    exactly what the Python engine would. Returns the number of steps."""
+                 on_progress: Callable[[int], None] | None = None, num_replicas: int = 1,
+                 router: str = "round_robin") -> int:
+    """Simulate ``requests`` on ``num_replicas`` replicas behind ``router``, each with
+    ``scheduler``'s policy and sizes, with the compiled loop, each step priced by
+    ``executor.price`` (``SimExecutor``); records into ``recorder`` exactly what the Python
+    engine's plain loop would. Returns the number of steps."""
     if not _load():
         raise RuntimeError("the compiled engine is unavailable (numba could not build it)")
     n = len(requests)
+    nrep = num_replicas
     kv = scheduler.kv
     qi = np.zeros((_QI, n), dtype=np.int64)
     qf = np.full((_QF, n), math.nan)
     qi[P_LEN] = requests.prompt_len
     qi[O_LEN] = requests.output_len
     qi[STATE] = _UNSENT
+    qi[REPLICA] = -1
     reject = _rejected(requests, scheduler)
     qi[REJECT] = reject
     qf[ARRIVAL] = requests.arrival_time
@@ -479,10 +554,9 @@ def run_compiled(requests: RequestArrays, scheduler: Any, executor: Any, recorde
     send_times(requests.arrival_time, qf[SENT], yielded)
     qi[YIELDED] = yielded
     cap = max(scheduler.max_num_seqs, 1)
-    rt = np.zeros((6, cap), dtype=np.int64)
-    rl = np.zeros(cap)
-    wq = np.zeros(max(n, 1), dtype=np.int64)
-    st = np.zeros((7, cap), dtype=np.int64)
+    rt = np.zeros((nrep, 6, cap), dtype=np.int64)
+    rl = np.zeros((nrep, cap))
+    st = np.zeros((nrep, 7, cap), dtype=np.int64)
     s = np.zeros(_NS, dtype=np.int64)
     s[N_REQ] = n
     s[MAX_SEQS] = scheduler.max_num_seqs
@@ -491,8 +565,12 @@ def run_compiled(requests: RequestArrays, scheduler: Any, executor: Any, recorde
     s[BLOCK] = kv.block_size
     s[NUM_BLOCKS] = kv.num_blocks
     s[WATERMARK] = kv.watermark_blocks
-    s[FREE] = kv.num_blocks
-    sf = np.zeros(1)
+    s[NREP] = nrep
+    s[ROUTER] = ROUTERS.get(router, ROUND_ROBIN)
+    s[AWAIT] = -1
+    rs = np.zeros((nrep, _NRS), dtype=np.int64)
+    rs[:, R_FREE] = kv.num_blocks
+    rf = np.zeros((nrep, 3))
     itl = np.empty(ITL_CAP)
     rows = np.empty((ROW_BLOCK, len(ITERATION_COLUMNS)))
     hist = recorder.itl_histogram  # (flushes whatever the recorder staged before)
@@ -501,12 +579,13 @@ def run_compiled(requests: RequestArrays, scheduler: Any, executor: Any, recorde
     done_seen = 0
     dt = 0.0
     while True:
-        rc = step(qi, qf, rt, rl, wq, st, s, sf, itl, rows, dt)
+        rc = step(qi, qf, rt, rl, st, s, rs, rf, itl, rows, dt)
         if rc == STEP_RC:
-            n_seqs, n_dec, tokens, pairs, dkv, pkv, longest = s[S_SEQS:S_LONGEST + 1].tolist()
+            r = int(s[AWAIT])
+            n_seqs, n_dec, tokens, pairs, dkv, pkv, longest = rs[r, S_SEQS:S_LONGEST + 1].tolist()
             sums = StepSums(n_seqs, n_dec, tokens, pairs, dkv, pkv)
             if with_rows(sums):  # (a model that reads the rows: the step's new and context tokens)
-                dt = price(sums, longest, st[1, :n_seqs], st[2, :n_seqs])
+                dt = price(sums, longest, st[r, 1, :n_seqs], st[r, 2, :n_seqs])
             else:
                 dt = price(sums, longest)
             continue
@@ -515,7 +594,7 @@ def run_compiled(requests: RequestArrays, scheduler: Any, executor: Any, recorde
             s[ITL_N] = 0
             continue
         if rc == ROWS_FULL_RC:
-            recorder.on_iteration_rows(0, rows[: s[ROWS_N]])
+            recorder.on_iteration_rows(rows[: s[ROWS_N]])
             s[ROWS_N] = 0
             if on_progress is not None:
                 done = int(s[DONE])
@@ -525,16 +604,16 @@ def run_compiled(requests: RequestArrays, scheduler: Any, executor: Any, recorde
         break
     if rc != DONE_RC:
         raise RuntimeError(f"compiled engine: {'no progress' if rc == NO_PROGRESS_RC else 'allocation failed'} "
-                           f"at {sf[NOW]} s with {s[W_COUNT]} waiting, {s[N_RUN]} running and "
-                           f"{s[FREE]}/{s[NUM_BLOCKS]} KV blocks free")
+                           f"with {rs[:, R_COUNT].sum()} waiting, {rs[:, R_RUN].sum()} running and "
+                           f"{rs[:, R_FREE].tolist()} of {kv.num_blocks} KV blocks free")
     if s[ROWS_N]:
-        recorder.on_iteration_rows(0, rows[: s[ROWS_N]])
+        recorder.on_iteration_rows(rows[: s[ROWS_N]])
     recorder.on_itl(itl[: s[ITL_N]])  # (staged as the Python engine leaves them: fewer than a buffer)
     if on_progress is not None:
         on_progress(int(s[DONE]) - done_seen)
-    if s[DONE] != n or s[FREE] != kv.num_blocks or s[N_RUN] or s[W_COUNT]:
-        raise AssertionError(f"compiled engine: {s[DONE]} of {n} requests done, {s[FREE]}/{kv.num_blocks} KV "
-                             "blocks free at the end")
+    if s[DONE] != n or (rs[:, R_FREE] != kv.num_blocks).any() or rs[:, R_RUN].any() or rs[:, R_COUNT].any():
+        raise AssertionError(f"compiled engine: {s[DONE]} of {n} requests done, {rs[:, R_FREE].tolist()} of "
+                             f"{kv.num_blocks} KV blocks free at the end")
     reasons = np.full(n, None, dtype=object)
     for i in np.flatnonzero(reject).tolist():
         reasons[i] = scheduler.reject_reason(requests[i])
@@ -543,7 +622,7 @@ def run_compiled(requests: RequestArrays, scheduler: Any, executor: Any, recorde
     state = qi[STATE].astype(np.int8)
     recorder.on_request_columns({
         "request_id": np.arange(n, dtype=np.int64),
-        "replica": np.zeros(n, dtype=np.int64),
+        "replica": qi[REPLICA].copy(),
         "arrival_time": qf[ARRIVAL].copy(),
         "first_scheduled_time": qf[FIRST_SCHED].copy(),
         "first_token_time": qf[FIRST_TOK].copy(),

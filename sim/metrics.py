@@ -381,14 +381,14 @@ class MetricsRecorder:
         rows[-1, 10] = last_running  # the last step's finished requests have left
         # (rows up to bin_after stay rows and the rest go into bins, as step by step: a stretch across
         # the switch is split where the steps would have switched)
-        self.on_iteration_rows(replica, rows)
+        self.on_iteration_rows(rows)
         self._decode_itls(starts, durations, n, first_itl)
 
-    def on_iteration_rows(self, replica: int, rows: np.ndarray) -> None:
-        """Steps of ``replica`` recorded elsewhere (``compiled_engine``), one row each in
-        ``ITERATION_COLUMNS`` order: kept exactly as ``on_iteration`` step by step keeps them (the
-        same rows, the same switch to bins at ``bin_after``, bins added in the same groups, busy
-        seconds added one by one)."""
+    def on_iteration_rows(self, rows: np.ndarray) -> None:
+        """Steps recorded elsewhere (a fast-forward's stretch, ``compiled_engine``), one row each in
+        ``ITERATION_COLUMNS`` order (the replica first), in the order they ended: kept exactly as
+        ``on_iteration`` step by step keeps them (the same rows, the same switch to bins at
+        ``bin_after``, each replica's bins added in the same groups, its busy seconds one by one)."""
         i, k = 0, len(rows)
         while i < k:
             if self._bins is None:
@@ -410,9 +410,14 @@ class MetricsRecorder:
                 block = rows[i:].copy()
                 block[:, 0] = block[:, 1]  # a bin row: start, num_steps 1, then duration on as in a step's row
                 block[:, 1] = 1.0
-                self._bins.add_block(replica, block)
+                replica = rows[i:, 0]
+                for r in np.unique(replica).tolist():  # (each replica's bins are its own)
+                    mine = block if self.num_replicas == 1 else block[replica == r]
+                    self._bins.add_block(int(r), mine)
                 i = k
-        self._add_busy(replica, rows[:, 2].tolist())
+        replica = rows[:, 0]
+        for r in np.unique(replica).tolist():
+            self._add_busy(int(r), (rows[:, 2] if self.num_replicas == 1 else rows[replica == r, 2]).tolist())
 
     def on_request_columns(self, cols: dict[str, np.ndarray]) -> None:
         """Requests recorded elsewhere (``compiled_engine``) as the recorded ``REQUEST_SPEC`` columns

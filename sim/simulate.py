@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Literal
 
 import numpy as np
@@ -254,15 +255,19 @@ def simulate(sc: Scenario, requests: Sequence[Request] | None = None, progress: 
         scheduler, executor = built[0] = parts(0)
         why = compiled_engine.reason_not_compiled(sc, requests, scheduler, executor)
         if why is None:
-            recorder = MetricsRecorder(num_replicas=1, iterations=iterations, bin_after=bin_after)
+            recorder = MetricsRecorder(num_replicas=sc.cluster.num_replicas, iterations=iterations,
+                                       bin_after=bin_after)
             bar = tqdm(total=len(requests), unit="req", delay=2.0, mininterval=0.5, disable=progress is False,
                        desc=sc.name, leave=False)
             try:
                 with _young_gc_only():
-                    compiled_engine.run_compiled(requests, scheduler, executor, recorder, bar.update)
+                    compiled_engine.run_compiled(requests, scheduler, executor, recorder, bar.update,
+                                                 sc.cluster.num_replicas, sc.cluster.router)
             finally:
                 bar.close()
-            result = finish_run(sc, "sim", requests, recorder, kv, time.perf_counter() - t0)
+            # (what the summary reads of each replica: its id and its block manager's prefix counters, 0)
+            replicas = [SimpleNamespace(replica_id=r, scheduler=scheduler) for r in range(sc.cluster.num_replicas)]
+            result = finish_run(sc, "sim", requests, recorder, kv, time.perf_counter() - t0, replicas)
             result.engine = "compiled"
             return result
         if compiled:
