@@ -33,7 +33,7 @@ from .presets import get_model, kv_block_bytes
 from .request import Request
 from .scenario import Scenario, ScenarioError, scenario_to_yaml
 from .schedulers import Scheduler, make_scheduler
-from .workload import generate_workload
+from .workload import RequestArrays, generate_workload
 
 GIB = 1 << 30
 
@@ -232,7 +232,7 @@ def simulate(sc: Scenario, requests: Sequence[Request] | None = None, progress: 
     if requests is None:
         # columns; each Request is made when it arrives and dropped once it is recorded
         requests = generate_workload(sc.workload, sc.seed).requests
-    else:
+    elif not isinstance(requests, RequestArrays):  # (columns make a fresh Request at each read)
         for req in requests:
             req.reset_progress()
     row_kernels.use(row_kernels.want(len(requests)))  # compiled step loops for a large run
