@@ -321,3 +321,33 @@ def test_a_numba_that_cannot_build_it_falls_back_to_the_python_engine(monkeypatc
     assert res.engine == "python" and ce._loaded is False
     with pytest.raises(ScenarioError, match="numba could not build"):
         simulate(sc, progress=False, compiled=True)
+
+
+def test_several_replicas_rows_are_recorded_as_step_by_step():
+    """Two replicas' rows, interleaved in the order their steps ended, handed over in blocks: each
+    replica's bins take its staged steps when it has 4,096, and a later flush may widen every
+    replica's bins. Here replica 1's flush (row 8190) comes before replica 0's (row 8191), whose
+    last step starts past the 2,048 bins of 0.01 s and widens them; both in one block. Grouped by
+    replica, replica 0 widened the bins before replica 1 added its steps, and its bins' busy
+    seconds were summed in other groups (last-bit differences)."""
+    rng = np.random.default_rng(9)
+    k = 8192
+    rows = np.zeros((k, len(ITERATION_COLUMNS)))
+    rows[:, 0] = np.arange(k) % 2 == 0  # replica 1, 0, 1, 0, ...
+    rows[:, 1] = np.append(np.linspace(0.0, 20.47, k - 1), 20.49)
+    rows[:, 2] = rng.exponential(0.03, k)
+    rows[:, 3] = rows[:, 5] = rows[:, 6] = rng.integers(1, 64, k)
+    rows[:, 7:9] = (10, 100)
+    rows[:, 14] = math.nan
+    step_by_step = MetricsRecorder(num_replicas=2, iterations="binned")
+    for r in rows:
+        q = np.ones(int(r[3]), dtype=np.int64)
+        batch = Batch(num_new_tokens=q, num_context_tokens=q, samples=q.astype(bool))
+        batch.set_shape(int(r[3]), int(r[3]), int(r[6]), 0, 0, 0, 0, int(r[5]), 0)
+        step_by_step.on_iteration(int(r[0]), float(r[1]), float(r[2]), batch, 10, 100, 0, 0, 0, 0)
+    blocks = MetricsRecorder(num_replicas=2, iterations="binned")
+    for i in range(0, k, ce.ROW_BLOCK):
+        blocks.on_iteration_rows(rows[i : i + ce.ROW_BLOCK])
+    a, b = step_by_step.iterations_frame(), blocks.iterations_frame()
+    assert len(a) > 1000 and a.equals(b)
+    assert step_by_step.busy_by_replica().tolist() == blocks.busy_by_replica().tolist()
