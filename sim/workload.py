@@ -745,8 +745,11 @@ def generate_workload(cfg: WorkloadConfig, seed: int) -> Workload:
         for what, k in (("prompt", tr.num_prompt_clipped), ("output", tr.num_output_clipped)):
             if k:
                 notes.append(f"{src}: {k} {what} lengths < 1 raised to 1")
+        notes += _short_file_note(cfg, times.size, src)
     else:
         times = _arrival_times(cfg.arrival, cfg.num_requests, cfg.duration_s, rng[_ARRIVALS])
+        if isinstance(cfg.arrival, TraceArrival):
+            notes += _short_file_note(cfg, times.size, f"workload.arrival ({cfg.arrival.path})")
         prompt, p_notes = _lengths(cfg.prompt_len, times.size, rng[_PROMPT], "workload.prompt_len")
         output, o_notes = _lengths(cfg.output_len, times.size, rng[_OUTPUT], "workload.output_len")
         notes += p_notes + o_notes
@@ -770,6 +773,15 @@ def generate_workload(cfg: WorkloadConfig, seed: int) -> Workload:
         _check_horizon(times, _arrival_field(cfg.arrival), "more requests per second arrive sooner")
     reqs = RequestArrays(times, prompt, output, prefix_id, prefix_len, token_ids)
     return Workload(reqs, counts, notes)
+
+
+def _short_file_note(cfg: WorkloadConfig, n: int, src: str) -> list[str]:
+    """A note when a file gives fewer requests than ``num_requests`` asks for: the count is a cap,
+    so the run is shorter than written, which the user should hear of."""
+    if cfg.num_requests is None or n >= cfg.num_requests:
+        return []
+    within = " before workload.duration_s" if cfg.duration_s is not None else ""
+    return [f"workload.num_requests is {cfg.num_requests}, but {src} has {n} requests{within}; simulating {n}"]
 
 
 def generate_requests(cfg: WorkloadConfig, seed: int) -> list[Request]:
@@ -817,6 +829,7 @@ def _mooncake_workload(cfg: WorkloadConfig, tc: TraceConfig) -> Workload:
     if tr.num_prompt_beyond_hashes:
         notes.append(f"workload.trace ({tc.path}): {tr.num_prompt_beyond_hashes} prompts run past their hash_ids; "
                      "those tokens are treated as the request's own")
+    notes += _short_file_note(cfg, len(reqs), f"workload.trace ({tc.path})")
     for note in notes:
         log.warning(note)
     return Workload(reqs, counts, notes)

@@ -294,6 +294,23 @@ def test_trace_arrival_process_takes_times_and_samples_lengths(tmp_path):
     assert all(16 <= r.prompt_len <= 512 for r in reqs)
 
 
+def test_a_file_shorter_than_num_requests_runs_its_rows_and_says_so(tmp_path):
+    # num_requests is a cap: a 3-row file with num_requests 5 runs 3, with a note naming both counts
+    trace = tmp_path / "t3.csv"
+    trace.write_text("arrival_time,prompt_len,output_len\n0,10,5\n1,10,5\n2,10,5\n")
+    times = tmp_path / "times.csv"
+    times.write_text("ts\n0\n1\n2\n")
+    for cfg in (WorkloadConfig(num_requests=5, trace={"format": "csv", "path": str(trace)}),
+                make(num_requests=5, arrival={"process": "trace", "path": str(times), "column": "ts"})):
+        wl = generate_workload(cfg, seed=0)
+        assert len(wl.requests) == 3
+        path = cfg.trace.path if cfg.trace else cfg.arrival.path
+        assert any(n.startswith("workload.num_requests is 5, but workload.") and f"({path}) has 3 requests; "
+                   "simulating 3" in n for n in wl.notes), wl.notes
+    assert not generate_workload(WorkloadConfig(num_requests=3, trace={"format": "csv", "path": str(trace)}),
+                                 seed=0).notes
+
+
 def test_resolve_paths_makes_relative_paths_relative_to_the_scenario(tmp_path):
     (tmp_path / "t.csv").write_text("arrival_time,prompt_len,output_len\n0,10,5\n")
     cfg = WorkloadConfig(trace={"format": "csv", "path": "t.csv"}).resolve_paths(tmp_path)
