@@ -357,7 +357,7 @@ def _csv_chunks(path: Path, columns: dict[str, str], where: str) -> Iterator[Any
 
 def _numeric(series: Any, src: str, most: float | None = None, whole: bool = False) -> np.ndarray:
     """Column values as float64, each at most ``most`` where given (token counts) and a whole
-    number where ``whole`` (a trace's token counts: a fraction means another column); ``src``
+    number >= 0 where ``whole`` (a trace's token counts: a fraction means another column); ``src``
     ("<field>: column 'x' of <path>") prefixes errors, which name the file's line. ``true`` and
     ``false`` are no numbers here (pandas reads them as 1 and 0)."""
     import pandas as pd
@@ -377,6 +377,10 @@ def _numeric(series: Any, src: str, most: float | None = None, whole: bool = Fal
         line = int(series.index[first]) + 2
         raise WorkloadError(f"{src}, line {line}: {values[first]:.6g} tokens is more than any context "
                             f"(at most {most:.0f}); is it the right column?")
+    if whole and (values < 0).any():  # (BurstGPT's failed rows have 0; below that is no count at all)
+        first = np.flatnonzero(values < 0)[0]
+        raise WorkloadError(f"{src}, line {int(series.index[first]) + 2}: {values[first]:.6g} tokens is negative; "
+                            "is it the right column?")
     if whole and (values != np.rint(values)).any():
         first = np.flatnonzero(values != np.rint(values))[0]
         raise WorkloadError(f"{src}, line {int(series.index[first]) + 2}: {values[first]:.6g} is not a whole number "

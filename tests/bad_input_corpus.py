@@ -222,6 +222,15 @@ def _data_files(b: _Builder) -> None:
         b.file(name, data)
         scenario = b.file(f"uses-{name}.yaml", f"workload:\n  trace: {{format: csv, path: {name}}}\n".encode())
         b.scenario("bad_data_file", scenario, [], (name,))
+    # a negative count was dropped as a failed request and reported as "0 response tokens"
+    burst = b.file("burstgpt-negative-output.csv", b"Timestamp,Model,Request tokens,Response tokens\n"
+                   b"0.0,GPT-4,100,20\n1.0,GPT-4,100,-5\n")
+    scenario = b.file("uses-burstgpt-negative-output.yaml",
+                      f"workload:\n  trace: {{format: burstgpt, path: {burst.name}}}\n".encode())
+    b.scenario("bad_data_file", scenario, [], (burst.name, "line 3", "Response tokens", "negative"))
+    b.scenario("bad_data_file", b.file("trace-negative-prompt.yaml", b"workload:\n  trace: {format: csv, path: "
+               + b.file("trace-negative-prompt.csv", header + b"0,-3,5\n").name.encode() + b"}\n"), [],
+               ("trace-negative-prompt.csv", "line 2", "prompt_len", "negative"))
     record = b'{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}\n'
     mooncake = {  # JSONL (sim/mooncake.py): each line must be a record of finite numbers and integer hashes
         "mooncake-not-json.jsonl": record + b"not json\n",
