@@ -7,6 +7,8 @@ has to import the other.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class UserError(Exception):
     """An error the user can fix; printed as one line, exit status 2."""
@@ -38,6 +40,18 @@ class PresetError(UserError, KeyError, ValueError):
 
 # What the user is to fix (a bad input, a missing file); anything else is a bug in servesim.
 USER_ERRORS: tuple[type[BaseException], ...] = (UserError, FileNotFoundError)
+
+
+def not_a_file(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a data file (missing, a folder, a device or pipe such as
+    /dev/null), or None when it is a regular file; a folder was reported as "file not found"."""
+    if path.is_file():
+        return None
+    if path.is_dir():
+        return f"{path} is a folder, not a file"
+    if path.exists():
+        return f"{path} is not a regular file (a device, pipe or socket)"
+    return f"file not found: {path}"
 
 
 def one_line_error(e: BaseException) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .config_model import INT_MAX
-from .errors import WorkloadError
+from .errors import WorkloadError, not_a_file
 
 MOONCAKE_BLOCK = 512  # tokens per hash id
 
@@ -74,8 +74,10 @@ def _hash(h: object) -> int:
 def read_mooncake(path: Path, time_scale: float = 1.0, start: int = 0, limit: int | None = None,
                   where: str = "workload.trace") -> MooncakeTrace:
     """Read a Mooncake JSONL trace; one-line ``WorkloadError`` naming the line for a bad row."""
-    if not path.is_file():
-        raise WorkloadError(f"{where}.path: file not found: {path}")
+    if why := not_a_file(path):
+        raise WorkloadError(f"{where}.path: {why}")
+    if path.stat().st_size == 0:
+        raise WorkloadError(f"{where}.path: {path} is empty")
     rows = []
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, 1):

@@ -28,7 +28,7 @@ from .engine_presets import (
     scheduler_section,
 )
 from .engine_presets.vllm_v1 import vllm_batch_defaults
-from .errors import ScenarioError
+from .errors import ScenarioError, not_a_file
 from .hints import did_you_mean
 from .host_memory import (
     BLOCK_BYTES,
@@ -352,8 +352,8 @@ def _load_yaml(text: str) -> Any:
 def read_scenario_file(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
     """The scenario file as a raw mapping with ``--set`` overrides applied, not yet validated."""
     p = Path(path)
-    if not p.is_file():
-        raise ScenarioError(f"scenario file not found: {p}")
+    if why := not_a_file(p):
+        raise ScenarioError(f"scenario {why}")
     data = p.read_bytes()
     try:
         text = data.decode("utf-8")

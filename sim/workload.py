@@ -50,7 +50,7 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from .config_model import INT_MAX, MAX_SIM_SECONDS, ConfigModel
-from .errors import WorkloadError
+from .errors import WorkloadError, not_a_file
 from .mooncake import read_mooncake
 from .request import Request
 from .sessions import build_sessions
@@ -337,8 +337,10 @@ def _csv_chunks(path: Path, columns: dict[str, str], where: str) -> Iterator[Any
     import pandas as pd  # pandas only when a file is read: keeps `import workload` light
 
     unreadable = (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError)
-    if not path.is_file():
-        raise WorkloadError(f"{where}.path: file not found: {path}")
+    if why := not_a_file(path):
+        raise WorkloadError(f"{where}.path: {why}")
+    if path.stat().st_size == 0:
+        raise WorkloadError(f"{where}.path: {path} is empty")
     try:
         header = list(pd.read_csv(path, nrows=0).columns)
     except unreadable as e:

@@ -248,6 +248,16 @@ def _data_files(b: _Builder) -> None:
         b.file(name, data)
         scenario = b.file(f"uses-{name}.yaml", f"workload:\n  trace: {{format: mooncake, path: {name}}}\n".encode())
         b.scenario("bad_data_file", scenario, [], (name,))
+    # a folder and /dev/null were "file not found"
+    folder = b.tmp / "trace-folder"
+    folder.mkdir()
+    for fmt in ("csv", "mooncake"):
+        for path, names in ((folder, ("trace-folder", "a folder")), (Path("/dev/null"), ("/dev/null", "not a regular"))):
+            scenario = b.file(f"uses-{path.name}-{fmt}.yaml", f"workload:\n  trace: {{format: {fmt}, path: {path}}}\n".encode())
+            b.scenario("bad_data_file", scenario, [], names)
+    b.scenario("bad_data_file", QUICKSTART, [f"workload.prompt_len={{dist: empirical, path: {folder}, column: x}}"],
+               ("workload.prompt_len.path", "a folder"))
+    b.raw("missing_file", ["run", str(folder), "--quiet", "--no-plots"], ("trace-folder", "a folder"))
     profiles = {
         "profile-binary.json": b"\xff\xfe\x00\x01garbage",
         "profile-utf16.json": '{"a": 1}'.encode("utf-16"),
