@@ -496,10 +496,14 @@ def read_vllm_bench(path: str | Path, seed: int = 0) -> MeasuredRun:
     if not isinstance(data, dict):
         raise RunFileError(f"{p}: expected the JSON object vllm bench serve writes")
     for name in ("input_lens", "output_lens", "ttfts"):
-        if not isinstance(data.get(name), list):
+        if data.get(name) is None:
             raise RunFileError(f"{p}: missing field '{name}' (run vllm bench serve with --save-result --save-detailed)")
+        if not isinstance(data[name], list):
+            raise RunFileError(f"{p}: field '{name}' must be a list with one entry per request, got {data[name]!r:.60}")
     n = len(data["input_lens"])
-    latencies = data.get("latencies") or data.get("e2els")
+    if n == 0:  # (an empty 'latencies' list read as a missing field)
+        raise RunFileError(f"{p}: the run has no requests (input_lens is empty)")
+    latencies = data["latencies"] if data.get("latencies") is not None else data.get("e2els")
     if latencies is None and not isinstance(data.get("itls"), list):
         raise RunFileError(f"{p}: missing field 'latencies' (or 'itls' to add up): the requests' end-to-end times")
     per_request = {k: data.get(k) for k in ("output_lens", "ttfts", "itls", "start_times", "errors")}

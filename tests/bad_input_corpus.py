@@ -559,6 +559,10 @@ def _measured_runs(b: _Builder) -> None:
         ("bench-start-1e12", {**bench, "start_times": [1e12, 0.5]}, ("start_times",)),
         ("bench-tiny-rate", {**bench, "start_times": None, "request_rate": 1e-300}, ("request_rate",)),
         ("bench-list", [1, 2], ("bench-list.json",)),  # type: ignore[list-item]
+        # each was "missing field": a field of the wrong type, a run of no requests
+        ("bench-input-lens-object", {**bench, "input_lens": {"0": 100, "1": 200}}, ("input_lens", "must be a list")),
+        ("bench-no-requests", {**bench, **{k: [] for k in ("input_lens", "output_lens", "ttfts", "latencies",
+                                                         "start_times")}}, ("bench-no-requests.json", "no requests")),
     ]
     for name, data, names in benches:
         path = b.file(f"{name}.json", data if isinstance(data, bytes) else json.dumps(data).encode())
