@@ -270,8 +270,12 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     if not model_source:
         raise RunFileError(f"{meta_path}: missing field 'model'")
     for key in ("max_num_seqs", "max_num_batched_tokens"):
-        if not isinstance(kwargs.get(key), int):
+        value = kwargs.get(key)
+        if value is None:
             raise RunFileError(f"{meta_path}: missing field 'engine_kwargs.{key}' (an integer)")
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**32:  # ("8": not missing)
+            raise RunFileError(f"{meta_path}: field 'engine_kwargs.{key}' must be a whole number >= 1 and <= 2**32, "
+                               f"got {value!r:.60}")
     notes: list[str] = []
     kv_cache_dtype = _precision(kwargs, meta_path, notes)
     kv_budget = _count(kwargs.get("kv_cache_memory_bytes"), str(meta_path), "engine_kwargs.kv_cache_memory_bytes",
@@ -317,13 +321,20 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
         hw_source = meta["hardware"]
     else:  # newer bench runs record torch's device name and total memory
         hardware = _object(meta, "hardware", str(meta_path))
-        hw_source = hardware.get("device_name") or hw_source
+        name = hardware.get("device_name")
+        if name is not None and not isinstance(name, str):
+            raise RunFileError(f"{meta_path}: field 'hardware.device_name' must be the GPU's name, got {name!r:.60}")
+        hw_source = name or hw_source
         cuda_total = _count(hardware.get("device_total_memory_bytes"), str(meta_path),
                             "hardware.device_total_memory_bytes", least=2**30, most=2**45)
     if hw_source is None:  # a GPU named anywhere in the folder's name (<GPU>-<model>, <model>-<gpu>-tp1)
         hw_source = root.name if hardware_preset(root.name) else (
             root.name.split("-")[0] if "-" in root.name else None)
-    tp = _count(kwargs.get("tensor_parallel_size"), str(meta_path), "engine_kwargs.tensor_parallel_size") or tp or 1
+    tp_kwarg = _count(kwargs.get("tensor_parallel_size"), str(meta_path), "engine_kwargs.tensor_parallel_size")
+    if tp_kwarg is not None and tp is not None and tp_kwarg != tp:  # (the engine's silently won)
+        raise RunFileError(f"{meta_path}: engine_kwargs.tensor_parallel_size {tp_kwarg} and llmservingsim_config.json's "
+                           f"nodes[0].instances[0].tp_size {tp} disagree; a run has one TP degree: fix the wrong one")
+    tp = tp_kwarg or tp or 1
     dp = _count(kwargs.get("data_parallel_size"), str(meta_path), "engine_kwargs.data_parallel_size") or 1
     # newer bench runs also record what vLLM resolved: the KV cache it allocated and its scheduler config
     resolved = _object(meta, "resolved_config", str(meta_path))
@@ -456,17 +467,33 @@ def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
 
 
 def _llmservingsim_gpu(root: Path) -> tuple[str | None, int | None]:
-    """(GPU name, TP degree) from llmservingsim_config.json, (None, None) when absent."""
+    """(GPU name, TP degree) from llmservingsim_config.json, (None, None) when absent or when it names
+    no instance. A file of another shape is an error: the GPU would silently come from the folder's name."""
     path = root / "llmservingsim_config.json"
     if not path.is_file():
         return None, None
     cfg = _read_json(path)
-    try:
-        inst = cfg["nodes"][0]["instances"][0]
-        hardware, tp = inst.get("hardware"), inst.get("tp_size")
-    except (KeyError, IndexError, TypeError, AttributeError):
+    if not isinstance(cfg, dict):
+        raise RunFileError(f"{path}: expected a JSON object")
+    node = _first(cfg, "nodes", str(path))
+    inst = _first(node, "instances", f"{path}: nodes[0]") if node is not None else None
+    if inst is None:
         return None, None
-    return hardware, _count(tp, str(path), "nodes[0].instances[0].tp_size")
+    hardware = inst.get("hardware")
+    if hardware is not None and not isinstance(hardware, str):
+        raise RunFileError(f"{path}: field 'nodes[0].instances[0].hardware' must be the GPU's name, got {hardware!r:.60}")
+    return hardware, _count(inst.get("tp_size"), str(path), "nodes[0].instances[0].tp_size")
+
+
+def _first(parent: dict[str, Any], name: str, where: str) -> dict[str, Any] | None:
+    """The first entry of the list ``parent[name]`` when it is a JSON object; None when the list is
+    absent, null or empty; else ``RunFileError``."""
+    items = parent.get(name)
+    if items is None or items == []:
+        return None
+    if not isinstance(items, list) or not isinstance(items[0], dict):
+        raise RunFileError(f"{where}: field '{name}' must be a list of JSON objects, got {items!r:.60}")
+    return items[0]
 
 
 def read_llmservingsim_summary(path: str | Path) -> dict[str, dict[str, float]]:

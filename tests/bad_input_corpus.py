@@ -511,7 +511,8 @@ def _measured_runs(b: _Builder) -> None:
         ("tp-zero", {"meta": kwargs(tensor_parallel_size=0)}, ("meta.json", "tensor_parallel_size")),
         ("tp-text", {"meta": kwargs(tensor_parallel_size="two")}, ("meta.json", "tensor_parallel_size")),
         ("tp-fraction", {"meta": kwargs(tensor_parallel_size=2.5)}, ("meta.json", "tensor_parallel_size")),
-        ("tp-three", {"meta": kwargs(tensor_parallel_size=3)}, ("tensor_parallel",)),
+        ("tp-three", {"meta": kwargs(tensor_parallel_size=3), "files": {"llmservingsim_config.json": json.dumps(
+            {"nodes": [{"instances": [{"hardware": "RTXPRO6000", "tp_size": 3}]}]}).encode()}}, ("tensor_parallel",)),
         ("dp-zero", {"meta": kwargs(data_parallel_size=0)}, ("meta.json", "data_parallel_size")),
         ("dp-true", {"meta": kwargs(data_parallel_size=True)}, ("meta.json", "data_parallel_size")),
         ("dp-huge", {"meta": kwargs(data_parallel_size=10**9)}, ("cluster.num_replicas",)),
@@ -535,6 +536,18 @@ def _measured_runs(b: _Builder) -> None:
         ("arrival-1e12-late", {"rows": edit_row(3, arrival_time=1e12)}, ("requests.jsonl", "line 3")),
         ("duplicate-id", {"rows": edit_row(3, request_id="r0")}, ("requests.jsonl:3", "request_id")),
         ("no-model-preset", {"meta": edit_meta(lambda m: m.update(model="google/gemma-2-9b"))}, ("--set model=",)),
+        # the GPU came from the folder's name; the engine's TP degree won; a text count was "missing"
+        ("config-list", {"files": {"llmservingsim_config.json": b"[1, 2]"}}, ("llmservingsim_config.json", "object")),
+        ("config-nodes-text", {"files": {"llmservingsim_config.json": b'{"nodes": "RTXPRO6000"}'}},
+         ("llmservingsim_config.json", "nodes")),
+        ("config-hardware-number", {"files": {"llmservingsim_config.json": b'{"nodes": [{"instances": [{"hardware": 6000}]}]}'}},
+         ("llmservingsim_config.json", "hardware")),
+        ("device-name-number", {"meta": edit_meta(lambda m: m.update(hardware={"device_name": 6000}))},
+         ("meta.json", "hardware.device_name")),
+        ("tp-disagrees", {"meta": kwargs(tensor_parallel_size=2)}, ("tensor_parallel_size 2", "tp_size 1")),
+        ("max-num-seqs-text", {"meta": kwargs(max_num_seqs="8")}, ("meta.json", "engine_kwargs.max_num_seqs", "whole number")),
+        ("max-batched-tokens-true", {"meta": kwargs(max_num_batched_tokens=True)},
+         ("meta.json", "engine_kwargs.max_num_batched_tokens")),
     ]
     for name, parts, names in runs:
         folder = _run_folder(b, f"run-{name}", **parts)
