@@ -81,8 +81,8 @@ def parse_max_error(items: Sequence[str]) -> dict[str, float]:
 
     KEY is a full metric key (``p90_ttft_ms``, ``p50_tpot_ms``, ``request_throughput``) or a family
     (``ttft``, ``tpot``, ``itl``, ``e2e``), which sets the threshold of its p50 and p90. A full key
-    wins over a family whatever the order; otherwise the last value given wins. Raises
-    ``ScenarioError`` (one line) on bad syntax or an unknown key.
+    wins over a family whatever the order. Raises ``ScenarioError`` (one line) on bad syntax, an
+    unknown key, or a key or family given twice (the last would have won without a word).
     """
     families: dict[str, float] = {}
     keys: dict[str, float] = {}
@@ -104,6 +104,8 @@ def parse_max_error(items: Sequence[str]) -> dict[str, float]:
             if not math.isfinite(pct):
                 raise ScenarioError(f"--max-error {item!r}: the threshold must be a finite number of percent")
             if key in FAMILIES:
+                if f"{FAMILY_STATS[0]}_{FAMILIES[key]}_ms" in families:
+                    raise ScenarioError(f"--max-error {item!r}: {key} has a threshold already; give each metric one")
                 for stat in FAMILY_STATS:
                     families[f"{stat}_{FAMILIES[key]}_ms"] = pct
                 continue
@@ -114,6 +116,8 @@ def parse_max_error(items: Sequence[str]) -> dict[str, float]:
                 raise ScenarioError(f"--max-error {item!r}: unknown metric '{key}'{hint}; use a family "
                                     f"({', '.join(FAMILIES)}) or a key such as p90_ttft_ms, mean_itl_ms, "
                                     "request_throughput")
+            if metric in keys:
+                raise ScenarioError(f"--max-error {item!r}: {metric} has a threshold already; give each metric one")
             keys[metric] = pct
     merged = {**families, **keys}
     return {k: merged[k] for k in METRICS if k in merged}

@@ -10,6 +10,7 @@ import argparse
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -383,6 +384,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     sc = _load(args)
     st = _plan_settings(args, sc, "plan", start_rate=args.start_rate)
+    if args.max_gpus is not None and (sc.cluster.disagg is None or args.target_rate is None):  # (it was ignored)
+        raise UserError("--max-gpus bounds the pool split of a disaggregated scenario (cluster.disagg) sized for a "
+                        f"--target-rate; {'this scenario has no cluster.disagg' if sc.cluster.disagg is None else 'give --target-rate'}")
     if sc.cluster.disagg is not None and args.target_rate is not None:
         return _plan_disagg(sc, st, args)
     result = plan(sc, st, target_rate=args.target_rate, workers=args.workers, progress=not args.quiet)
@@ -396,8 +400,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def _plan_disagg(sc, st, args: argparse.Namespace) -> int:  # noqa: ANN001
     from .verbs.plan_disagg import format_disagg_plan, plan_disagg, write_disagg_plan
 
-    result = plan_disagg(sc, st, args.target_rate, max_gpus=args.max_gpus, workers=args.workers,
-                         progress=not args.quiet)
+    result = plan_disagg(sc, st, args.target_rate, max_gpus=16 if args.max_gpus is None else args.max_gpus,
+                         workers=args.workers, progress=not args.quiet)
     out = write_disagg_plan(result, args.out or Path("results") / f"{sc.name}-plan")
     print(f"servesim plan: {sc.name} | {sc.model} | disaggregated prefill:decode for {args.target_rate:g} req/s")
     print(format_disagg_plan(result))
@@ -465,9 +469,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from .scenario import load_scenario
     from .verbs.compare import compare, format_compare, write_compare
 
+    metrics = None
+    if args.metrics is not None:  # (an empty --metrics reported the default metrics)
+        metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+        if not metrics:
+            raise UserError(f"--metrics {args.metrics!r} names no metric; give comma-separated summary keys, "
+                            "e.g. p99_ttft_ms,request_throughput, or leave --metrics out for the defaults")
     base = load_scenario(args.scenario, args.set)
     cand = load_scenario(args.candidate, [*args.set, *args.candidate_set])
-    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
     out_dir = Path(args.out or Path("results") / f"compare-{base.name}-vs-{cand.name}")
     result = compare(base, cand, seeds=args.seeds, fail_on=args.fail_on, metrics=metrics, workers=args.workers,
                      progress=not args.quiet, set_both=args.set, set_candidate=args.candidate_set, out_dir=out_dir,
@@ -503,7 +512,7 @@ def _add_planning_commands(sub, scenario_cmd) -> None:  # noqa: ANN001 - argpars
         sp.add_argument("--min-requests", type=int, default=200, help="at least this many requests per seed (200)")
 
     rate_test(pl, 3, 0.05, "stop when the bracket's high/low rate ratio is within 1 + TOLERANCE")
-    pl.add_argument("--max-gpus", type=int, default=16, metavar="N",
+    pl.add_argument("--max-gpus", type=int, default=None, metavar="N",
                     help="disaggregated scenarios with --target-rate: largest prefill + decode GPU count tried (16)")
     pl.add_argument("--target-rate", type=float, default=None, metavar="R",
                     help="also find the replicas (with the scenario's router) that sustain R requests/s")
@@ -614,6 +623,11 @@ def _check_out(out: str) -> None:
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise UserError(f"--out {out}: {parent} is not a folder this user can write in")
+    if not p.exists():  # a file system that refuses folders whatever the permissions say (/proc, read-only)
+        try:
+            os.rmdir(tempfile.mkdtemp(dir=parent))
+        except OSError as e:
+            raise UserError(f"--out {out}: cannot make a folder in {parent} ({e.strerror})") from None
 
 
 def _interrupt(signum: int, frame: object) -> None:

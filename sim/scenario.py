@@ -93,8 +93,9 @@ class LiveConfig(ConfigModel):
 
 class Scenario(ConfigModel):
     name: str = "scenario"
-    # strict: YAML's true/false are not seeds; numpy seeds are non-negative
-    seed: int = Field(0, ge=0, strict=True)
+    # numpy seeds are non-negative; true/false are refused as for every number (config_model.py), and
+    # 1.0 is read as 1 as in every other whole-number field
+    seed: int = Field(0, ge=0)
     model: str = "llama-3.1-8b"
     hardware: str = "h100-sxm"
     tensor_parallel: int = Field(1, ge=1, le=64)
@@ -390,6 +391,9 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     parts = [k for k in key.strip().split(".") if k]
     if not parts:
         raise ScenarioError(f"--set {item!r}: empty key")
+    if len(parts) != len(key.strip().split(".")):  # ('.seed' and 'a..b' were read as 'seed' and 'a.b')
+        raise ScenarioError(f"--set {item!r}: the key {key.strip()!r} has an empty name between its dots; "
+                            "write key.path=value, e.g. scheduler.max_num_seqs=128")
     value = parse_yaml_value(text, f"--set {item!r}") if text.strip() else None
     node = raw
     for k in parts[:-1]:

@@ -327,9 +327,28 @@ def _verb_options(b: _Builder) -> None:
                         (["--seeds", "1", "--fail-on", "p99_ttft_ms=+5%"], "--fail-on"),
                         # the second rule replaced the first
                         (["--fail-on", "p99_ttft_ms=+5%", "--fail-on", "p99_ttft_ms=-5%"], "p99_ttft_ms"),
-                        (["--metrics", "no_such_metric"], "no_such_metric")]:
+                        (["--metrics", "no_such_metric"], "no_such_metric"),
+                        # an empty list reported the default metrics
+                        (["--metrics", ""], "--metrics"), (["--metrics", " , "], "--metrics")]:
         b.raw("verb_options", ["compare", q, q, *extra, "--quiet", "--workers", "1"], (name,))
     b.raw("verb_options", ["validate", q, "--max-error", "ttft=abc", "--quiet", "--no-plots"], ("abc",))
+    # the last threshold of a metric given twice won without a word
+    for twice, name in [("ttft=5,ttft=1", "ttft"), ("p50_ttft_ms=5,median_ttft_ms=1", "median_ttft_ms")]:
+        b.raw("verb_options", ["validate", q, "--max-error", twice, "--quiet", "--no-plots"], (name, "already"))
+    # an empty name in a --set path was dropped ('.seed' read as 'seed')
+    for item, name in [(".seed=1", ".seed"), ("workload..num_requests=3", "workload..num_requests")]:
+        b.raw("set_syntax", ["run", q, "--set", item, "--quiet", "--no-plots"], (name, "empty name"))
+    # a request count one seed's runs cannot hold blamed --seeds; --max-gpus without a disaggregated
+    # search was ignored; an --out no file system takes was found only after the whole run
+    b.raw("verb_options", ["plan", q, "--min-requests", "10000000000", "--slo", "p99_ttft_ms=500", "--quiet",
+                           "--no-plots", "--workers", "1"], ("--min-requests 10000000000",))
+    disagg = str(ROOT / "scenarios" / "cluster" / "disagg.yaml")
+    for argv in ([q, "--target-rate", "5"], [disagg]):
+        b.raw("verb_options", ["plan", *argv, "--max-gpus", "4", "--slo", "p99_ttft_ms=500", "--quiet", "--no-plots",
+                               "--workers", "1"], ("--max-gpus",))
+    if Path("/proc/self").is_dir():
+        b.raw("verb_options", ["run", q, "--out", "/proc/servesim-out", "--quiet", "--no-plots"],
+              ("--out", "/proc"), out=False)
     # each accepted before: a slice that dropped the last row, a window of no requests, a run of 1e9 live
     # runs, an ignored flag, and a threshold on what the run does not measure (exit 1 after simulating)
     b.raw("verb_options", ["search", q, "--target-rate", "10", "--slo", "p99_ttft_ms=500", "--space", "seed=0,1",

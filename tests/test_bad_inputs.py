@@ -203,6 +203,16 @@ def test_booleans_stay_legal_where_a_field_is_a_flag() -> None:
     assert sc.kv_cache.enable_prefix_caching and sc.workload.token_ids
 
 
+def test_every_whole_number_field_reads_a_float_without_a_fraction_alike() -> None:
+    # seed refused 1.0 (a strict field, once the guard against true) where num_requests took 10.0
+    sc = load_scenario(QUICKSTART, ["seed=1.0", "workload.num_requests=10.0"])
+    assert (sc.seed, sc.workload.num_requests) == (1, 10) and type(sc.seed) is int
+    assert sc == load_scenario(QUICKSTART, ["seed=1", "workload.num_requests=10"])
+    for item in ("seed=1.5", "workload.num_requests=10.5"):
+        with pytest.raises(ScenarioError, match="fractional part"):
+            load_scenario(QUICKSTART, [item])
+
+
 def test_host_memory_names_the_largest_demand_and_its_limit() -> None:
     demands = [Demand("scheduler.max_num_seqs", "running-table rows", 1000, 64),
                Demand("workload.num_requests", "requests", 10**6, 1000)]

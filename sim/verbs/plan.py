@@ -80,7 +80,11 @@ class PlanSettings:
             raise ScenarioError(f"--seeds must be >= 1, got {self.seeds}")
         if self.min_requests < 1:  # (0 or -5 let a seed's window shrink to nothing)
             raise ScenarioError(f"--min-requests must be >= 1, got {self.min_requests}")
-        # every seed's run at a rate is kept until the rate is judged: a huge count would die allocating them
+        # every seed's run at a rate is kept until the rate is judged: a huge count would die allocating them;
+        # when one seed's requests alone do not fit, the request count is what to lower (not --seeds)
+        one = over_host_memory([Demand("--min-requests", "requests per seed", self.min_requests, POOLED_REQUEST_BYTES)])
+        if one is not None:
+            raise ScenarioError(f"{one[0]} {self.min_requests}: {one[1]}")
         over = over_host_memory([Demand("--seeds", "seed runs", self.seeds,
                                         SEED_RUN_BYTES + self.min_requests * POOLED_REQUEST_BYTES)])
         if over is not None:
