@@ -328,7 +328,12 @@ def _write_raw(path: Path, rows: list[dict], gemm_rows: list[dict]) -> None:
 
 
 def unusable_fit_warning(profile: dict[str, Any]) -> str | None:
-    """One line when a regime's held-out median error is above ``UNUSABLE_MEDIAN_APE``, else None."""
+    """One line when a regime's held-out median error is above ``UNUSABLE_MEDIAN_APE``, or when no
+    shape was held out (a tiny grid: the error is unmeasured), else None."""
+    if not profile["held_out_error"]:
+        n = profile["train_error"].get("all", {}).get("n", 0)
+        return (f"warning: only {n} shapes were timed and none was held out: this fit's error is unmeasured; "
+                "widen the grid (--max-tokens, --max-context, --max-num-seqs) or drop --quick")
     bad = [f"{r} {100 * e['median_ape']:.0f} %" for r in (*REGIMES, "all")
            if (e := profile["held_out_error"].get(r)) and e["median_ape"] > UNUSABLE_MEDIAN_APE]
     if not bad:

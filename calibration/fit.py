@@ -142,6 +142,8 @@ def _fit_above(x: np.ndarray, t: np.ndarray, floor: float) -> np.ndarray:
 
 def _predict(coefs: dict[str, np.ndarray], regimes: pd.Series, x: np.ndarray,
              floors: dict[str, float] | None = None) -> np.ndarray:
+    if len(regimes) == 0:  # (a fold or held-out set of a tiny grid may be empty)
+        return np.zeros(0)
     c = np.stack([coefs.get(r, coefs["all"]) for r in regimes])
     pred = (x * c).sum(axis=1)
     if floors:

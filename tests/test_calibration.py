@@ -291,3 +291,18 @@ def test_calibrate_refit_names_the_bad_row_of_its_raw_csv(edit, says, tmp_path, 
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "o.json").exists()
+
+
+def test_a_tiny_grid_fits_without_a_held_out_set_and_says_its_error_is_unmeasured():
+    """--quick --max-num-seqs 2 --max-tokens 16 --max-context 16: a handful of shapes, a fold or
+    the held-out set empty (a traceback in np.stack before); the fit is made and the warning says
+    that nothing was held out."""
+    from servesim.calibration.commands import unusable_fit_warning
+
+    shapes = build_grid(GridSpec(max_num_seqs=2, max_tokens=16, max_context=16, quick=True))
+    assert len(shapes) <= 8
+    result = fit(synthetic_raw(shapes, noise=0.01))
+    assert np.isfinite(result.predictions["predicted"]).all()
+    profile = {"held_out_error": result.held_out, "train_error": result.train}
+    assert result.held_out == {}  # (4 shapes: none held out at 20 %)
+    assert unusable_fit_warning(profile).startswith(f"warning: only {len(shapes)} shapes were timed and none was held out")
