@@ -51,7 +51,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"{int(stats.get('count', len(result.requests)))} requests, seed {sc.seed}"
     )
     print(format_summary_table(result.summary))
-    print(f"simulated in {result.wall_s:.2f} s wall; results in {out}/")
+    engine = "the compiled engine" if result.engine == "compiled" else "the Python engine"
+    print(f"simulated in {result.wall_s:.2f} s wall on {engine}; results in {out}/")
     if args.iterations == "auto" and result.iterations == "binned":
         why = (f"{len(result.requests):,} requests, --iterations auto bins from {AUTO_BINNED_REQUESTS:,}"
                if len(result.requests) >= AUTO_BINNED_REQUESTS else
