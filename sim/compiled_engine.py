@@ -2,7 +2,7 @@
 
 At a million requests the Python engine (``engine.py`` driving ``schedulers/chunked.py``) costs
 ~50-80 µs a step in objects, SimPy events and small numpy calls. For the configuration most
-large runs use — the ``chunked`` policy (fcfs, preemption by recompute, no async scheduling),
+large runs use — the ``chunked`` policy (preemption by recompute, no async scheduling),
 prefix caching off, one replica or several behind ``round_robin`` or ``least_outstanding``, a
 generated or trace workload held as columns (``RequestArrays``) — this module runs the same
 engine as one numba function over arrays: requests are columns (no ``Request`` objects), each
@@ -497,8 +497,8 @@ def reason_not_compiled(sc: Any, requests: Any, scheduler: Any, executor: Any) -
     if type(scheduler) is not ChunkedScheduler:
         return f"scheduler {sc.scheduler_name} (the compiled engine runs the chunked policy)"
     cfg = scheduler.config
-    if cfg.policy != "fcfs":
-        return f"scheduler.policy {cfg.policy}"
+    # (policy priority needs no check: columns' requests all have priority 0, under which its
+    # victim is fcfs's, the newest row, and the chunked policy orders nothing else by priority)
     if cfg.preemption_mode != "recompute":
         return f"preemption_mode {cfg.preemption_mode}"
     if cfg.async_scheduling:

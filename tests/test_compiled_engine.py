@@ -104,6 +104,15 @@ def test_random_scenario_is_the_python_engines_run(seed: int):
     assert_identical(sc, requests, iterations=["full", "binned", "off", "auto"][seed % 4])
 
 
+@pytest.mark.parametrize("seed", [1, 5, 9, 13, 17, 21])
+def test_policy_priority_is_the_python_engines_run(seed: int):
+    """``policy: priority`` with requests as columns (all priority 0): the victims are fcfs's."""
+    sc, requests = random_case(seed)
+    sc = sc.model_copy(update={"scheduler": sc.scheduler.model_copy(update={"policy": "priority"})})
+    assert sc.policy.policy == "priority"
+    python, _ = assert_identical(sc, requests)
+
+
 def with_replicas(sc, num_replicas: int, router: str):
     return sc.model_copy(update={"cluster": sc.cluster.model_copy(update={"num_replicas": num_replicas,
                                                                           "router": router})})
@@ -208,7 +217,6 @@ BASE = {"name": "class", "seed": 1, "model": "llama-3.1-8b", "hardware": "h100-s
     ({"cluster": {"num_replicas": 2, "router": "kv_aware"}}, "router kv_aware"),
     ({"cluster": {"num_replicas": 3, "router": "power_of_two_choices"}}, "router power_of_two_choices"),
     ({"scheduler": {"type": "continuous"}}, "scheduler continuous"),
-    ({"scheduler": {"type": "chunked", "policy": "priority"}}, "policy priority"),
     ({"scheduler": {"type": "chunked", "preemption_mode": "swap"}}, "preemption_mode swap"),
     ({"scheduler": {"type": "chunked", "async_scheduling": True}}, "async_scheduling"),
     ({"kv_cache": {"enable_prefix_caching": True}}, "prefix caching"),
