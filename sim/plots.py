@@ -32,12 +32,24 @@ _LABELS = {
 }
 
 
+ECDF_POINTS = 4096  # most order statistics a CDF draws: a 1,000-pixel-wide panel shows no more
+
+
 def _ecdf(ax: Axes, values_s: np.ndarray, label: str | None = None) -> bool:
-    """Step CDF of finite positive values (seconds), drawn in ms. False when there is nothing to draw."""
-    v = np.sort(values_s[np.isfinite(values_s)]) * 1e3
-    if v.size == 0:
+    """Step CDF of finite positive values (seconds), drawn in ms. False when there is nothing to draw.
+
+    Past ``ECDF_POINTS`` values the step is drawn through that many order statistics, evenly
+    spaced in rank, the smallest and largest among them (each point still exactly on the CDF): a
+    million requests' three CDFs drawn point by point took ~400 MB in matplotlib's paths."""
+    v = np.sort(values_s[np.isfinite(values_s)])
+    n = v.size
+    if n == 0:
         return False
-    ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=label)
+    if n > ECDF_POINTS:
+        ranks = np.unique(np.linspace(0, n - 1, ECDF_POINTS).round().astype(np.int64))
+        ax.step(v[ranks] * 1e3, (ranks + 1) / n, where="post", label=label)
+    else:
+        ax.step(v * 1e3, np.arange(1, n + 1) / n, where="post", label=label)
     if v[0] > 0 and v[-1] / v[0] > 20:
         ax.set_xscale("log")
     return True

@@ -337,3 +337,24 @@ def test_plots_are_written_as_png(tmp_path, monkeypatch):
                          "p99_tpot_ms": [30, 40, 90], "median_e2el_ms": [900, 1000, 3000],
                          "p99_e2el_ms": [1500, 2000, 9000], "request_goodput": [1.0, 1.9, 2.5]})  # fmt: skip
     assert _is_png(plot_latency_vs_rate(tmp_path / "lvr.png", rows, chosen_rate=2.0, slo={"ttft_ms": 500}))
+
+
+def test_a_large_cdf_is_drawn_through_exact_order_statistics_not_every_point():
+    """A million requests' CDF: at most ECDF_POINTS points (matplotlib's paths of every point took
+    ~400 MB), each an exact point of the CDF, the smallest and largest values among them."""
+    from matplotlib.figure import Figure
+    from servesim.sim.plots import ECDF_POINTS, _ecdf
+
+    rng = np.random.default_rng(0)
+    values = rng.lognormal(-3, 1, 100_000)
+    ax = Figure().subplots()
+    assert _ecdf(ax, values)
+    x, y = ax.lines[0].get_data()
+    x, y = np.asarray(x), np.asarray(y)
+    v = np.sort(values) * 1e3
+    assert len(x) <= ECDF_POINTS and x[0] == v[0] and x[-1] == v[-1] and y[-1] == 1.0
+    ranks = np.rint(y * len(v)).astype(int) - 1
+    assert np.array_equal(x, v[ranks])
+    small = Figure().subplots()
+    assert _ecdf(small, values[:100])
+    assert len(small.lines[0].get_data()[0]) == 100  # below the cap: every point
