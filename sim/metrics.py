@@ -410,20 +410,17 @@ class MetricsRecorder:
                 block = rows[i:].copy()
                 block[:, 0] = block[:, 1]  # a bin row: start, num_steps 1, then duration on as in a step's row
                 block[:, 1] = 1.0
-                if self.num_replicas == 1:
-                    self._bins.add_block(int(rows[i, 0]), block)
-                else:
-                    # each run of one replica's rows in turn, in the order they ended: a replica's
-                    # bins take its staged steps when it has 4,096, and that may widen every
-                    # replica's bins, so the runs must reach them in time order, as step by step
-                    replica = rows[i:, 0]
-                    cuts = np.flatnonzero(replica[1:] != replica[:-1]) + 1
-                    for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(block)], strict=True):
-                        self._bins.add_block(int(replica[a]), block[a:b])
+                # each run of one replica's rows in turn, in the order they ended: a replica's bins
+                # take its staged steps when it has 4,096, and that may widen every replica's bins,
+                # so the runs must reach them in time order, as step by step
+                replica = rows[i:, 0]
+                cuts = np.flatnonzero(replica[1:] != replica[:-1]) + 1
+                for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(block)], strict=True):
+                    self._bins.add_block(int(replica[a]), block[a:b])
                 i = k
         replica = rows[:, 0]
         for r in np.unique(replica).tolist():
-            self._add_busy(int(r), (rows[:, 2] if self.num_replicas == 1 else rows[replica == r, 2]).tolist())
+            self._add_busy(int(r), rows[replica == r, 2].tolist())
 
     def on_request_columns(self, cols: dict[str, np.ndarray]) -> None:
         """Requests recorded elsewhere (``compiled_engine``) as the recorded ``REQUEST_SPEC`` columns

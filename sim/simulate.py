@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,18 +175,25 @@ def _young_gc_only() -> Iterator[None]:
         gc.unfreeze()
 
 
+@contextmanager
+def _running(name: str, num_requests: int, progress: bool | None) -> Iterator[Callable[[int], object]]:
+    """A run's progress bar (its ``update``: requests done) and young-only collection around it.
+    The bar shows only on runs longer than ~2 s (tqdm's delay), and never when disabled."""
+    bar = tqdm(total=num_requests, unit="req", delay=2.0, mininterval=0.5, disable=progress is False,
+               desc=name, leave=False)
+    try:
+        with _young_gc_only():
+            yield bar.update
+    finally:
+        bar.close()
+
+
 def drive(cluster: Cluster, name: str, requests: Sequence[Request], recorder: MetricsRecorder,
           progress: bool | None) -> None:
     """Run the cluster to the end with a progress bar, then add its replicas' prefix-cache counters."""
-    # The bar shows only on runs longer than ~2 s (tqdm's delay), and never when disabled.
-    bar = tqdm(total=len(requests), unit="req", delay=2.0, mininterval=0.5, disable=progress is False,
-               desc=name, leave=False)
-    cluster.on_progress = bar.update
-    try:
-        with _young_gc_only():
-            cluster.run(requests)
-    finally:
-        bar.close()
+    with _running(name, len(requests), progress) as done:
+        cluster.on_progress = done
+        cluster.run(requests)
     for rep in cluster.replicas:
         kv = rep.scheduler.kv
         recorder.on_prefix_cache(kv.prefix_queries * kv.block_size, kv.prefix_hits * kv.block_size)
@@ -257,14 +264,9 @@ def simulate(sc: Scenario, requests: Sequence[Request] | None = None, progress: 
         if why is None:
             recorder = MetricsRecorder(num_replicas=sc.cluster.num_replicas, iterations=iterations,
                                        bin_after=bin_after)
-            bar = tqdm(total=len(requests), unit="req", delay=2.0, mininterval=0.5, disable=progress is False,
-                       desc=sc.name, leave=False)
-            try:
-                with _young_gc_only():
-                    compiled_engine.run_compiled(requests, scheduler, executor, recorder, bar.update,
-                                                 sc.cluster.num_replicas, sc.cluster.router)
-            finally:
-                bar.close()
+            with _running(sc.name, len(requests), progress) as done:
+                compiled_engine.run_compiled(requests, scheduler, executor, recorder, done, sc.cluster.num_replicas,
+                                             sc.cluster.router)
             # (what the summary reads of each replica: its id and its block manager's prefix counters, 0)
             replicas = [SimpleNamespace(replica_id=r, scheduler=scheduler) for r in range(sc.cluster.num_replicas)]
             result = finish_run(sc, "sim", requests, recorder, kv, time.perf_counter() - t0, replicas)
