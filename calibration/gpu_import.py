@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from servesim.sim.cost_model import RooflineCostModel
+from servesim.sim.cost_model import reading_attention_shape
 from servesim.sim.presets import ModelConfig, get_hardware, get_model
 
 from . import gpu_profile as gp
@@ -94,7 +94,7 @@ def assemble_llmservingsim(folder: str | Path, model: ModelConfig, hardware: str
     seq = t.per_sequence.pivot_table(index="sequences", columns="op", values="seconds", aggfunc="median")
     seq = seq.sort_index().interpolate(limit_direction="both")
     # the roofline's attention term for this model and GPU: the shape the "roofline" reading offers
-    shape = RooflineCostModel(model, get_hardware(hardware), tp).attention_layer_s
+    shape = reading_attention_shape(model, get_hardware(hardware), tp)
     grid = gp.attention_grid(t.attention, shape=shape)
     eager = (prof.meta.get("engine_effective") or {}).get("enforce_eager")
     notes = [
@@ -111,7 +111,8 @@ def assemble_llmservingsim(folder: str | Path, model: ModelConfig, hardware: str
         f"Attention: every measured value of each axis of the 4-D sweep is a node ({grid.measured} measured "
         f"points, {grid.filled} filled: moot axes copied, the doubling and 1.5x sub-grids joined along the "
         "context axes in the reading held_out_error.attention_interpolation chose (log: power laws; linear; "
-        "roofline: linear in the ratio to the roofline's attention term where a chunk is present), KV-budget "
+        "roofline: linear in the ratio to the roofline's attention term, without its L2 re-read cliff, where a "
+        "chunk is present), KV-budget "
         "corners extended linearly).",
     ]
     asm = gp.Assembly(model=model, hardware=hardware, tp=tp, dense_tokens=[int(x) for x in dense.index],

@@ -148,8 +148,8 @@ class Grid:
     measured: int
     filled: int
     interpolation: str = "linear"  # how gaps were filled and how LayerCostModel reads between nodes
-    # the roofline's one-layer attention term for this model and GPU (RooflineCostModel.
-    # attention_layer_s), which the "roofline" reading needs; None: that reading is not offered
+    # the roofline's one-layer attention term for this model and GPU (cost_model.
+    # reading_attention_shape), which the "roofline" reading needs; None: that reading is not offered
     shape: AttentionShape | None = None
 
 

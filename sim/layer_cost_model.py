@@ -31,8 +31,8 @@ Between grid points the table is read multilinearly as ``attention.interpolation
 (log time against log axis: power laws between neighbours), ``linear`` (linear in time), or
 ``roofline``: decode-only shapes linear in time, and shapes with a prefill chunk linear in the
 *ratio* of the table to the roofline's attention term for the same shape
-(``RooflineCostModel.attention_layer_s`` of the profile's model and GPU), times that term at the
-query. The FA2 kernel's time steps with the thread-block waves of the chunk, which fall between
+(``RooflineCostModel.attention_layer_s`` of the profile's model and GPU, without its L2 re-read
+cliff: ``cost_model.reading_attention_shape``), times that term at the query. The FA2 kernel's time steps with the thread-block waves of the chunk, which fall between
 the measured chunk sizes; the roofline's varlen term has those steps, so the ratio reading puts
 them where a chord would cut across (the importer picks the reading by held-out error).
 Chunks shorter than the grid's first chunk and decode contexts below its first context use that
