@@ -20,6 +20,23 @@ latency figures that are being validated:
   time compares different batch sizes. The estimator run on the simulated side against its actual
   step durations gives its own error.
 
+- **steps timed from the engine's timestamps** (``requests.jsonl``: ``queued_ts``, ``scheduled_ts``,
+  ``first_token_ts``, ``last_token_ts`` on the engine's clock). With vLLM's async scheduling the
+  engine loop takes in new requests right after a step ends, while the next step is already
+  scheduled, and a request taken in then runs in the step after that one. In the ramp (``ramp_steps``),
+  take a request that arrived while only decode steps ran since the last step end ``a`` (another
+  request's first token; nothing else admitted in between) and whose prompt fits one chunk: it was
+  taken in ``queued - a = j d + e`` after it (j whole decode steps of d, e the loop's < 1 ms to reach
+  its input), and its first token came at ``F - a = (j + 1) d + m``, m its mixed step (its chunk
+  beside the decode rows). j is read off as ``round((queued - a) / d_profile)``; d and m are then
+  measured and set against the profile's price of the same rows (contexts: each row's prompt plus
+  the tokens it had made by ``a`` at its own TPOT); e is read into d (d + e / j, m less by (j + 1) e / j:
+  ~1 % at the runs' 0.1 ms). Taken in at once after ``a`` (j = 0): d + m
+  together. In saturation (``seat_steps``), a request that waited for a seat was scheduled right
+  after the step that freed it ended, so ``F - scheduled = d + m`` with d the decode step of the
+  other rows already scheduled: m = F - scheduled - d_profile, for requests with no other admission
+  within 2.5 decode steps. These read the kernels' own time per step, with no queueing in it.
+
 For a tensor-parallel run whose profile prices the all-reduce with a link (``allreduce.type: link``),
 the same decode-only points also measure that link: each point's all-reduce time is what the
 measured step leaves after the simulated step less the profile's own all-reduce, and the latency
@@ -147,6 +164,114 @@ def link_latency(link: dict, rows: np.ndarray, measured_s: np.ndarray, sim_s: np
     return float(np.median(per))
 
 
+def engine_requests(run: Path) -> pd.DataFrame:
+    """``requests.jsonl`` with the engine's timestamps in seconds from the first request's queueing."""
+    req = pd.read_json(run / "requests.jsonl", lines=True)
+    t0 = req["queued_ts"].min()
+    for c in ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts"):
+        req[c] = req[c] - t0
+    return req.reset_index(drop=True)
+
+
+def _contexts(req: pd.DataFrame, at: float) -> np.ndarray:
+    """Cached tokens of the requests decoding at ``at``: prompt + tokens made by then at their own TPOT."""
+    live = req[(req["first_token_ts"] <= at + 1e-9) & (req["last_token_ts"] > at)]
+    tpot = (live["last_token_ts"] - live["first_token_ts"]) / (live["output_toks"] - 1).clip(lower=1)
+    return (live["input_toks"] + ((at - live["first_token_ts"]) / tpot).astype(int)).to_numpy(dtype=np.int64)
+
+
+def _price(cost, chunks: list[int], decode_ctx: np.ndarray) -> float:
+    q = np.r_[np.asarray(chunks, dtype=np.int64), np.ones(len(decode_ctx), dtype=np.int64)]
+    c = np.r_[np.zeros(len(chunks), dtype=np.int64), decode_ctx]
+    return float(cost.iteration_time(q, c)) if len(q) else 0.0
+
+
+def ramp_steps(req: pd.DataFrame, cost, budget: int) -> pd.DataFrame:
+    """Decode and mixed steps of the ramp timed from the timestamps (docstring): one row per request
+    (or group taken in together) that arrived while only decode steps ran since the last step end."""
+    ends = np.sort(req["first_token_ts"].unique())
+    out = []
+    for a, f in zip(ends[:-1], ends[1:], strict=True):
+        group = req[np.isclose(req["first_token_ts"], f)]
+        if (group["scheduled_ts"] - group["queued_ts"]).max() > 1e-3 or group["input_toks"].max() > budget:
+            continue  # waited for a seat, or a prompt of several chunks
+        taken = group["queued_ts"].min()
+        if taken < a or ((req["queued_ts"] > a) & (req["queued_ts"] < taken)).any():
+            continue  # arrived before the step end, or another request came in between
+        ctx = _contexts(req, a)
+        if not len(ctx):
+            continue
+        d_sim = _price(cost, [], ctx)
+        mixed = _price(cost, group["input_toks"].tolist(), ctx + int(round((f - a) / d_sim)))
+        j = int(round((taken - a) / d_sim))
+        row = {"at_s": a, "rows": len(ctx), "prompt": int(group["input_toks"].sum()), "j": j,
+               "decode_sim_ms": 1e3 * d_sim, "mixed_sim_ms": 1e3 * mixed}
+        if j >= 1:
+            d = (taken - a) / j
+            row |= {"decode_ms": 1e3 * d, "mixed_ms": 1e3 * (f - a - (j + 1) * d)}
+        else:
+            row |= {"decode_ms": np.nan, "mixed_ms": np.nan, "pair_ms": 1e3 * (f - a)}
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def seat_steps(req: pd.DataFrame, cost, budget: int, seats: int) -> pd.DataFrame:
+    """Mixed steps in saturation timed from the timestamps (docstring)."""
+    waited = req[(req["scheduled_ts"] - req["queued_ts"] > 0.05) & (req["input_toks"] <= budget - seats)]
+    sched = req["scheduled_ts"].to_numpy()
+    out = []
+    for r in waited.itertuples():
+        ctx = _contexts(req, r.scheduled_ts)
+        if len(ctx) < seats - 2:
+            continue
+        d_sim = _price(cost, [], ctx)
+        near = np.abs(sched - r.scheduled_ts) < 2.5 * d_sim
+        if near.sum() > 1:
+            continue  # another admission close by: the step before it may not be a decode step
+        mixed = _price(cost, [r.input_toks], ctx + 1)
+        out.append({"at_s": r.scheduled_ts, "rows": len(ctx), "prompt": r.input_toks,
+                    "longest": int(ctx.max()), "mean_ctx": float(ctx.mean()), "decode_sim_ms": 1e3 * d_sim,
+                    "mixed_sim_ms": 1e3 * mixed, "mixed_ms": 1e3 * (r.first_token_ts - r.scheduled_ts - d_sim)})
+    return pd.DataFrame(out)
+
+
+def _quartiles(x: pd.Series) -> str:
+    q = x.dropna().quantile([0.25, 0.5, 0.75]).to_numpy()
+    return f"{q[1]:.3f} (quartiles {q[0]:.3f}-{q[2]:.3f}, n={x.notna().sum()})"
+
+
+def timestamp_lines(run: Path, profile_path: str, budget: int, seats: int) -> list[str]:
+    """The markdown section of ``ramp_steps`` and ``seat_steps`` for one run."""
+    from servesim.sim.cost_model import load_profile
+
+    cost = load_profile(profile_path)
+    req = engine_requests(run)
+    ramp, seat = ramp_steps(req, cost, budget), seat_steps(req, cost, budget, seats)
+    lines = ["Steps timed from the engine's timestamps (docstring), measured / the profile's price of the "
+             "same rows:", ""]
+    if len(ramp):
+        lines += [f"- ramp, decode steps: {_quartiles(ramp['decode_ms'] / ramp['decode_sim_ms'])}; "
+                  f"mixed steps: {_quartiles(ramp['mixed_ms'] / ramp['mixed_sim_ms'])}; decode + mixed where the "
+                  "request came in right after a step end: "
+                  f"{_quartiles(ramp['pair_ms'] / (ramp['decode_sim_ms'] + ramp['mixed_sim_ms'])) if 'pair_ms' in ramp else '-'}",
+                  "", "| at s | decode rows | prompt tokens | decode ms measured / profile | mixed ms measured / profile |",
+                  "|---:|---:|---:|---:|---:|"]
+        for r in ramp.itertuples():
+            dec = f"{r.decode_ms:.2f} / {r.decode_sim_ms:.2f}" if np.isfinite(r.decode_ms) else "-"
+            mix = (f"{r.mixed_ms:.2f} / {r.mixed_sim_ms:.2f}" if np.isfinite(r.mixed_ms)
+                   else f"(with the decode step) {r.pair_ms:.2f} / {r.decode_sim_ms + r.mixed_sim_ms:.2f}")
+            lines.append(f"| {r.at_s:.2f} | {r.rows} | {r.prompt} | {dec} | {mix} |")
+    else:
+        lines.append("- ramp: no request arrived while only decode steps ran (its steps are too long for that).")
+    if len(seat):
+        short = seat["longest"] <= 4096
+        ratio = seat["mixed_ms"] / seat["mixed_sim_ms"]
+        lines += ["", f"- saturation, mixed steps: {_quartiles(ratio)}; where every decode row held at most 4,096 "
+                  f"tokens {_quartiles(ratio[short])}, where one held more {_quartiles(ratio[~short])}"]
+    lines.append("")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default="results/validation/gpu")
@@ -186,8 +311,9 @@ def main() -> None:
             lines.append(f"| {r.t_s:g} | {r.rows:.0f} | {r.step_ms:.2f} | {r.sim_ms:.2f} | {r.sim_ms / r.step_ms:.3f} |")
         lines.append("")
         meta = read_run(run)
-        profile = json.loads(Path(resolve_profile_path(
-            f"{meta.hardware}-{meta.model}-tp{meta.tensor_parallel}.json")).read_text())
+        profile_path = resolve_profile_path(f"{meta.hardware}-{meta.model}-tp{meta.tensor_parallel}.json")
+        profile = json.loads(Path(profile_path).read_text())
+        lines += timestamp_lines(run, str(profile_path), int(meta.scheduler["max_num_batched_tokens"]), seats)
         link = profile.get("allreduce") or {}
         if link.get("type") == "link":
             rows = np.r_[dr["rows"].to_numpy(), seats]
