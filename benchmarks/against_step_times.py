@@ -240,6 +240,21 @@ def _quartiles(x: pd.Series) -> str:
     return f"{q[1]:.3f} (quartiles {q[0]:.3f}-{q[2]:.3f}, n={x.notna().sum()})"
 
 
+def excess_line(ramp: pd.DataFrame, cost) -> str:
+    """What the ramp's mixed steps cost beyond the profile's price, as a fixed amount per step or as a
+    share of the chunk's own token cost (its GEMMs above the decode rows'): which explains it better."""
+    r = ramp[np.isfinite(ramp["mixed_ms"])]
+    extra = (r["mixed_ms"] - r["mixed_sim_ms"]).to_numpy()
+    chunk = np.array([1e3 * (cost.token_cost(p + n) - cost.token_cost(n)) for p, n in zip(r["prompt"], r["rows"],
+                                                                                        strict=True)])
+    (a, b), *_ = np.linalg.lstsq(np.c_[np.ones(len(r)), chunk], extra, rcond=None)
+    share = float(extra @ chunk / (chunk @ chunk))
+    return (f"The ramp's mixed steps cost {extra.mean():.2f} ms more than priced on average (sd {extra.std():.2f}); "
+            f"least squares on the chunk's token cost: {a:.2f} ms + {b:.3f} x it. As a fixed amount a step the "
+            f"residual sd is {np.std(extra - extra.mean()):.2f} ms, as a share of the chunk's token cost alone "
+            f"({share:.3f}) {np.std(extra - share * chunk):.2f} ms.")
+
+
 def timestamp_lines(run: Path, profile_path: str, budget: int, seats: int) -> list[str]:
     """The markdown section of ``ramp_steps`` and ``seat_steps`` for one run."""
     from servesim.sim.cost_model import load_profile
@@ -261,6 +276,7 @@ def timestamp_lines(run: Path, profile_path: str, budget: int, seats: int) -> li
             mix = (f"{r.mixed_ms:.2f} / {r.mixed_sim_ms:.2f}" if np.isfinite(r.mixed_ms)
                    else f"(with the decode step) {r.pair_ms:.2f} / {r.decode_sim_ms + r.mixed_sim_ms:.2f}")
             lines.append(f"| {r.at_s:.2f} | {r.rows} | {r.prompt} | {dec} | {mix} |")
+        lines += ["", excess_line(ramp, cost)]
     else:
         lines.append("- ramp: no request arrived while only decode steps ran (its steps are too long for that).")
     if len(seat):
