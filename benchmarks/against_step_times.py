@@ -20,22 +20,11 @@ latency figures that are being validated:
   time compares different batch sizes. The estimator run on the simulated side against its actual
   step durations gives its own error.
 
-- **steps timed from the engine's timestamps** (``requests.jsonl``: ``queued_ts``, ``scheduled_ts``,
-  ``first_token_ts``, ``last_token_ts`` on the engine's clock). With vLLM's async scheduling the
-  engine loop takes in new requests right after a step ends, while the next step is already
-  scheduled, and a request taken in then runs in the step after that one. In the ramp (``ramp_steps``),
-  take a request that arrived while only decode steps ran since the last step end ``a`` (another
-  request's first token; nothing else admitted in between) and whose prompt fits one chunk: it was
-  taken in ``queued - a = j d + e`` after it (j whole decode steps of d, e the loop's < 1 ms to reach
-  its input), and its first token came at ``F - a = (j + 1) d + m``, m its mixed step (its chunk
-  beside the decode rows). j is read off as ``round((queued - a) / d_profile)``; d and m are then
-  measured and set against the profile's price of the same rows (contexts: each row's prompt plus
-  the tokens it had made by ``a`` at its own TPOT); e is read into d (d + e / j, m less by (j + 1) e / j:
-  ~1 % at the runs' 0.1 ms). Taken in at once after ``a`` (j = 0): d + m
-  together. In saturation (``seat_steps``), a request that waited for a seat was scheduled right
-  after the step that freed it ended, so ``F - scheduled = d + m`` with d the decode step of the
-  other rows already scheduled: m = F - scheduled - d_profile, for requests with no other admission
-  within 2.5 decode steps. These read the kernels' own time per step, with no queueing in it.
+- **steps timed from the engine's timestamps** (``requests.jsonl``'s ``queued_ts``,
+  ``scheduled_ts``, ``first_token_ts``, ``last_token_ts``): decode and mixed steps of the ramp and
+  the mixed steps of requests admitted to a freed seat, read as ``calibration/run_steps.py`` explains
+  (vLLM's async scheduling), each against the profile's price of the same rows. The ramp's mixed
+  steps' extra cost is also fitted as a fixed amount a step and as a share of the chunk's token cost.
 
 For a tensor-parallel run whose profile prices the all-reduce with a link (``allreduce.type: link``),
 the same decode-only points also measure that link: each point's all-reduce time is what the
@@ -60,7 +49,8 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 from servesim.calibration.measured_run import read_run
-from servesim.sim.cost_model import resolve_profile_path
+from servesim.calibration.run_steps import engine_times, step_timing
+from servesim.sim.cost_model import load_profile, resolve_profile_path
 from servesim.sim.layer_cost_model import allreduce_seconds
 
 
@@ -164,87 +154,11 @@ def link_latency(link: dict, rows: np.ndarray, measured_s: np.ndarray, sim_s: np
     return float(np.median(per))
 
 
-def engine_requests(run: Path) -> pd.DataFrame:
-    """``requests.jsonl`` with the engine's timestamps in seconds from the first request's queueing."""
-    req = pd.read_json(run / "requests.jsonl", lines=True)
-    t0 = req["queued_ts"].min()
-    for c in ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts"):
-        req[c] = req[c] - t0
-    return req.reset_index(drop=True)
-
-
-def _contexts(req: pd.DataFrame, at: float) -> np.ndarray:
-    """Cached tokens of the requests decoding at ``at``: prompt + tokens made by then at their own TPOT."""
-    live = req[(req["first_token_ts"] <= at + 1e-9) & (req["last_token_ts"] > at)]
-    tpot = (live["last_token_ts"] - live["first_token_ts"]) / (live["output_toks"] - 1).clip(lower=1)
-    return (live["input_toks"] + ((at - live["first_token_ts"]) / tpot).astype(int)).to_numpy(dtype=np.int64)
-
-
-def _price(cost, chunks: list[int], decode_ctx: np.ndarray) -> float:
-    q = np.r_[np.asarray(chunks, dtype=np.int64), np.ones(len(decode_ctx), dtype=np.int64)]
-    c = np.r_[np.zeros(len(chunks), dtype=np.int64), decode_ctx]
-    return float(cost.iteration_time(q, c)) if len(q) else 0.0
-
-
-def ramp_steps(req: pd.DataFrame, cost, budget: int) -> pd.DataFrame:
-    """Decode and mixed steps of the ramp timed from the timestamps (docstring): one row per request
-    (or group taken in together) that arrived while only decode steps ran since the last step end."""
-    ends = np.sort(req["first_token_ts"].unique())
-    out = []
-    for a, f in zip(ends[:-1], ends[1:], strict=True):
-        group = req[np.isclose(req["first_token_ts"], f)]
-        if (group["scheduled_ts"] - group["queued_ts"]).max() > 1e-3 or group["input_toks"].max() > budget:
-            continue  # waited for a seat, or a prompt of several chunks
-        taken = group["queued_ts"].min()
-        if taken < a or ((req["queued_ts"] > a) & (req["queued_ts"] < taken)).any():
-            continue  # arrived before the step end, or another request came in between
-        ctx = _contexts(req, a)
-        if not len(ctx):
-            continue
-        d_sim = _price(cost, [], ctx)
-        mixed = _price(cost, group["input_toks"].tolist(), ctx + int(round((f - a) / d_sim)))
-        j = int(round((taken - a) / d_sim))
-        row = {"at_s": a, "rows": len(ctx), "prompt": int(group["input_toks"].sum()), "j": j,
-               "decode_sim_ms": 1e3 * d_sim, "mixed_sim_ms": 1e3 * mixed}
-        if j >= 1:
-            d = (taken - a) / j
-            row |= {"decode_ms": 1e3 * d, "mixed_ms": 1e3 * (f - a - (j + 1) * d)}
-        else:
-            row |= {"decode_ms": np.nan, "mixed_ms": np.nan, "pair_ms": 1e3 * (f - a)}
-        out.append(row)
-    return pd.DataFrame(out)
-
-
-def seat_steps(req: pd.DataFrame, cost, budget: int, seats: int) -> pd.DataFrame:
-    """Mixed steps in saturation timed from the timestamps (docstring)."""
-    waited = req[(req["scheduled_ts"] - req["queued_ts"] > 0.05) & (req["input_toks"] <= budget - seats)]
-    sched = req["scheduled_ts"].to_numpy()
-    out = []
-    for r in waited.itertuples():
-        ctx = _contexts(req, r.scheduled_ts)
-        if len(ctx) < seats - 2:
-            continue
-        d_sim = _price(cost, [], ctx)
-        near = np.abs(sched - r.scheduled_ts) < 2.5 * d_sim
-        if near.sum() > 1:
-            continue  # another admission close by: the step before it may not be a decode step
-        mixed = _price(cost, [r.input_toks], ctx + 1)
-        out.append({"at_s": r.scheduled_ts, "rows": len(ctx), "prompt": r.input_toks,
-                    "longest": int(ctx.max()), "mean_ctx": float(ctx.mean()), "decode_sim_ms": 1e3 * d_sim,
-                    "mixed_sim_ms": 1e3 * mixed, "mixed_ms": 1e3 * (r.first_token_ts - r.scheduled_ts - d_sim)})
-    return pd.DataFrame(out)
-
-
-def _quartiles(x: pd.Series) -> str:
-    q = x.dropna().quantile([0.25, 0.5, 0.75]).to_numpy()
-    return f"{q[1]:.3f} (quartiles {q[0]:.3f}-{q[2]:.3f}, n={x.notna().sum()})"
-
-
 def excess_line(ramp: pd.DataFrame, cost) -> str:
     """What the ramp's mixed steps cost beyond the profile's price, as a fixed amount per step or as a
     share of the chunk's own token cost (its GEMMs above the decode rows'): which explains it better."""
     r = ramp[np.isfinite(ramp["mixed_ms"])]
-    extra = (r["mixed_ms"] - r["mixed_sim_ms"]).to_numpy()
+    extra = (r["mixed_ms"] - r["mixed_priced_ms"]).to_numpy()
     chunk = np.array([1e3 * (cost.token_cost(p + n) - cost.token_cost(n)) for p, n in zip(r["prompt"], r["rows"],
                                                                                         strict=True)])
     (a, b), *_ = np.linalg.lstsq(np.c_[np.ones(len(r)), chunk], extra, rcond=None)
@@ -256,34 +170,23 @@ def excess_line(ramp: pd.DataFrame, cost) -> str:
 
 
 def timestamp_lines(run: Path, profile_path: str, budget: int, seats: int) -> list[str]:
-    """The markdown section of ``ramp_steps`` and ``seat_steps`` for one run."""
-    from servesim.sim.cost_model import load_profile
-
+    """The markdown section of ``run_steps.step_timing`` for one run, with the ramp's steps one by one."""
     cost = load_profile(profile_path)
-    req = engine_requests(run)
-    ramp, seat = ramp_steps(req, cost, budget), seat_steps(req, cost, budget, seats)
-    lines = ["Steps timed from the engine's timestamps (docstring), measured / the profile's price of the "
-             "same rows:", ""]
+    timing = step_timing(engine_times(read_run(run).requests), cost, budget, seats)
+    lines = ["Steps timed from the engine's timestamps (`calibration/run_steps.py`; `servesim validate --against` "
+             "prints the same figures), measured / the profile's price of the same rows:", "", *timing.markdown()]
+    ramp = timing.ramp
     if len(ramp):
-        lines += [f"- ramp, decode steps: {_quartiles(ramp['decode_ms'] / ramp['decode_sim_ms'])}; "
-                  f"mixed steps: {_quartiles(ramp['mixed_ms'] / ramp['mixed_sim_ms'])}; decode + mixed where the "
-                  "request came in right after a step end: "
-                  f"{_quartiles(ramp['pair_ms'] / (ramp['decode_sim_ms'] + ramp['mixed_sim_ms'])) if 'pair_ms' in ramp else '-'}",
-                  "", "| at s | decode rows | prompt tokens | decode ms measured / profile | mixed ms measured / profile |",
+        lines += ["", "| at s | decode rows | prompt tokens | decode ms measured / profile | mixed ms measured / profile |",
                   "|---:|---:|---:|---:|---:|"]
         for r in ramp.itertuples():
-            dec = f"{r.decode_ms:.2f} / {r.decode_sim_ms:.2f}" if np.isfinite(r.decode_ms) else "-"
-            mix = (f"{r.mixed_ms:.2f} / {r.mixed_sim_ms:.2f}" if np.isfinite(r.mixed_ms)
-                   else f"(with the decode step) {r.pair_ms:.2f} / {r.decode_sim_ms + r.mixed_sim_ms:.2f}")
+            dec = f"{r.decode_ms:.2f} / {r.decode_priced_ms:.2f}" if np.isfinite(r.decode_ms) else "-"
+            mix = (f"{r.mixed_ms:.2f} / {r.mixed_priced_ms:.2f}" if np.isfinite(r.mixed_ms)
+                   else f"(with the decode step) {r.pair_ms:.2f} / {r.decode_priced_ms + r.mixed_priced_ms:.2f}")
             lines.append(f"| {r.at_s:.2f} | {r.rows} | {r.prompt} | {dec} | {mix} |")
         lines += ["", excess_line(ramp, cost)]
     else:
         lines.append("- ramp: no request arrived while only decode steps ran (its steps are too long for that).")
-    if len(seat):
-        short = seat["longest"] <= 4096
-        ratio = seat["mixed_ms"] / seat["mixed_sim_ms"]
-        lines += ["", f"- saturation, mixed steps: {_quartiles(ratio)}; where every decode row held at most 4,096 "
-                  f"tokens {_quartiles(ratio[short])}, where one held more {_quartiles(ratio[~short])}"]
     lines.append("")
     return lines
 

@@ -42,6 +42,7 @@ from servesim.calibration.measured_run import (
     unknown_hardware_message,
     unknown_model_message,
 )
+from servesim.calibration.run_steps import StepTiming, engine_times, step_timing
 from servesim.calibration.validate import (
     CDF_METRICS,
     METRICS,
@@ -51,7 +52,7 @@ from servesim.calibration.validate import (
     parse_max_error,
     servesim_commit,
 )
-from servesim.sim.cost_model import ProfileError, resolve_profile_path
+from servesim.sim.cost_model import ProfileError, build_cost_model, resolve_profile_path
 from servesim.sim.engine_presets.vllm_v1 import vllm_batch_defaults
 from servesim.sim.errors import PresetError, ScenarioError
 from servesim.sim.metrics import summarize, to_json
@@ -83,6 +84,8 @@ class AgainstResult:
     scenario: Scenario  # as written to sim/scenario.yaml (trace path relative to it)
     out: Path
     failed: list[str] = field(default_factory=list)
+    # the run's steps timed from its engine timestamps against the cost model (run_steps); None: not readable
+    step_timing: StepTiming | None = None
 
     @property
     def passed(self) -> bool:
@@ -354,6 +357,7 @@ def validate_against(
         notes.append(f"the run held up to {peak} KV blocks by its timestamps, more than the {capacity} simulated: "
                      "the block count is too small (or the run preempted)")
     notes.extend(counter_notes(run.engine_counters, sim.summary))
+    timing = run_step_timing(run, sc)
     commit, dirty = servesim_commit()
     provenance = {
         "run": str(run.path), "format": run.format, "vllm_version": run.vllm_version,
@@ -370,12 +374,25 @@ def validate_against(
         "engine_counters": run.engine_counters,
         "itl": "measured" if run.itl_hist is not None else "n/a (not in this run format)",
         "reference": run.reference_source, "sim_wall_s": sim.wall_s,
+        "step_timing": timing.summary() if timing else None,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "servesim_commit": commit, "servesim_dirty": dirty,
     }  # fmt: skip
-    result = AgainstResult(table, provenance, thresholds, run, measured, sim, sc, out, failures(table))
+    result = AgainstResult(table, provenance, thresholds, run, measured, sim, sc, out, failures(table), timing)
     write_against(result, plots=plots)
     return result
+
+
+def run_step_timing(run: MeasuredRun, sc: Scenario) -> StepTiming | None:
+    """The run's decode and mixed steps timed from its engine timestamps against the scenario's cost
+    model (``run_steps``), where the run has those timestamps and ran with async scheduling (the
+    reading assumes its loop); else None."""
+    times = engine_times(run.requests)
+    if times is None or not getattr(sc.policy, "async_scheduling", False):
+        return None
+    cost = build_cost_model(sc.cost_model, get_model(sc.model), sc.cost_hardware(), sc.tensor_parallel,
+                            sc.kv_cache.block_size)
+    return step_timing(times, cost, sc.policy.max_num_batched_tokens, sc.policy.max_num_seqs)
 
 
 # ---- outputs --------------------------------------------------------------------------------------
@@ -404,6 +421,8 @@ def write_against(result: AgainstResult, plots: bool = True) -> Path:
         "llmservingsim": result.run.reference,
     }))
     per_request_frame(result).to_csv(out / "per_request.csv", index=False, float_format="%.6f")
+    if result.step_timing is not None:
+        result.step_timing.frame().to_csv(out / "step_timing.csv", index=False, float_format="%.6f")
     (out / "validation.md").write_text(format_report_markdown(result))
     if plots:
         from servesim.sim.plots import plot_cdf_overlay, plot_request_scatter
@@ -430,6 +449,10 @@ def format_report_markdown(result: AgainstResult) -> str:
              f"ITL: {p['itl']}.", "", format_markdown(result.table), "",
              f"Clock: {p['clock'].get('alignment')}.", ""]
     lines += [f"- {note}" for note in p["notes"]]
+    if result.step_timing is not None:
+        lines += ["", "Steps timed from the run's engine timestamps (async scheduling; `calibration/run_steps.py`), "
+                  "measured / the cost model's price of the same rows (`step_timing.csv`):", "",
+                  *(result.step_timing.markdown() or ["- no step of the run could be read that way"])]
     if result.thresholds:
         lines += ["", "**passed**" if result.passed else "**failed**: " + "; ".join(result.failed)]
     lines += ["", f"servesim {p['servesim_commit'] or 'commit unknown'}{' (dirty)' if p['servesim_dirty'] else ''}, "

@@ -171,8 +171,13 @@ def cmd_validate_against(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     print(f"relative error (sim - measured) / measured, {p['num_requests']} requests; ITL {p['itl']}:")
     print(format_table(result.table))
+    timing = ""
+    if result.step_timing is not None:
+        print("steps timed from the run's engine timestamps, measured / the cost model's price of the same rows:")
+        print("\n".join(result.step_timing.markdown() or ["- no step of the run could be read that way"]))
+        timing = ", step_timing.csv"
     plots = "" if args.no_plots else ", cdf_*.png, scatter_requests.png"
-    print(f"results in {out}/ (validation.json, validation.csv, validation.md, per_request.csv{plots}, sim/)")
+    print(f"results in {out}/ (validation.json, validation.csv, validation.md, per_request.csv{timing}{plots}, sim/)")
     for line in result.failed:
         print(f"servesim validate: FAIL {line}", file=sys.stderr)
     return 1 if result.failed else 0

@@ -634,3 +634,42 @@ def test_the_runs_own_cuda_memory_total_sizes_a_derived_cache(tmp_path):
     code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "ob"), "--no-plots",
                            *CONSTANT)
     assert code == 2 and err.count("\n") == 1 and "hardware.device_total_memory_bytes" in err
+
+
+def async_run_requests(mixed: float = 1.3) -> list[dict]:
+    """One request decoding in 10 ms steps and three arriving one by one, timed as vLLM's async engine
+    runs them (calibration/run_steps.py): each taken in at a step end, its prefill in the step after
+    the one already scheduled, that mixed step ``mixed`` x 10 ms."""
+    rows = [{"request_id": "r0", "input_toks": 100, "output_toks": 400, "arrival_time": 1.7e9, "queued_ts": 5000.0,
+             "scheduled_ts": 5000.0, "first_token_ts": 5000.0 + STEP, "last_token_ts": 5000.0 + 400 * STEP}]
+    end = 5000.0 + STEP
+    for k, steps in enumerate((3, 5, 4)):
+        taken = end + steps * STEP + 5e-5
+        first = end + (steps + 1) * STEP + mixed * STEP
+        rows.append({"request_id": f"r{k + 1}", "input_toks": 100, "output_toks": 100,
+                     "arrival_time": 1.7e9 + taken - 5000.0, "queued_ts": taken, "scheduled_ts": taken,
+                     "first_token_ts": first, "last_token_ts": first + 99 * STEP})
+        end = first
+    return rows
+
+
+def test_steps_timed_from_the_engine_timestamps_are_reported_against_the_cost_model(tmp_path):
+    folder = write_run(tmp_path / "run", async_run_requests(1.3))
+    out = tmp_path / "out"
+    code, stdout, err = run_cli("validate", "--against", str(folder), "--out", str(out), "--no-plots", "--quiet",
+                                *CONSTANT)
+    assert code == 0, err
+    timing = json.loads((out / "validation.json").read_text())["provenance"]["step_timing"]
+    assert timing["ramp_decode"]["median"] == pytest.approx(1.0, abs=0.01)
+    assert timing["ramp_mixed"]["median"] == pytest.approx(1.3, abs=0.02) and timing["ramp_mixed"]["n"] == 3
+    assert "ramp, mixed steps: 1.29" in stdout and "step_timing.csv" in stdout  # (e, 0.05 ms, read into d)
+    assert "Steps timed from the run's engine timestamps" in (out / "validation.md").read_text()
+    assert (out / "step_timing.csv").read_text().count("\n") == 4  # three ramp steps and the header
+    # vLLM's bench JSON has no engine clock, and a run without async scheduling another loop: not read
+    path = bench_json(tmp_path / "bench.json")
+    run_cli("validate", "--against", str(path), "--out", str(tmp_path / "b"), "--quiet", "--no-plots",
+            "--set", "hardware=h100-sxm", *CONSTANT)
+    assert json.loads((tmp_path / "b" / "validation.json").read_text())["provenance"]["step_timing"] is None
+    run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "s"), "--quiet", "--no-plots",
+            "--set", "scheduler.async_scheduling=false", *CONSTANT)
+    assert json.loads((tmp_path / "s" / "validation.json").read_text())["provenance"]["step_timing"] is None
