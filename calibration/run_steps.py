@@ -69,21 +69,20 @@ def _spread(idx: np.ndarray, most: int = MAX_CASES) -> np.ndarray:
 def ramp_steps(req: pd.DataFrame, cost: Any, budget: int) -> pd.DataFrame:
     """Decode and mixed steps of the ramp (module docstring): one row per request, or group taken in
     together, that arrived while only decode steps ran since the last step end (ms, measured and priced)."""
-    ends = np.sort(req["first_token_ts"].unique())
     queued = np.sort(req["queued_ts"].to_numpy())
-    cases = []
-    for a, f in zip(ends[:-1], ends[1:], strict=True):
-        group = req[np.isclose(req["first_token_ts"], f, rtol=0, atol=1e-9)]
-        if (group["scheduled_ts"] - group["queued_ts"]).max() > 1e-3 or group["input_toks"].max() > budget:
-            continue  # waited for a seat, or a prompt of several chunks
-        taken = group["queued_ts"].min()
-        between = np.searchsorted(queued, taken, "left") - np.searchsorted(queued, a, "right")
-        if taken < a or between:
-            continue  # arrived before the step end, or another request came in between
-        cases.append((a, f, group))
+    # requests by the step that made their first token (one timestamp a step): one pass, sorted
+    steps = req.assign(wait=req["scheduled_ts"] - req["queued_ts"]).groupby("first_token_ts", sort=True).agg(
+        taken=("queued_ts", "min"), wait=("wait", "max"), longest=("input_toks", "max"))
+    ends, taken = steps.index.to_numpy()[1:], steps["taken"].to_numpy()[1:]
+    prev = steps.index.to_numpy()[:-1]  # the step end before each: another request's first token
+    between = np.searchsorted(queued, taken, "left") - np.searchsorted(queued, prev, "right")
+    # not waited for a seat, one chunk, arrived after the step end with nobody else in between
+    ok = (steps["wait"].to_numpy()[1:] <= 1e-3) & (steps["longest"].to_numpy()[1:] <= budget) & (taken >= prev) \
+        & (between == 0)
     out = []
-    for k in _spread(np.arange(len(cases))):
-        a, f, group = cases[k]
+    for k in _spread(np.flatnonzero(ok)):
+        a, f = prev[k], ends[k]
+        group = req[req["first_token_ts"] == f]
         ctx = _contexts(req, a)
         if not len(ctx):
             continue
