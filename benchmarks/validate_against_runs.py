@@ -51,7 +51,7 @@ def main() -> None:
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args()
     out = Path(args.out)
-    rows = []
+    rows, timed = [], []
     for folder, profile in measured_runs(args.runs):
         for cost, prof in (("profile", profile), ("roofline", None)):
             if prof is not None:
@@ -61,6 +61,8 @@ def main() -> None:
             result = validate_against(folder, out / f"{folder.name}-{cost}", profile=prof, overrides=overrides,
                                       plots=not args.no_plots, log=None, progress=False)
             rows.append(row(folder.name, cost if prof is None else f"profile {prof}", result))
+            if result.step_timing is not None:
+                timed.append(timing_row(folder.name, cost, result.step_timing.summary()))
             print(" | ".join(rows[-1]), flush=True)
     head = ["run", "cost model", *(f"{k} ({v:g} %)" for k, v in TARGETS.items())]
     lines = ["# validate --against: the shipped RTX PRO 6000 runs", "",
@@ -75,8 +77,26 @@ def main() -> None:
               "percentile misses, this says in which phase of the run (`per_request.csv` of each folder).", ""]
     for folder in sorted(out.glob("*-profile")):
         lines += by_arrival(folder)
+    if timed:
+        head = ["run", "cost model", "ramp decode", "ramp mixed", "freed seat mixed, rows <= 4,096",
+                "freed seat mixed, a row > 4,096"]
+        lines += ["## Steps timed from the runs' engine timestamps", "",
+                  "Measured / priced step time, median (quartiles, steps), as `validate --against` reads it "
+                  "(`calibration/run_steps.py`; every step in each folder's `step_timing.csv`).", "",
+                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(r) + " |" for r in timed] + [""]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print(f"summary in {out / 'summary.md'}")
+
+
+def timing_row(run_name: str, cost: str, summary: dict) -> list[str]:
+    """One row of the step-timing table from ``StepTiming.summary``."""
+    def cell(key: str) -> str:
+        q = summary.get(key) or {"n": 0}
+        return f"{q['median']:.3f} ({q['q25']:.3f}-{q['q75']:.3f}, {q['n']})" if q["n"] else "-"
+
+    return [run_name, cost, cell("ramp_decode"), cell("ramp_mixed"), cell("seat_mixed_rows_at_most_4096"),
+            cell("seat_mixed_a_row_over_4096")]
 
 
 def by_arrival(folder: Path) -> list[str]:
