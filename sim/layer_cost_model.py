@@ -23,7 +23,8 @@ it as follows:
   mean sits between the shortest and longest context, longest context, the step's prefill chunk
   (0 in a decode-only step), that chunk's cached context) fitted to LLMServingSim's ``skew.csv``
   (how far a skewed batch sits between its mean and its longest row; behind a prefill chunk the
-  longest decode row shows less or more depending on how much prefill work there is beside it);
+  longest decode row shows less or more depending on how much prefill work there is beside it),
+  read in log2 between the power-of-two rows and longest contexts it was measured at;
 - the prefill row with the most query-key pairs is the table's chunk; every further prefill row
   adds its own prefill-only time less the table's smallest prefill (the launch it shares).
 
@@ -297,6 +298,17 @@ def _pairs(q: float, ctx: float) -> float:
     return q * (ctx + (q + 1) / 2)
 
 
+def _edge_weight(edges: list[float], x: float) -> tuple[int, float]:
+    """(bucket of ``x`` among ascending upper ``edges``, weight of that bucket's value; the rest is the
+    bucket below's): linear in log2 between the edge below and the bucket's own edge, 1 at an edge,
+    in the first bucket and in the last (its edge a sentinel, nothing measured there)."""
+    k = min(bisect.bisect_left(edges, x), len(edges) - 1)
+    if k == 0 or k == len(edges) - 1 or x >= edges[k] or edges[k - 1] <= 0:
+        return k, 1.0
+    lo, hi = math.log2(edges[k - 1]), math.log2(edges[k])
+    return k, (math.log2(max(x, edges[k - 1])) - lo) / (hi - lo)
+
+
 class SkewAlpha:
     """alpha: where a decode batch with unequal contexts sits between its mean-context and its
     longest-context time, per bucket of (decode rows, ratio = (mean - shortest) / (longest -
@@ -324,16 +336,34 @@ class SkewAlpha:
     def __call__(self, n: int, mean: float, shortest: float, longest: float, pc: float = 0,
                  kp: float = 0) -> float:
         """alpha of ``n`` decode rows of mean / shortest / longest context in a step whose prefill
-        chunk is ``pc`` tokens (0: decode-only) over ``kp`` cached ones."""
+        chunk is ``pc`` tokens (0: decode-only) over ``kp`` cached ones.
+
+        Rows and the longest context are measured at their bucket edges (``skew.csv``'s powers of
+        two), so between two edges alpha is interpolated in log2 of the value, as the attention grid
+        is between its nodes; at an edge, in the first bucket and past the last finite edge it is the
+        bucket's own. (A step function there let one row passing 4,096 tokens take the alpha measured
+        at 8,192: ~20 ms on a 127-row mixed step of the RTX PRO 6000 Llama run, which the run's own
+        timestamps do not show.) Ratio, chunk and cached context stay buckets: their measured values
+        fall inside them."""
         ratio = (mean - shortest) / (longest - shortest)
-        i = min(bisect.bisect_left(self.n_edges, n), len(self.n_edges) - 1)
+        i, wi = _edge_weight(self.n_edges, n)
         j = min(bisect.bisect_left(self.ratio_edges, ratio), len(self.ratio_edges) - 1)
-        k = min(bisect.bisect_left(self.kv_edges, longest), len(self.kv_edges) - 1)
-        if not self.by_prefill:
-            return self.alpha[pc > 0][i][j][k]
-        p = min(bisect.bisect_left(self.pc_edges, pc), len(self.pc_edges) - 1)
-        q = min(bisect.bisect_left(self.kp_edges, kp), len(self.kp_edges) - 1)
-        return self.alpha[i][j][k][p][q]
+        k, wk = _edge_weight(self.kv_edges, longest)
+        if self.by_prefill:
+            p = min(bisect.bisect_left(self.pc_edges, pc), len(self.pc_edges) - 1)
+            q = min(bisect.bisect_left(self.kp_edges, kp), len(self.kp_edges) - 1)
+            at = lambda a, b: self.alpha[a][j][b][p][q]  # noqa: E731
+        else:
+            table = self.alpha[pc > 0]
+            at = lambda a, b: table[a][j][b]  # noqa: E731
+        value = at(i, k)
+        if wi < 1.0:
+            value = wi * value + (1.0 - wi) * at(i - 1, k)
+            if wk < 1.0:
+                value = wk * value + (1.0 - wk) * (wi * at(i, k - 1) + (1.0 - wi) * at(i - 1, k - 1))
+        elif wk < 1.0:
+            value = wk * value + (1.0 - wk) * at(i, k - 1)
+        return value
 
 
 REQUIRED_SECTIONS = ("dense", "per_sequence", "attention")  # objects; the rest may be absent or null

@@ -580,3 +580,32 @@ def test_the_reading_shape_has_no_l2_cliff_and_fills_across_it_near_the_measured
         read = AttentionGrid(g.axes, g.seconds, "roofline", term)
         errors = [read(64, 512, 128, kv) / law(64, 512, 128, kv) - 1 for kv in (1728, 1800, 1950)]
         assert (max(map(abs, errors)) < 0.08) is ok, (term, errors)  # with the cliff: -40 %
+
+
+def test_skew_alpha_is_read_between_its_measured_rows_and_longest_contexts_not_stepped():
+    from servesim.sim.layer_cost_model import SkewAlpha
+
+    # rows edges 2, 4, 8 (+ sentinel), longest context edges 1024, 2048, 4096 (+ sentinel); alpha
+    # grows with both, one ratio / chunk / cached bucket
+    n_edges, kv_edges = [2, 4, 8, 1 << 20], [1024, 2048, 4096, 1 << 30]
+    cell = lambda i, k: [[0.1 * (i + 1) + 0.01 * k] * 2] * 2  # noqa: E731 - (chunk, cached): two buckets each
+    table = [[[cell(i, k) for k in range(4)]] * 2 for i in range(4)]  # two ratio buckets, the same values
+    alpha = SkewAlpha({"n_edges": n_edges, "ratio_edges": [0.5, 1.01], "kv_edges": kv_edges, "pc_edges": [0, 1 << 30],
+                       "kp_edges": [0, 1 << 30], "alpha": table})
+    at = lambda n, longest: alpha(n, 600.0, 100.0, float(longest))  # noqa: E731
+    for i, n in enumerate(n_edges[:3]):
+        for k, longest in enumerate(kv_edges[:3]):
+            assert at(n, longest) == pytest.approx(0.1 * (i + 1) + 0.01 * k)  # at the edges: the bucket's own
+    # halfway in log2 between 2048 and 4096, and between 4 and 8 rows: the mean of the neighbours
+    assert at(4, 2048 * 2 ** 0.5) == pytest.approx(0.2 + 0.015)
+    assert at(4 * 2 ** 0.5, 2048 * 2 ** 0.5) == pytest.approx(0.25 + 0.015)
+    assert at(4, 2049) == pytest.approx(at(4, 2048), abs=1e-3)  # one token past an edge: no step
+    assert at(1, 500) == pytest.approx(0.1) and at(64, 9000) == pytest.approx(0.43)  # first / past the last: as is
+
+
+def test_a_mixed_step_costs_about_the_same_whichever_side_of_4096_its_longest_row_is():
+    model = load_profile(PROFILES / "rtx-pro-6000-llama-3.1-8b-tp1.json")
+    ctx = np.r_[0, np.linspace(380, 1900, 126).astype(np.int64)]
+    q = np.r_[390, np.ones(127, dtype=np.int64)].astype(I64)  # a 390-token chunk beside 127 decodes
+    times = [model.iteration_time(q, np.r_[ctx, longest].astype(I64)) for longest in (4090, 4096, 4100, 4141)]
+    assert max(times) / min(times) < 1.02, times  # (before: 46.5 -> 73.1 ms between them)
