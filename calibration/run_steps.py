@@ -52,8 +52,11 @@ def engine_times(requests: pd.DataFrame) -> pd.DataFrame | None:
 def _contexts(req: pd.DataFrame, at: float) -> np.ndarray:
     """Cached tokens of the requests decoding at ``at``: prompt + tokens made by then at their own TPOT."""
     live = req[(req["first_token_ts"] <= at + 1e-9) & (req["last_token_ts"] > at)]
-    tpot = (live["last_token_ts"] - live["first_token_ts"]) / (live["output_toks"] - 1).clip(lower=1)
-    return (live["input_toks"] + ((at - live["first_token_ts"]) / tpot).astype(int)).to_numpy(dtype=np.int64)
+    made = (live["output_toks"] - 1).clip(lower=0).to_numpy(dtype=float)
+    span = (live["last_token_ts"] - live["first_token_ts"]).to_numpy(dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):  # (a zero span: every token made at once)
+        done = np.where(span > 0, (at - live["first_token_ts"].to_numpy(dtype=float)) / span, 1.0)
+    return live["input_toks"].to_numpy(dtype=np.int64) + np.floor(np.clip(done, 0.0, 1.0) * made).astype(np.int64)
 
 
 def _price(cost: Any, chunks: list[int], decode_ctx: np.ndarray) -> float:

@@ -71,3 +71,12 @@ def test_engine_times_come_from_a_measured_runs_requests_frame_or_not_at_all():
     assert list(t["queued_ts"]) == pytest.approx([0.0, 0.4]) and list(t["last_token_ts"]) == [1.0, 2.0]
     assert rs.engine_times(frame.drop(columns="ttft_from_queued")) is None  # vLLM's bench JSON: no engine clock
     assert rs.engine_times(frame.assign(first_scheduled_time=np.nan)) is None
+
+
+
+def test_decode_contexts_are_the_prompt_plus_the_tokens_made_by_then():
+    req = pd.DataFrame({"input_toks": [100, 50, 70], "output_toks": [9, 5, 3], "first_token_ts": [0.0, 1.0, 5.0],
+                        "last_token_ts": [2.0, 1.5, 6.0]})
+    assert list(rs._contexts(req, 1.0)) == [104, 50]  # half way through 8 tokens; at its first token
+    assert list(rs._contexts(req, 1.4999)) == [105, 53]  # never past prompt + output - 1
+    assert list(rs._contexts(req, 4.0)) == []  # nobody decoding
