@@ -385,10 +385,11 @@ def validate_against(
 
 def run_step_timing(run: MeasuredRun, sc: Scenario) -> StepTiming | None:
     """The run's decode and mixed steps timed from its engine timestamps against the scenario's cost
-    model (``run_steps``), where the run has those timestamps and ran with async scheduling (the
-    reading assumes its loop); else None."""
+    model (``run_steps``), where the run has those timestamps, ran with async scheduling and one
+    engine (the reading follows one engine loop: data-parallel engines' timestamps interleave);
+    else None."""
     times = engine_times(run.requests)
-    if times is None or not getattr(sc.policy, "async_scheduling", False):
+    if times is None or not getattr(sc.policy, "async_scheduling", False) or run.data_parallel != 1:
         return None
     cost = build_cost_model(sc.cost_model, get_model(sc.model), sc.cost_hardware(), sc.tensor_parallel,
                             sc.kv_cache.block_size)

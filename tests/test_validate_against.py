@@ -431,6 +431,8 @@ def test_data_parallel_engines_become_replicas_behind_a_least_outstanding_router
     assert code == 0, err
     sc = load_scenario(tmp_path / "o" / "sim" / "scenario.yaml")
     assert sc.cluster.num_replicas == 2 and sc.cluster.router == "least_outstanding"
+    # two engine loops' timestamps interleave: no step is timed from them
+    assert json.loads((tmp_path / "o" / "validation.json").read_text())["provenance"]["step_timing"] is None
 
 
 def test_a_vllm_bench_json_needs_its_gpu_and_then_compares_itl_too(tmp_path):
