@@ -1,24 +1,26 @@
 """Step times of a measured vLLM run read off its engine timestamps, against a cost model's price.
 
 A run in LLMServingSim's format records, per request, ``queued_ts``, ``scheduled_ts``,
-``first_token_ts`` and ``last_token_ts`` on the engine's clock. With vLLM's async scheduling the
-engine loop takes new requests in right after a step ends, while the next step is already
-scheduled, and a request taken in then runs in the step after that one. Two kinds of request time
-a step exactly, with no queueing in the figure:
+``first_token_ts`` and ``last_token_ts`` on the engine's clock. The engine loop takes new requests
+in right after a step ends; with vLLM's async scheduling the next step is already scheduled then,
+so a request taken in runs in the step after that one (``ahead`` = 1), without it in the next step
+(``ahead`` = 0). Two kinds of request time a step exactly, with no queueing in the figure:
 
 - **ramp** (``ramp_steps``): a request that arrived while only decode steps ran since the last step
   end ``a`` (another request's first token; nothing else taken in between) and whose prompt fits
   one chunk was taken in ``queued - a = j d + e`` after it (j whole decode steps of d; e, the loop
   reaching its input, is read into d: d + e / j, ~1 % at the runs' 0.1 ms), and made its first
-  token at ``F - a = (j + 1) d + m``, m its mixed step (its chunk beside the decode rows). j is
-  ``round((queued - a) / d_priced)``; taken in at once after ``a`` (j = 0) only d + m is known.
+  token at ``F - a = (j + ahead) d + m``, m its mixed step (its chunk beside the decode rows). j is
+  ``round((queued - a) / d_priced)``; taken in at once after ``a`` (j = 0) with a step ahead, only
+  d + m is known.
 - **seat** (``seat_steps``): a request that waited for a seat was scheduled right after the step
-  that freed it ended and ran in the step after the decode step already scheduled:
-  ``m = F - scheduled - d_priced``, kept where no other admission came within 2.5 decode steps.
+  that freed it ended and ran ``ahead`` decode steps later: ``m = F - scheduled - ahead d_priced``,
+  kept where no other admission came within 2.5 decode steps.
 
 Each is set against the cost model's price of the same rows: decode rows' contexts are their
-prompts plus the tokens they had made by then at their own TPOT. A run without async scheduling,
-or without these timestamps (vLLM's own bench JSON), is not read this way.
+prompts plus the tokens they had made by then at their own TPOT. Without async scheduling the
+measured steps include the loop's host time between steps, which the price holds only as the cost
+model's host term. A run without these timestamps (vLLM's own bench JSON) is not read this way.
 """
 
 from __future__ import annotations
@@ -69,9 +71,10 @@ def _spread(idx: np.ndarray, most: int = MAX_CASES) -> np.ndarray:
     return idx if len(idx) <= most else idx[np.linspace(0, len(idx) - 1, most).round().astype(int)]
 
 
-def ramp_steps(req: pd.DataFrame, cost: Any, budget: int) -> pd.DataFrame:
-    """Decode and mixed steps of the ramp (module docstring): one row per request, or group taken in
-    together, that arrived while only decode steps ran since the last step end (ms, measured and priced)."""
+def ramp_steps(req: pd.DataFrame, cost: Any, budget: int, ahead: int = 1) -> pd.DataFrame:
+    """Decode and mixed steps of the ramp (module docstring; ``ahead``: steps already scheduled when a
+    request is taken in, 1 with async scheduling): one row per request, or group taken in together,
+    that arrived while only decode steps ran since the last step end (ms, measured and priced)."""
     queued = np.sort(req["queued_ts"].to_numpy())
     # requests by the step that made their first token (one timestamp a step): one pass, sorted
     steps = req.assign(wait=req["scheduled_ts"] - req["queued_ts"]).groupby("first_token_ts", sort=True).agg(
@@ -96,7 +99,9 @@ def ramp_steps(req: pd.DataFrame, cost: Any, budget: int) -> pd.DataFrame:
                "decode_priced_ms": 1e3 * d_priced, "mixed_priced_ms": 1e3 * mixed}
         if j >= 1:
             d = (group["queued_ts"].min() - a) / j
-            row |= {"decode_ms": 1e3 * d, "mixed_ms": 1e3 * (f - a - (j + 1) * d), "pair_ms": np.nan}
+            row |= {"decode_ms": 1e3 * d, "mixed_ms": 1e3 * (f - a - (j + ahead) * d), "pair_ms": np.nan}
+        elif not ahead:  # taken in as the step ended, run in the next: the mixed step alone
+            row |= {"decode_ms": np.nan, "mixed_ms": 1e3 * (f - a), "pair_ms": np.nan}
         else:
             row |= {"decode_ms": np.nan, "mixed_ms": np.nan, "pair_ms": 1e3 * (f - a)}
         out.append(row)
@@ -104,7 +109,7 @@ def ramp_steps(req: pd.DataFrame, cost: Any, budget: int) -> pd.DataFrame:
                                       "decode_ms", "mixed_ms", "pair_ms"])
 
 
-def seat_steps(req: pd.DataFrame, cost: Any, budget: int, seats: int) -> pd.DataFrame:
+def seat_steps(req: pd.DataFrame, cost: Any, budget: int, seats: int, ahead: int = 1) -> pd.DataFrame:
     """Mixed steps of requests admitted to a freed seat (module docstring; ms, measured and priced)."""
     waited = np.flatnonzero(((req["scheduled_ts"] - req["queued_ts"]) > 0.05).to_numpy()
                             & (req["input_toks"] <= budget - seats).to_numpy())
@@ -122,7 +127,7 @@ def seat_steps(req: pd.DataFrame, cost: Any, budget: int, seats: int) -> pd.Data
         out.append({"at_s": r["scheduled_ts"], "rows": len(ctx), "prompt": int(r["input_toks"]),
                     "longest": int(ctx.max()), "decode_priced_ms": 1e3 * d_priced,
                     "mixed_priced_ms": 1e3 * _price(cost, [int(r["input_toks"])], ctx + 1),
-                    "mixed_ms": 1e3 * (r["first_token_ts"] - r["scheduled_ts"] - d_priced)})
+                    "mixed_ms": 1e3 * (r["first_token_ts"] - r["scheduled_ts"] - ahead * d_priced)})
     return pd.DataFrame(out, columns=["at_s", "rows", "prompt", "longest", "decode_priced_ms", "mixed_priced_ms",
                                       "mixed_ms"])
 
@@ -183,6 +188,7 @@ class StepTiming:
         return lines
 
 
-def step_timing(req: pd.DataFrame, cost: Any, budget: int, seats: int) -> StepTiming:
+def step_timing(req: pd.DataFrame, cost: Any, budget: int, seats: int, async_scheduling: bool = True) -> StepTiming:
     """Both readings of a run's engine timestamps (``engine_times``) against ``cost``."""
-    return StepTiming(ramp_steps(req, cost, budget), seat_steps(req, cost, budget, seats))
+    ahead = int(async_scheduling)
+    return StepTiming(ramp_steps(req, cost, budget, ahead), seat_steps(req, cost, budget, seats, ahead))

@@ -385,15 +385,16 @@ def validate_against(
 
 def run_step_timing(run: MeasuredRun, sc: Scenario) -> StepTiming | None:
     """The run's decode and mixed steps timed from its engine timestamps against the scenario's cost
-    model (``run_steps``), where the run has those timestamps, ran with async scheduling and one
-    engine (the reading follows one engine loop: data-parallel engines' timestamps interleave);
-    else None."""
+    model (``run_steps``; with or without async scheduling, as the scenario runs the engine), where
+    the run has those timestamps and one engine (the reading follows one engine loop: data-parallel
+    engines' timestamps interleave); else None."""
     times = engine_times(run.requests)
-    if times is None or not getattr(sc.policy, "async_scheduling", False) or run.data_parallel != 1:
+    if times is None or run.data_parallel != 1:
         return None
     cost = build_cost_model(sc.cost_model, get_model(sc.model), sc.cost_hardware(), sc.tensor_parallel,
                             sc.kv_cache.block_size)
-    return step_timing(times, cost, sc.policy.max_num_batched_tokens, sc.policy.max_num_seqs)
+    return step_timing(times, cost, sc.policy.max_num_batched_tokens, sc.policy.max_num_seqs,
+                       bool(getattr(sc.policy, "async_scheduling", False)))
 
 
 # ---- outputs --------------------------------------------------------------------------------------
@@ -451,7 +452,7 @@ def format_report_markdown(result: AgainstResult) -> str:
              f"Clock: {p['clock'].get('alignment')}.", ""]
     lines += [f"- {note}" for note in p["notes"]]
     if result.step_timing is not None:
-        lines += ["", "Steps timed from the run's engine timestamps (async scheduling; `calibration/run_steps.py`), "
+        lines += ["", "Steps timed from the run's engine timestamps (`calibration/run_steps.py`), "
                   "measured / the cost model's price of the same rows (`step_timing.csv`):", "",
                   *(result.step_timing.markdown() or ["- no step of the run could be read that way"])]
     if result.thresholds:

@@ -45,6 +45,34 @@ def test_ramp_steps_read_decode_and_mixed_steps_off_the_async_timestamps():
     assert summary["ramp_mixed"]["median"] == pytest.approx(1.25, abs=0.01) and summary["seat_mixed"] == {"n": 0}
 
 
+def sync_timeline(mixed_factor: float) -> pd.DataFrame:
+    """As ``async_timeline`` without async scheduling: a request taken in at a step end runs in the
+    next step, nothing scheduled ahead of it."""
+    d, eps = 0.020, 5e-5
+    reqs = [{"input_toks": 100, "output_toks": 5000, "queued_ts": -0.1, "scheduled_ts": -0.1,
+             "first_token_ts": 0.0, "last_token_ts": 100.0}]
+    end = 0.0
+    for steps, prompt in [(3, 300), (0, 1000), (5, 40)]:
+        taken = end + steps * d + eps
+        first = end + steps * d + mixed_factor * (d + 1e-5 * prompt)
+        reqs.append({"input_toks": prompt, "output_toks": 5000, "queued_ts": taken, "scheduled_ts": taken,
+                     "first_token_ts": first, "last_token_ts": 100.0})
+        end = first
+    return pd.DataFrame(reqs)
+
+
+def test_without_async_scheduling_a_request_runs_in_the_step_after_it_is_taken_in():
+    ramp = rs.ramp_steps(sync_timeline(1.25), FlatCost(), budget=2048, ahead=0)
+    assert len(ramp) == 3 and ramp["pair_ms"].isna().all()  # every mixed step alone, none paired
+    assert np.allclose(ramp["mixed_ms"] / ramp["mixed_priced_ms"], 1.25, atol=0.01)
+    timed = ramp[ramp["j"] >= 1]
+    assert np.allclose(timed["decode_ms"] / timed["decode_priced_ms"], 1.0, atol=0.01)
+    # read as if async, the same timestamps would put the mixed steps a decode step short
+    wrong = rs.ramp_steps(sync_timeline(1.25), FlatCost(), budget=2048, ahead=1)
+    assert not np.allclose(wrong["mixed_ms"].dropna() / wrong["mixed_priced_ms"][wrong["mixed_ms"].notna()], 1.25,
+                           atol=0.05)
+
+
 def test_a_prompt_over_the_budget_or_a_second_arrival_is_not_read():
     tl = async_timeline(1.0)
     assert len(rs.ramp_steps(tl, FlatCost(), budget=500)) == 2  # the 1000-token prompt takes two chunks
