@@ -93,6 +93,8 @@ def ramp_steps(req: pd.DataFrame, cost: Any, budget: int, ahead: int = 1) -> pd.
         if not len(ctx):
             continue
         d_priced = _price(cost, [], ctx)
+        if not d_priced > 0:
+            continue  # (a cost model that prices a decode step at nothing times nothing)
         mixed = _price(cost, group["input_toks"].tolist(), ctx + int(round((f - a) / d_priced)))
         j = int(round((group["queued_ts"].min() - a) / d_priced))
         row = {"at_s": a, "rows": len(ctx), "prompt": int(group["input_toks"].sum()), "j": j,
@@ -121,6 +123,8 @@ def seat_steps(req: pd.DataFrame, cost: Any, budget: int, seats: int, ahead: int
         if len(ctx) < seats - 2:
             continue
         d_priced = _price(cost, [], ctx)
+        if not d_priced > 0:
+            continue
         lo, hi = np.searchsorted(sched, [r["scheduled_ts"] - 2.5 * d_priced, r["scheduled_ts"] + 2.5 * d_priced])
         if hi - lo > 1:
             continue  # another admission close by: the step before it may not be a decode step

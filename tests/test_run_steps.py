@@ -108,3 +108,12 @@ def test_decode_contexts_are_the_prompt_plus_the_tokens_made_by_then():
     assert list(rs._contexts(req, 1.0)) == [104, 50]  # half way through 8 tokens; at its first token
     assert list(rs._contexts(req, 1.4999)) == [105, 53]  # never past prompt + output - 1
     assert list(rs._contexts(req, 4.0)) == []  # nobody decoding
+
+
+def test_a_cost_model_that_prices_decode_steps_at_nothing_reads_no_step():
+    class Free:
+        def iteration_time(self, q, c):  # noqa: ANN001, ANN201
+            return 0.0
+
+    timing = rs.step_timing(async_timeline(1.0), Free(), 2048, 4)
+    assert timing.ramp.empty and timing.seat.empty and timing.markdown() == []
