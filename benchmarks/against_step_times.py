@@ -23,7 +23,8 @@ latency figures that are being validated:
 - **steps timed from the engine's timestamps** (``requests.jsonl``'s ``queued_ts``,
   ``scheduled_ts``, ``first_token_ts``, ``last_token_ts``): decode and mixed steps of the ramp and
   the mixed steps of requests admitted to a freed seat, read as ``calibration/run_steps.py`` explains
-  (vLLM's async scheduling), each against the profile's price of the same rows. The ramp's mixed
+  (with or without vLLM's async scheduling, as ``validate --against`` takes the run), each against
+  the profile's price of the same rows. The ramp's mixed
   steps' extra cost is also fitted as a fixed amount a step and as a share of the chunk's token cost.
 
 For a tensor-parallel run whose profile prices the all-reduce with a link (``allreduce.type: link``),
@@ -48,8 +49,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
-from servesim.calibration.measured_run import read_run
+from servesim.calibration.measured_run import MeasuredRun, read_run
 from servesim.calibration.run_steps import engine_times, step_timing
+from servesim.calibration.validate_against import async_by_default
 from servesim.sim.cost_model import load_profile, resolve_profile_path
 from servesim.sim.layer_cost_model import allreduce_seconds
 
@@ -169,10 +171,13 @@ def excess_line(ramp: pd.DataFrame, cost) -> str:
             f"({share:.3f}) {np.std(extra - share * chunk):.2f} ms.")
 
 
-def timestamp_lines(run: Path, profile_path: str, budget: int, seats: int) -> list[str]:
-    """The markdown section of ``run_steps.step_timing`` for one run, with the ramp's steps one by one."""
+def timestamp_lines(run: MeasuredRun, profile_path: str, seats: int) -> list[str]:
+    """The markdown section of ``run_steps.step_timing`` for one run, with the ramp's steps one by one
+    (its loop as ``validate --against`` takes it: async scheduling as the run says, else its vLLM's default)."""
     cost = load_profile(profile_path)
-    timing = step_timing(engine_times(read_run(run).requests), cost, budget, seats)
+    ahead = run.scheduler.get("async_scheduling", async_by_default(run.vllm_version))
+    timing = step_timing(engine_times(run.requests), cost, int(run.scheduler["max_num_batched_tokens"]), seats,
+                         ahead)
     lines = ["Steps timed from the engine's timestamps (`calibration/run_steps.py`; `servesim validate --against` "
              "prints the same figures), measured / the profile's price of the same rows:", "", *timing.markdown()]
     ramp = timing.ramp
@@ -232,7 +237,7 @@ def main() -> None:
         meta = read_run(run)
         profile_path = resolve_profile_path(f"{meta.hardware}-{meta.model}-tp{meta.tensor_parallel}.json")
         profile = json.loads(Path(profile_path).read_text())
-        lines += timestamp_lines(run, str(profile_path), int(meta.scheduler["max_num_batched_tokens"]), seats)
+        lines += timestamp_lines(meta, str(profile_path), seats)
         link = profile.get("allreduce") or {}
         if link.get("type") == "link":
             rows = np.r_[dr["rows"].to_numpy(), seats]

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from servesim.calibration.measured_run import read_run
+from servesim.calibration.run_steps import StepTiming, quartiles_text
 from servesim.calibration.validate_against import validate_against
 from servesim.sim.cost_model import resolve_profile_path
 
@@ -78,8 +79,8 @@ def main() -> None:
     for folder in sorted(out.glob("*-profile")):
         lines += by_arrival(folder)
     if timed:
-        head = ["run", "cost model", "ramp decode", "ramp mixed", "freed seat mixed, rows <= 4,096",
-                "freed seat mixed, a row > 4,096"]
+        head = ["run", "cost model", "ramp decode", "ramp mixed", f"freed seat mixed, rows <= {StepTiming.long_row:,}",
+                f"freed seat mixed, a row > {StepTiming.long_row:,}"]
         lines += ["## Steps timed from the runs' engine timestamps", "",
                   "Measured / priced step time, median (quartiles, steps), as `validate --against` reads it "
                   "(`calibration/run_steps.py`; every step in each folder's `step_timing.csv`).", "",
@@ -93,10 +94,11 @@ def timing_row(run_name: str, cost: str, summary: dict) -> list[str]:
     """One row of the step-timing table from ``StepTiming.summary``."""
     def cell(key: str) -> str:
         q = summary.get(key) or {"n": 0}
-        return f"{q['median']:.3f} ({q['q25']:.3f}-{q['q75']:.3f}, {q['n']})" if q["n"] else "-"
+        return quartiles_text(q) if q["n"] else "-"
 
-    return [run_name, cost, cell("ramp_decode"), cell("ramp_mixed"), cell("seat_mixed_rows_at_most_4096"),
-            cell("seat_mixed_a_row_over_4096")]
+    long = StepTiming.long_row
+    return [run_name, cost, cell("ramp_decode"), cell("ramp_mixed"), cell(f"seat_mixed_rows_at_most_{long}"),
+            cell(f"seat_mixed_a_row_over_{long}")]
 
 
 def by_arrival(folder: Path) -> list[str]:

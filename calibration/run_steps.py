@@ -136,6 +136,11 @@ def seat_steps(req: pd.DataFrame, cost: Any, budget: int, seats: int, ahead: int
                                       "mixed_ms"])
 
 
+def quartiles_text(q: dict[str, float | int]) -> str:
+    """A ``StepTiming.summary`` figure as text: median (quartiles q25-q75, n steps)."""
+    return f"{q['median']:.3f} (quartiles {q['q25']:.3f}-{q['q75']:.3f}, {q['n']} steps)"
+
+
 def _quartiles(x: pd.Series) -> dict[str, float | int]:
     x = x.dropna()
     if not len(x):
@@ -187,8 +192,7 @@ class StepTiming:
             if key == "ramp_mixed_extra_ms":
                 lines.append(f"- ramp mixed steps beyond their price: {q['mean']:.2f} ms on average (sd {q['sd']:.2f})")
             elif q["n"]:
-                lines.append(f"- {label[key]}: {q['median']:.3f} (quartiles {q['q25']:.3f}-{q['q75']:.3f}, "
-                             f"{q['n']} steps)")
+                lines.append(f"- {label[key]}: {quartiles_text(q)}")
         return lines
 
 
