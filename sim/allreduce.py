@@ -14,7 +14,8 @@ The NVLink figures are fitted to Vidur's NCCL all-reduce timings on DGX A100 / H
 (``../shared/data/gpu/vidur/network/{a100,h100}_dgx/all_reduce.csv``, microsoft/vidur @
 7d47513363ec, MIT, (c) Microsoft Corporation) by ``calibration/allreduce_fit.py``
 (``python benchmarks/allreduce_vs_nccl.py`` prints the fit and its held-out error). PCIe GPUs
-(L40S, RTX) have no public measurement here: their figures are the link's nominal numbers.
+(L40S, RTX) have no public measurement here: the L40S and RTX 4090 take the link's nominal numbers,
+the RTX PRO 6000 the link LLMServingSim prices for it (16 GB/s, 20 us; see ``presets.HARDWARE``).
 """
 
 from __future__ import annotations

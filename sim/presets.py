@@ -263,9 +263,16 @@ class HardwareConfig:
 #   small messages swing between 7 and 60 us from call to call there).
 # - a100-80g (NVLink 3, 300 GB/s): latency 31.1 us + 0.84 us per further GPU, efficiency 0.514;
 #   held-out 1-16 MB 0.112 / 0.165, >= 16 MB 0.080 / 0.151, < 1 MB 0.34.
-# - h200: NVLink 4 like the H100: the H100's figures. PCIe GPUs (l40s, rtx-*): not measured; the
-#   defaults above (20 us per call, 0.7 of the link), the order of LLMServingSim's PCIe link
-#   (20 us, 16 GB/s, see calibration/gpu_import.py). rtx-4090: no peer-to-peer, so through the host.
+# - h200: NVLink 4 like the H100: the H100's figures.
+# - rtx-pro-6000 (PCIe Gen5, no NVLink): nobody measured its all-reduce here; LLMServingSim's own
+#   link for this card (20 us, 16 GB/s; casys-kaist/LLMServingSim @ 5daddb21a545
+#   bench/examples/RTXPRO6000/Qwen3-32B/llmservingsim_config.json, MIT), the figure the shipped
+#   rtx-pro-6000 tp2 profiles price (calibration/gpu_import.py), so efficiency 0.32 of the 50 GB/s:
+#   the roofline and the profiles of one card price one link. (The defaults, 0.7 of 50 GB/s, were
+#   2.2x faster than that figure; on the RTX PRO 6000 Qwen3-32B tp2 run the roofline's TPOT read
+#   -19.9 % with them, -6.0 % with this.)
+# - l40s, rtx-4090 (PCIe Gen4): not measured; the defaults above (20 us per call, 0.7 of 25 GB/s =
+#   17.5 GB/s, the order of that PCIe figure). rtx-4090: no peer-to-peer, so through the host.
 #
 # Prices: approximate on-demand $ per GPU-hour of public GPU clouds' list pages as of mid-2025
 # (Lambda Cloud 8-GPU instances: H100 SXM 2.99, A100 SXM 80GB 1.79; RunPod secure cloud: H200
@@ -321,7 +328,7 @@ HARDWARE: dict[str, HardwareConfig] = {
     "rtx-pro-6000": HardwareConfig("rtx-pro-6000", peak_flops=503.8e12, hbm_bandwidth=1.792e12,
                                    memory_bytes=97887 * MiB, cuda_memory_bytes=94.97 * GiB,
                                    pcie_bandwidth=50e9, interconnect_bandwidth=50e9,
-                                   interconnect="pcie5", price_per_gpu_hour=1.79,
+                                   interconnect="pcie5", price_per_gpu_hour=1.79, allreduce_efficiency=0.32,
                                    weight_bandwidth_fraction=0.84, stream_bandwidth_fraction=0.84,
                                    gemm_flops_fraction=0.78, attention_flops_fraction=0.43, kernel_floor_s=3e-6,
                                    sm_count=188, l2_bytes=128 * MiB, flash_attention=2,
