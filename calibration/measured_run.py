@@ -345,12 +345,8 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
                or _count(model_cfg.get("max_model_len"), str(meta_path), "resolved_config.model_config.max_model_len"))
     if max_len is not None:
         scheduler["max_model_len"] = max_len
-    async_scheduling = sched_cfg.get("async_scheduling")
-    if async_scheduling is not None and not isinstance(async_scheduling, bool):
-        raise RunFileError(f"{meta_path}: field 'resolved_config.scheduler_config.async_scheduling' must be true, "
-                           f"false or null, got {async_scheduling!r:.60}")
-    if async_scheduling is not None:
-        scheduler["async_scheduling"] = async_scheduling
+    scheduler |= _resolved_schedule(sched_cfg, kwargs, meta_path, notes)
+    _refuse_unmodelled(resolved, kwargs, meta_path)
     kv: dict[str, Any] = {}
     cache = _object(meta, "kv_cache", str(meta_path))
     # the same facts in the resolved CacheConfig, for a run whose kv_cache snapshot came out empty
@@ -388,6 +384,57 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
         engine_counters=_engine_counters(root / "timeseries.csv", meta.get("tick_seconds"), notes),
         cuda_total_bytes=cuda_total,
     )
+
+
+def _resolved_schedule(sched_cfg: dict[str, Any], kwargs: dict[str, Any], meta_path: Path,
+                       notes: list[str]) -> dict[str, Any]:
+    """The scheduler settings beyond the batch limits that vLLM resolved (``resolved_config.scheduler_config``,
+    else the same name in ``engine_kwargs``) and the ``vllm-v1`` preset models: async scheduling, the cap on
+    one request's chunk, the queue policy. A run that turned chunked prefill off gets a note: the preset
+    always chunks."""
+    out: dict[str, Any] = {}
+
+    def value(name: str) -> tuple[str, Any]:
+        if sched_cfg.get(name) is not None:
+            return f"resolved_config.scheduler_config.{name}", sched_cfg[name]
+        return f"engine_kwargs.{name}", kwargs.get(name)
+
+    where, flag = value("async_scheduling")
+    if flag is not None and not isinstance(flag, bool):
+        raise RunFileError(f"{meta_path}: field '{where}' must be true, false or null, got {flag!r:.60}")
+    if flag is not None:
+        out["async_scheduling"] = flag
+    where, cap = value("long_prefill_token_threshold")
+    if _count(cap, str(meta_path), where, least=0):
+        out["long_prefill_token_threshold"] = cap
+    where, policy = value("policy")
+    if policy is not None:
+        if policy not in ("fcfs", "priority"):
+            raise RunFileError(f"{meta_path}: field '{where}' must be 'fcfs' or 'priority', got {policy!r:.60}")
+        out["policy"] = policy
+    where, chunked = value("enable_chunked_prefill")
+    if chunked is not None and not isinstance(chunked, bool):
+        raise RunFileError(f"{meta_path}: field '{where}' must be true, false or null, got {chunked!r:.60}")
+    if chunked is False:
+        notes.append(f"{where} is false: vLLM scheduled each prompt whole, while servesim's vllm-v1 preset chunks a "
+                     "prompt that does not fit the step's remaining token budget; steps taking in new prompts differ")
+    return out
+
+
+def _refuse_unmodelled(resolved: dict[str, Any], kwargs: dict[str, Any], meta_path: Path) -> None:
+    """``RunFileError`` for a run servesim cannot simulate as it ran: pipeline parallelism (servesim splits
+    a model by TP only) or speculative decoding (servesim makes one token per request a step)."""
+    parallel = _object(resolved, "parallel_config", f"{meta_path}: resolved_config")
+    for where, pp in (("resolved_config.parallel_config.pipeline_parallel_size", parallel.get("pipeline_parallel_size")),
+                      ("engine_kwargs.pipeline_parallel_size", kwargs.get("pipeline_parallel_size"))):
+        if (_count(pp, str(meta_path), where) or 1) > 1:
+            raise RunFileError(f"{meta_path}: {where} is {pp}: pipeline parallelism is not modelled (servesim splits "
+                               "a model by tensor_parallel only), so this run cannot be simulated as it ran")
+    for where, spec in (("resolved_config.speculative_config", resolved.get("speculative_config")),
+                        ("engine_kwargs.speculative_config", kwargs.get("speculative_config"))):
+        if spec not in (None, {}, "None"):
+            raise RunFileError(f"{meta_path}: {where} is set: speculative decoding is not modelled (servesim makes one "
+                               "token per request a step), so this run cannot be simulated as it ran")
 
 
 def _engine_counters(path: Path, tick_s: Any, notes: list[str]) -> dict[str, float]:

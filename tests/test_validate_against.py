@@ -369,6 +369,47 @@ def test_a_run_that_records_what_vllm_resolved_is_simulated_with_it(tmp_path):
     assert sc.scheduler.async_scheduling is False
 
 
+def test_the_scheduler_settings_vllm_resolved_reach_the_simulation(tmp_path):
+    """Chunk cap, queue policy and async scheduling from resolved_config.scheduler_config (else the same
+    name in engine_kwargs) go to the vllm-v1 preset; chunked prefill turned off is a note."""
+    meta = {"resolved_config": {"scheduler_config": {"long_prefill_token_threshold": 256, "policy": "priority",
+                                                     "enable_chunked_prefill": False}}}
+    folder = write_run(tmp_path / "run", isolated_requests(), meta_extra=meta)
+    kwargs = json.loads((folder / "meta.json").read_text())
+    kwargs["engine_kwargs"]["async_scheduling"] = False
+    (folder / "meta.json").write_text(json.dumps(kwargs))
+    run = read_run(folder)
+    assert {k: run.scheduler[k] for k in ("long_prefill_token_threshold", "policy", "async_scheduling")} == {
+        "long_prefill_token_threshold": 256, "policy": "priority", "async_scheduling": False}
+    assert any("enable_chunked_prefill is false" in n for n in run.notes)
+    code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots",
+                           "--quiet", *CONSTANT)
+    assert code == 0, err
+    sc = load_scenario(tmp_path / "o" / "sim" / "scenario.yaml")
+    assert (sc.scheduler.long_prefill_token_threshold, sc.scheduler.policy, sc.scheduler.async_scheduling) == (
+        256, "priority", False)
+
+
+@pytest.mark.parametrize("section, field, value, words", [
+    ("parallel_config", "pipeline_parallel_size", 2, "pipeline parallelism is not modelled"),
+    (None, "pipeline_parallel_size", 4, "pipeline parallelism is not modelled"),
+    (None, "speculative_config", {"method": "ngram", "num_speculative_tokens": 4}, "speculative decoding"),
+    ("scheduler_config", "policy", "lifo", "must be 'fcfs' or 'priority'"),
+    ("scheduler_config", "long_prefill_token_threshold", -1, "long_prefill_token_threshold"),
+    ("scheduler_config", "enable_chunked_prefill", "no", "enable_chunked_prefill"),
+])
+def test_a_run_servesim_cannot_simulate_as_it_ran_is_a_one_line_error(tmp_path, section, field, value, words):
+    folder = write_run(tmp_path / "run", isolated_requests())
+    meta = json.loads((folder / "meta.json").read_text())
+    if section is None:
+        meta["engine_kwargs"][field] = value
+    else:
+        meta["resolved_config"] = {section: {field: value}}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), *CONSTANT)
+    assert code == 2 and err.count("\n") == 1 and words in err and field in err, err
+
+
 def test_a_run_whose_context_outgrows_its_cache_notes_that_vllm_started_anyway(tmp_path):
     """vLLM starts only when one request of max_model_len fits; a run that did, simulated with fewer
     blocks than that, is said to have a suspect block count (or an engine that lowered the limit)."""
