@@ -480,13 +480,15 @@ _GPUS = {
     "a100": "a100-80g",
     "l40s": "l40s",
 }
-# Variants of a family whose memory or bandwidth differ from the preset's: no preset, so the run must
+# Variants of a family whose memory, bandwidth or compute differ from the preset's: no preset, so the run must
 # name one (--set hardware=) rather than be simulated on the wrong card (an A100 40GB priced with
 # 80 GB of memory, an H100 PCIe at the SXM part's 3.35 TB/s, a GH200 as an H200).
 _OTHER_VARIANTS = {
     "a100-80g": ("40g",),
     "h100-sxm": ("pcie", "nvl", "h100l"),
     "h200": ("gh200", "nvl"),
+    "rtx-pro-6000": ("maxq",),  # the 300 W Max-Q Workstation Edition (the 600 W one is this preset's card)
+    "rtx-4090": ("4090d", "laptop", "mobile"),  # the 4090 D has 114 SMs, the laptop part 16 GB
 }
 
 

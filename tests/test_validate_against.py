@@ -86,6 +86,9 @@ def test_hugging_face_ids_map_to_model_presets(name, preset):
     # variants whose memory or bandwidth differ from the preset's have none: the user must name one
     ("NVIDIA A100-SXM4-40GB", None), ("NVIDIA A100-PCIE-40GB", None), ("NVIDIA H100 PCIe", None),
     ("NVIDIA H100 NVL", None), ("NVIDIA GH200 480GB", None),
+    ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "rtx-pro-6000"),
+    ("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", None), ("NVIDIA GeForce RTX 4090 D", None),
+    ("NVIDIA GeForce RTX 4090 Laptop GPU", None),
 ])
 def test_gpu_names_map_to_hardware_presets(name, preset):
     assert hardware_preset(name) == preset
