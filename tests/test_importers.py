@@ -1,5 +1,6 @@
 """Readers of public GPU measurement formats: SI units, provenance, one-line errors."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,40 @@ def test_inference_sim_bad_name(tmp_path):
     f.write_text("seq_len,latency_us\n1024,38\n")
     with pytest.raises(SourceError, match="name does not read as mha_"):
         inference_sim.read_prefill(f)
+
+
+def _csv(tmp_path: Path, name: str, text: str) -> Path:
+    f = tmp_path / name
+    f.write_text(text)
+    return f
+
+
+# every reader, given a file whose time column holds 0 in its second data row (line 3)
+ZERO_TIME = [
+    ("dense.csv", "layer,tokens,time_us\nqkv_proj,1,10\nqkv_proj,2,0\n", llmservingsim.read_dense, "time_us"),
+    ("per_sequence.csv", "layer,sequences,time_us\nlm_head,1,700\nlm_head,2,0\n", llmservingsim.read_per_sequence,
+     "time_us"),
+    ("attention.csv", "prefill_chunk,kv_prefill,n_decode,kv_decode,time_us\n0,0,1,16,8\n16,0,0,0,0\n",
+     llmservingsim.read_attention, "time_us"),
+    ("skew.csv", "regime,n,nb,skew,pc,kp,kvs,kv_big,kv_mean,t_mean_us,t_max_us,t_skew_us\n"
+     "pure,2,1,4.0,0,0,128,512,320,46,50,47\npure,2,1,4.0,0,0,256,1024,640,51,59,0\n",
+     llmservingsim.read_skew, "t_skew_us"),
+    ("layers.csv", "layer_name,input,kv_cache,tp_size,latency(ns)\nq_proj,1,0,1,2000\nq_proj,2,0,1,0\n",
+     llmservingsim.read_v0_layers, "latency(ns)"),
+    ("mlp.csv", "time_stats.attn_pre_proj.median,num_tokens,num_tensor_parallel_workers\n0.25,8,1\n0,16,1\n",
+     vidur.read_mlp, "time_stats.attn_pre_proj.median"),
+    ("all_reduce.csv", "time_stats.all_reduce.median,num_workers,size,devices_per_node\n0.02,2,4096,8\n0,2,8192,8\n",
+     vidur.read_all_reduce, "time_stats.all_reduce.median"),
+    ("mha_decode_h100_32-8-128-tp1.csv", "batch_size,kv_len,latency_us\n1,1024,30\n1,2048,0\n",
+     inference_sim.read_decode, "latency_us"),
+    ("mha_prefill_h100_32-8-128.csv", "seq_len,latency_us\n1024,38\n2048,0\n", inference_sim.read_prefill,
+     "latency_us"),
+]
+
+
+@pytest.mark.parametrize("name, text, reader, column", ZERO_TIME, ids=[z[0] for z in ZERO_TIME])
+def test_a_zero_time_is_named(tmp_path, name, text, reader, column):
+    """A kernel that took no time is no measurement: it was a traceback in the NNLS fit (dense,
+    per-sequence, Vidur, inference-sim) or a 0 written into the profile (v0 small ops, all-reduce)."""
+    with pytest.raises(SourceError, match=rf"{re.escape(name)}: column '{re.escape(column)}' row 3 is 0(\.0)?, expected a finite number > 0"):
+        reader(_csv(tmp_path, name, text))

@@ -81,17 +81,20 @@ def read_csv(path: str | Path, columns: list[str] | tuple[str, ...]) -> pd.DataF
     return df
 
 
-def numeric(df: pd.DataFrame, path: str | Path, columns: list[str] | tuple[str, ...]) -> pd.DataFrame:
-    """``df`` with ``columns`` as floats; a non-numeric, infinite or negative cell is a ``SourceError``."""
+def numeric(df: pd.DataFrame, path: str | Path, columns: list[str] | tuple[str, ...],
+            positive: list[str] | tuple[str, ...] = ()) -> pd.DataFrame:
+    """``df`` with ``columns`` as floats; a non-numeric, infinite or negative cell is a ``SourceError``,
+    and so is 0 in a ``positive`` column (a time: no kernel takes none)."""
     out = df.copy()
     for c in columns:
         values = pd.to_numeric(out[c], errors="coerce")
-        bad = values.isna() | (values < 0) | (values == float("inf"))
+        least = ">" if c in positive else ">="
+        bad = values.isna() | (values <= 0 if c in positive else values < 0) | (values == float("inf"))
         if bad.any():
             row = int(bad.to_numpy().nonzero()[0][0])
             cell = out[c].iloc[row]
             shown = repr(cell) if isinstance(cell, str) else str(cell)  # text quoted; nan, -5.0 as read
-            raise SourceError(f"{path}: column {c!r} row {row + 2} is {shown}, expected a finite number >= 0")
+            raise SourceError(f"{path}: column {c!r} row {row + 2} is {shown}, expected a finite number {least} 0")
         out[c] = values.astype(float)
     return out
 

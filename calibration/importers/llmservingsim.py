@@ -109,21 +109,22 @@ def read_meta(path: str | Path) -> dict[str, Any]:
 
 def read_dense(path: str | Path) -> pd.DataFrame:
     """``dense.csv`` -> ``op, tokens, seconds``."""
-    df = numeric(read_csv(path, ("layer", "tokens", "time_us")), path, ("tokens", "time_us"))
+    df = numeric(read_csv(path, ("layer", "tokens", "time_us")), path, ("tokens", "time_us"), positive=("time_us",))
     return pd.DataFrame({"op": df["layer"].astype(str), "tokens": df["tokens"].astype(int),
                          "seconds": df["time_us"] * US})
 
 
 def read_per_sequence(path: str | Path) -> pd.DataFrame:
     """``per_sequence.csv`` -> ``op, sequences, seconds``."""
-    df = numeric(read_csv(path, ("layer", "sequences", "time_us")), path, ("sequences", "time_us"))
+    df = numeric(read_csv(path, ("layer", "sequences", "time_us")), path, ("sequences", "time_us"), positive=("time_us",))
     return pd.DataFrame({"op": df["layer"].astype(str), "sequences": df["sequences"].astype(int),
                          "seconds": df["time_us"] * US})
 
 
 def read_attention(path: str | Path) -> pd.DataFrame:
     """``attention.csv`` -> the four axes (tokens, rows) and ``seconds`` of one layer's attention."""
-    df = numeric(read_csv(path, (*ATTENTION_AXES, "time_us")), path, (*ATTENTION_AXES, "time_us"))
+    df = numeric(read_csv(path, (*ATTENTION_AXES, "time_us")), path, (*ATTENTION_AXES, "time_us"),
+                 positive=("time_us",))
     out = df[list(ATTENTION_AXES)].astype(int)
     out["seconds"] = df["time_us"] * US
     return out
@@ -132,7 +133,7 @@ def read_attention(path: str | Path) -> pd.DataFrame:
 def read_skew(path: str | Path) -> pd.DataFrame:
     """``skew.csv`` -> shape columns and ``t_mean_s, t_max_s, t_skew_s`` (one layer's attention)."""
     nums = [c for c in SKEW_COLUMNS if c != "regime"]
-    df = numeric(read_csv(path, SKEW_COLUMNS), path, nums)
+    df = numeric(read_csv(path, SKEW_COLUMNS), path, nums, positive=("t_mean_us", "t_max_us", "t_skew_us"))
     out = df[["regime", "n", "nb", "skew", "pc", "kp", "kvs", "kv_big", "kv_mean"]].copy()
     for c in ("n", "nb", "pc", "kp", "kvs", "kv_big", "kv_mean"):
         out[c] = out[c].astype(int)
@@ -179,7 +180,7 @@ def read_v0_layers(path: str | Path, gpu: str = "NVIDIA H100") -> tuple[pd.DataF
     kv_cache, tp, seconds``; ops renamed to the vLLM names where one exists (``V0_OPS``)."""
     path = Path(path)
     cols = ("layer_name", "input", "kv_cache", "tp_size", "latency(ns)")
-    df = numeric(read_csv(path, cols), path, cols[1:])
+    df = numeric(read_csv(path, cols), path, cols[1:], positive=("latency(ns)",))
     out = pd.DataFrame({"op": df["layer_name"].astype(str).replace(V0_OPS), "tokens": df["input"].astype(int),
                         "kv_cache": df["kv_cache"].astype(int), "tp": df["tp_size"].astype(int),
                         "seconds": df["latency(ns)"] * NS})
