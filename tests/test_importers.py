@@ -164,3 +164,51 @@ def test_a_zero_time_is_named(tmp_path, name, text, reader, column):
     per-sequence, Vidur, inference-sim) or a 0 written into the profile (v0 small ops, all-reduce)."""
     with pytest.raises(SourceError, match=rf"{re.escape(name)}: column '{re.escape(column)}' row 3 is 0(\.0)?, expected a finite number > 0"):
         reader(_csv(tmp_path, name, text))
+
+
+# every reader, given a count (tokens, rows, context, TP degree, bytes) of 0 or with a fraction in
+# its second data row (line 3), where the reader would have truncated it or fitted 0 tokens
+COUNTS = [
+    ("dense.csv", "layer,tokens,time_us\nqkv_proj,1,10\nqkv_proj,{},12\n", llmservingsim.read_dense, "tokens"),
+    ("per_sequence.csv", "layer,sequences,time_us\nlm_head,1,700\nlm_head,{},710\n", llmservingsim.read_per_sequence,
+     "sequences"),
+    ("layers.csv", "layer_name,input,kv_cache,tp_size,latency(ns)\nq_proj,1,0,1,2000\nq_proj,{},0,1,2100\n",
+     llmservingsim.read_v0_layers, "input"),
+    ("layers.csv", "layer_name,input,kv_cache,tp_size,latency(ns)\nq_proj,1,0,1,2000\nq_proj,2,0,{},2100\n",
+     llmservingsim.read_v0_layers, "tp_size"),
+    ("mlp.csv", "time_stats.attn_pre_proj.median,num_tokens,num_tensor_parallel_workers\n0.25,8,1\n0.3,{},1\n",
+     vidur.read_mlp, "num_tokens"),
+    ("mlp.csv", "time_stats.attn_pre_proj.median,num_tokens,num_tensor_parallel_workers\n0.25,8,1\n0.3,16,{}\n",
+     vidur.read_mlp, "num_tensor_parallel_workers"),
+    ("all_reduce.csv", "time_stats.all_reduce.median,num_workers,size,devices_per_node\n0.02,2,4096,8\n0.03,2,{},8\n",
+     vidur.read_all_reduce, "size"),
+    ("all_reduce.csv", "time_stats.all_reduce.median,num_workers,size,devices_per_node\n0.02,2,4096,8\n0.03,{},8192,8\n",
+     vidur.read_all_reduce, "num_workers"),
+    ("mha_decode_h100_32-8-128-tp1.csv", "batch_size,kv_len,latency_us\n1,1024,30\n{},2048,31\n",
+     inference_sim.read_decode, "batch_size"),
+    ("mha_decode_h100_32-8-128-tp1.csv", "batch_size,kv_len,latency_us\n1,1024,30\n1,{},31\n",
+     inference_sim.read_decode, "kv_len"),
+    ("mha_prefill_h100_32-8-128.csv", "seq_len,latency_us\n1024,38\n{},200\n", inference_sim.read_prefill, "seq_len"),
+]
+
+
+@pytest.mark.parametrize("name, text, reader, column", COUNTS, ids=[f"{c[0]}-{c[3]}" for c in COUNTS])
+@pytest.mark.parametrize("cell", ["0", "1.5"])
+def test_a_zero_or_fractional_count_is_named(tmp_path, name, text, reader, column, cell):
+    """0 tokens, rows or bytes measure nothing (it was a traceback in the fit, or a 0-token node in
+    the profile); 1.5 was truncated to 1 without a word."""
+    with pytest.raises(SourceError, match=rf"{re.escape(name)}: column '{column}' row 3 is {cell}(\.0)?, "
+                                          r"expected a whole number > 0"):
+        reader(_csv(tmp_path, name, text.format(cell)))
+
+
+@pytest.mark.parametrize("name, text, reader, column", [
+    ("attention.csv", "prefill_chunk,kv_prefill,n_decode,kv_decode,time_us\n0,0,1,16,8\n16,0,0,{},7\n",
+     llmservingsim.read_attention, "kv_decode"),
+    ("layers.csv", "layer_name,input,kv_cache,tp_size,latency(ns)\nq_proj,1,0,1,2000\nq_proj,2,{},1,2100\n",
+     llmservingsim.read_v0_layers, "kv_cache"),
+])
+def test_a_fractional_context_is_named_and_zero_is_fine(tmp_path, name, text, reader, column):
+    reader(_csv(tmp_path, name, text.format("0")))  # no context: a measured shape
+    with pytest.raises(SourceError, match=rf"{name}: column '{column}' row 3 is 1\.5, expected a whole number >= 0"):
+        reader(_csv(tmp_path, name, text.format("1.5")))

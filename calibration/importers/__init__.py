@@ -82,19 +82,23 @@ def read_csv(path: str | Path, columns: list[str] | tuple[str, ...]) -> pd.DataF
 
 
 def numeric(df: pd.DataFrame, path: str | Path, columns: list[str] | tuple[str, ...],
-            positive: list[str] | tuple[str, ...] = ()) -> pd.DataFrame:
+            positive: list[str] | tuple[str, ...] = (), whole: list[str] | tuple[str, ...] = ()) -> pd.DataFrame:
     """``df`` with ``columns`` as floats; a non-numeric, infinite or negative cell is a ``SourceError``,
-    and so is 0 in a ``positive`` column (a time: no kernel takes none)."""
+    and so is 0 in a ``positive`` column (a time: no kernel takes none; a count of tokens, rows or
+    bytes that measures nothing at 0) and a fraction in a ``whole`` one (a count, read as an int)."""
     out = df.copy()
     for c in columns:
         values = pd.to_numeric(out[c], errors="coerce")
         least = ">" if c in positive else ">="
         bad = values.isna() | (values <= 0 if c in positive else values < 0) | (values == float("inf"))
+        if c in whole:
+            bad |= values % 1 != 0
         if bad.any():
             row = int(bad.to_numpy().nonzero()[0][0])
             cell = out[c].iloc[row]
             shown = repr(cell) if isinstance(cell, str) else str(cell)  # text quoted; nan, -5.0 as read
-            raise SourceError(f"{path}: column {c!r} row {row + 2} is {shown}, expected a finite number {least} 0")
+            kind = "whole" if c in whole else "finite"
+            raise SourceError(f"{path}: column {c!r} row {row + 2} is {shown}, expected a {kind} number {least} 0")
         out[c] = values.astype(float)
     return out
 

@@ -41,7 +41,7 @@ def read_decode(path: str | Path) -> tuple[pd.DataFrame, Provenance]:
     if kind != "decode":
         raise SourceError(f"{path}: a prefill file where a decode file was expected")
     df = numeric(read_csv(path, ("batch_size", "kv_len", "latency_us")), path, ("batch_size", "kv_len", "latency_us"),
-                 positive=("latency_us",))
+                 positive=("batch_size", "kv_len", "latency_us"), whole=("batch_size", "kv_len"))
     out = pd.DataFrame({"batch": df["batch_size"].astype(int), "kv_len": df["kv_len"].astype(int),
                         "seconds": df["latency_us"] * US})
     return out, _prov(path, kind, gpu, "one layer's decode attention vs batch and KV length (us)")
@@ -53,6 +53,7 @@ def read_prefill(path: str | Path) -> tuple[pd.DataFrame, Provenance]:
     kind, gpu, *_ = heads(path)
     if kind != "prefill":
         raise SourceError(f"{path}: a decode file where a prefill file was expected")
-    df = numeric(read_csv(path, ("seq_len", "latency_us")), path, ("seq_len", "latency_us"), positive=("latency_us",))
+    df = numeric(read_csv(path, ("seq_len", "latency_us")), path, ("seq_len", "latency_us"),
+                 positive=("seq_len", "latency_us"), whole=("seq_len",))
     out = pd.DataFrame({"seq_len": df["seq_len"].astype(int), "seconds": df["latency_us"] * US})
     return out, _prov(path, kind, gpu, "one layer's causal prefill attention vs sequence length (us)")

@@ -41,6 +41,7 @@ US = 1e-6
 NS = 1e-9
 FILES = ("dense", "attention", "per_sequence", "skew")
 ATTENTION_AXES = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode")
+SKEW_COUNTS = ("n", "nb", "pc", "kp", "kvs", "kv_big", "kv_mean")
 SKEW_COLUMNS = ("regime", "n", "nb", "skew", "pc", "kp", "kvs", "kv_big", "kv_mean",
                 "t_mean_us", "t_max_us", "t_skew_us")
 # v0 (Hugging Face, unfused) op names -> the vLLM-style names of the current profiles
@@ -109,14 +110,16 @@ def read_meta(path: str | Path) -> dict[str, Any]:
 
 def read_dense(path: str | Path) -> pd.DataFrame:
     """``dense.csv`` -> ``op, tokens, seconds``."""
-    df = numeric(read_csv(path, ("layer", "tokens", "time_us")), path, ("tokens", "time_us"), positive=("time_us",))
+    df = numeric(read_csv(path, ("layer", "tokens", "time_us")), path, ("tokens", "time_us"), positive=("tokens", "time_us"),
+                 whole=("tokens",))
     return pd.DataFrame({"op": df["layer"].astype(str), "tokens": df["tokens"].astype(int),
                          "seconds": df["time_us"] * US})
 
 
 def read_per_sequence(path: str | Path) -> pd.DataFrame:
     """``per_sequence.csv`` -> ``op, sequences, seconds``."""
-    df = numeric(read_csv(path, ("layer", "sequences", "time_us")), path, ("sequences", "time_us"), positive=("time_us",))
+    df = numeric(read_csv(path, ("layer", "sequences", "time_us")), path, ("sequences", "time_us"),
+                 positive=("sequences", "time_us"), whole=("sequences",))
     return pd.DataFrame({"op": df["layer"].astype(str), "sequences": df["sequences"].astype(int),
                          "seconds": df["time_us"] * US})
 
@@ -124,7 +127,7 @@ def read_per_sequence(path: str | Path) -> pd.DataFrame:
 def read_attention(path: str | Path) -> pd.DataFrame:
     """``attention.csv`` -> the four axes (tokens, rows) and ``seconds`` of one layer's attention."""
     df = numeric(read_csv(path, (*ATTENTION_AXES, "time_us")), path, (*ATTENTION_AXES, "time_us"),
-                 positive=("time_us",))
+                 positive=("time_us",), whole=ATTENTION_AXES)
     out = df[list(ATTENTION_AXES)].astype(int)
     out["seconds"] = df["time_us"] * US
     return out
@@ -133,9 +136,10 @@ def read_attention(path: str | Path) -> pd.DataFrame:
 def read_skew(path: str | Path) -> pd.DataFrame:
     """``skew.csv`` -> shape columns and ``t_mean_s, t_max_s, t_skew_s`` (one layer's attention)."""
     nums = [c for c in SKEW_COLUMNS if c != "regime"]
-    df = numeric(read_csv(path, SKEW_COLUMNS), path, nums, positive=("t_mean_us", "t_max_us", "t_skew_us"))
+    df = numeric(read_csv(path, SKEW_COLUMNS), path, nums, positive=("t_mean_us", "t_max_us", "t_skew_us"),
+                 whole=SKEW_COUNTS)
     out = df[["regime", "n", "nb", "skew", "pc", "kp", "kvs", "kv_big", "kv_mean"]].copy()
-    for c in ("n", "nb", "pc", "kp", "kvs", "kv_big", "kv_mean"):
+    for c in SKEW_COUNTS:
         out[c] = out[c].astype(int)
     for c in ("t_mean", "t_max", "t_skew"):
         out[f"{c}_s"] = df[f"{c}_us"] * US
@@ -180,7 +184,8 @@ def read_v0_layers(path: str | Path, gpu: str = "NVIDIA H100") -> tuple[pd.DataF
     kv_cache, tp, seconds``; ops renamed to the vLLM names where one exists (``V0_OPS``)."""
     path = Path(path)
     cols = ("layer_name", "input", "kv_cache", "tp_size", "latency(ns)")
-    df = numeric(read_csv(path, cols), path, cols[1:], positive=("latency(ns)",))
+    df = numeric(read_csv(path, cols), path, cols[1:], positive=("input", "tp_size", "latency(ns)"),
+                 whole=cols[1:4])
     out = pd.DataFrame({"op": df["layer_name"].astype(str).replace(V0_OPS), "tokens": df["input"].astype(int),
                         "kv_cache": df["kv_cache"].astype(int), "tp": df["tp_size"].astype(int),
                         "seconds": df["latency(ns)"] * NS})

@@ -36,7 +36,9 @@ def read_mlp(path: str | Path) -> tuple[pd.DataFrame, Provenance]:
     stats = [c for c in df.columns if c.startswith("time_stats.") and c.endswith(".median")]
     if not stats:
         raise SourceError(f"{path}: missing column 'time_stats.<op>.median' (has: {', '.join(df.columns[:6])}, ...)")
-    df = numeric(df, path, ["num_tokens", "num_tensor_parallel_workers", *stats], positive=stats)
+    df = numeric(df, path, ["num_tokens", "num_tensor_parallel_workers", *stats],
+                 positive=["num_tokens", "num_tensor_parallel_workers", *stats],
+                 whole=("num_tokens", "num_tensor_parallel_workers"))
     frames = []
     for c in stats:
         op = c.removeprefix("time_stats.").removesuffix(".median")
@@ -53,7 +55,7 @@ def read_all_reduce(path: str | Path) -> tuple[pd.DataFrame, Provenance]:
     """``all_reduce.csv`` -> (``bytes, num_workers, devices_per_node, seconds``, provenance)."""
     path = Path(path)
     cols = ("size", "num_workers", "devices_per_node", "time_stats.all_reduce.median")
-    df = numeric(read_csv(path, cols), path, cols, positive=(cols[-1],))
+    df = numeric(read_csv(path, cols), path, cols, positive=cols, whole=cols[:3])
     out = pd.DataFrame({"bytes": df["size"].astype(int), "num_workers": df["num_workers"].astype(int),
                         "devices_per_node": df["devices_per_node"].astype(int),
                         "seconds": df["time_stats.all_reduce.median"] * MS})
