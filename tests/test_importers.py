@@ -212,3 +212,51 @@ def test_a_fractional_context_is_named_and_zero_is_fine(tmp_path, name, text, re
     reader(_csv(tmp_path, name, text.format("0")))  # no context: a measured shape
     with pytest.raises(SourceError, match=rf"{name}: column '{column}' row 3 is 1\.5, expected a whole number >= 0"):
         reader(_csv(tmp_path, name, text.format("1.5")))
+
+
+@pytest.mark.parametrize("data", [b"\xff\xfeg\x00p\x00u\x00", bytes(range(256))], ids=["utf-16", "binary"])
+def test_meta_that_is_not_utf8_is_named(tmp_path, data):
+    """Was a UnicodeDecodeError traceback (exit 1)."""
+    folder = write_llmservingsim(tmp_path)
+    (folder / "meta.yaml").write_bytes(data)
+    with pytest.raises(SourceError, match=r"meta\.yaml: not UTF-8 text \(byte 0x(ff|80) at offset \d+\)"):
+        llmservingsim.read_profile(folder)
+
+
+@pytest.mark.parametrize("line, says", [
+    ("tp_degrees: '12'", "tp_degrees must be a list of whole numbers >= 1"),  # was read as [1, 2]
+    ("tp_degrees: '1'", "tp_degrees must be a list"),  # was read as [1] by accident
+    ("tp_degrees: 1", "tp_degrees must be a list"),  # TypeError traceback
+    ("tp_degrees: null", "tp_degrees must be a list"),
+    ("tp_degrees: [x]", "tp_degrees must be a list"),  # ValueError traceback
+    ("tp_degrees: [1.5]", "tp_degrees must be a list"),  # read as tp1
+    ("tp_degrees: [0]", "tp_degrees must be a list"),
+    ("tp_degrees: []", "tp_degrees must be a list"),
+    ("tp_degrees: {a: 1}", "tp_degrees must be a list"),
+    ("measurement_iterations: 0", "measurement_iterations must be a whole number >= 1"),  # read as 1
+    ("measurement_iterations: -1", "measurement_iterations must be"),  # negative skew times
+    ("measurement_iterations: x", "measurement_iterations must be"),  # traceback
+    ("measurement_iterations: 1.5", "measurement_iterations must be"),  # read as 1
+    ("measurement_iterations: true", "measurement_iterations must be"),  # read as 1
+    ("measurement_iterations: .inf", "measurement_iterations must be"),  # OverflowError traceback
+    ("engine_effective: [1]", "engine_effective must be a mapping"),  # AttributeError traceback
+    ("engine_effective: {hf_overrides: [1]}", "engine_effective.hf_overrides must be a mapping"),  # ignored
+    ("engine_effective: {hf_overrides: {num_attention_heads: x}}", "hf_overrides.num_attention_heads must be a whole"),
+    ("engine_effective: {hf_overrides: {vocab_size: null}}", "hf_overrides.vocab_size must be a whole"),
+    ("engine_effective: {hf_overrides: {num_key_value_heads: 7.5}}", "hf_overrides.num_key_value_heads must be"),
+    ("gpu: [1]", "gpu must be a name"),
+    ("model: null", "model must be a name"),
+])
+def test_meta_fields_of_the_wrong_type_are_named(tmp_path, line, says):
+    folder = write_llmservingsim(tmp_path)
+    key = line.split(":")[0]
+    kept = [m for m in META.splitlines() if not m.startswith(key) and not m.startswith("  ")]
+    (folder / "meta.yaml").write_text("\n".join([*kept, line]) + "\n")
+    with pytest.raises(SourceError, match=rf"meta\.yaml: {re.escape(says)}.*, got "):
+        llmservingsim.read_profile(folder)
+
+
+def test_meta_without_measurement_iterations_reads_skew_as_one_call(tmp_path):
+    folder = write_llmservingsim(tmp_path)
+    assert "measurement_iterations" not in (folder / "meta.yaml").read_text()
+    llmservingsim.read_profile(folder)

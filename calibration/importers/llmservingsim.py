@@ -41,6 +41,8 @@ US = 1e-6
 NS = 1e-9
 FILES = ("dense", "attention", "per_sequence", "skew")
 ATTENTION_AXES = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode")
+# meta.yaml's engine_effective.hf_overrides that give the profiled layer's shape (one rank's shard)
+LAYER_SHAPE = ("num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size")
 SKEW_COUNTS = ("n", "nb", "pc", "kp", "kvs", "kv_big", "kv_mean")
 SKEW_COLUMNS = ("regime", "n", "nb", "skew", "pc", "kp", "kvs", "kv_big", "kv_mean",
                 "t_mean_us", "t_max_us", "t_skew_us")
@@ -96,8 +98,12 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise SourceError(f"{path}: file not found (an LLMServingSim profile folder has a meta.yaml)")
+    data = path.read_bytes()
     try:
-        meta = yaml.safe_load(path.read_text())
+        meta = yaml.safe_load(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise SourceError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
+                          "save it as UTF-8") from None
     except yaml.YAMLError as exc:
         raise SourceError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(meta, dict):
@@ -105,7 +111,30 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     for key in ("gpu", "model", "tp_degrees"):
         if key not in meta:
             raise SourceError(f"{path}: missing field {key!r}")
+    for key in ("gpu", "model"):
+        if not isinstance(meta[key], str) or not meta[key].strip():
+            raise SourceError(f"{path}: {key} must be a name, got {meta[key]!r}")
+    tp = meta["tp_degrees"]
+    if not isinstance(tp, list) or not tp or not all(_whole(t) for t in tp):
+        raise SourceError(f"{path}: tp_degrees must be a list of whole numbers >= 1 (e.g. [1, 2]), got {tp!r}")
+    iters = meta.get("measurement_iterations")
+    if iters is not None and not _whole(iters):
+        raise SourceError(f"{path}: measurement_iterations must be a whole number >= 1 (the timed calls each "
+                          f"skew.csv time sums), got {iters!r}")
+    engine = meta.get("engine_effective")
+    if engine is not None and not isinstance(engine, dict):
+        raise SourceError(f"{path}: engine_effective must be a mapping, got {engine!r}")
+    over = (engine or {}).get("hf_overrides")
+    if over is not None and not isinstance(over, dict):
+        raise SourceError(f"{path}: engine_effective.hf_overrides must be a mapping, got {over!r}")
+    for key in LAYER_SHAPE:
+        if key in (over or {}) and not _whole(over[key]):
+            raise SourceError(f"{path}: hf_overrides.{key} must be a whole number >= 1, got {over[key]!r}")
     return meta
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def read_dense(path: str | Path) -> pd.DataFrame:
@@ -150,7 +179,7 @@ def read_profile(path: str | Path, tp: list[int] | None = None) -> LLMServingSim
     """Read a profile folder (the one holding ``meta.yaml``); ``tp`` limits the degrees read."""
     path = Path(path)
     meta = read_meta(path / "meta.yaml")
-    degrees = [int(t) for t in meta["tp_degrees"]]
+    degrees = list(meta["tp_degrees"])
     if tp:
         unknown = [t for t in tp if t not in degrees]
         if unknown:
@@ -163,7 +192,7 @@ def read_profile(path: str | Path, tp: list[int] | None = None) -> LLMServingSim
         if skew is not None:
             # the profiler's skew pass sums its timed iterations (skew.py `_measure`): its times
             # are meta.yaml's measurement_iterations x one call (2.97x attention.csv at the same shape)
-            iters = int(meta.get("measurement_iterations", 1) or 1)
+            iters = meta.get("measurement_iterations") or 1
             for c in ("t_mean_s", "t_max_s", "t_skew_s"):
                 skew[c] = skew[c] / iters
         tables = {"dense": read_dense(d / "dense.csv"), "attention": read_attention(d / "attention.csv"),
