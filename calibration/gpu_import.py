@@ -63,15 +63,17 @@ def check_model_matches(source_model: str, model: ModelConfig, where: str) -> No
 
 def check_layer_shape(meta: dict[str, Any], model: ModelConfig, where: str) -> None:
     """meta.yaml's hf_overrides are those of the last TP degree profiled (the layer shrunk to one
-    rank's shard): times that degree they must give the preset's shape, else the preset is not the
-    model that was measured."""
+    rank's shard): times that degree they must give the preset's shape (hidden size and head dim,
+    which no rank splits, as they are), else the preset is not the model that was measured."""
     over = (meta.get("engine_effective") or {}).get("hf_overrides") or {}
     tp = max(int(t) for t in meta.get("tp_degrees") or [1])
     want = {"num_attention_heads": model.num_heads, "num_key_value_heads": model.num_kv_heads,
-            "intermediate_size": model.intermediate_size, "vocab_size": model.vocab_size}
+            "intermediate_size": model.intermediate_size, "vocab_size": model.vocab_size,
+            "hidden_size": model.hidden_size, "head_dim": model.head_dim}
     for key, value in want.items():
-        if key in over and int(over[key]) * tp != value:
-            raise SourceError(f"{where}/meta.yaml: hf_overrides.{key} = {over[key]} at tp{tp} means {int(over[key]) * tp} "
+        split = 1 if key in ("hidden_size", "head_dim") else tp  # every rank holds the whole hidden state
+        if key in over and int(over[key]) * split != value:
+            raise SourceError(f"{where}/meta.yaml: hf_overrides.{key} = {over[key]} at tp{tp} means {int(over[key]) * split} "
                               f"for the whole model, but preset {model.name} has {value}")
 
 

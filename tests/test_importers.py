@@ -260,3 +260,19 @@ def test_meta_without_measurement_iterations_reads_skew_as_one_call(tmp_path):
     folder = write_llmservingsim(tmp_path)
     assert "measurement_iterations" not in (folder / "meta.yaml").read_text()
     llmservingsim.read_profile(folder)
+
+
+@pytest.mark.parametrize("key, value, whole", [("hidden_size", 1000, 1000), ("head_dim", 64, 64),
+                                                ("num_attention_heads", 8, 16)])
+def test_a_layer_shape_of_another_model_is_named(key, value, whole):
+    """hidden_size and head_dim are not split across ranks: a profile whose meta.yaml shrank them
+    measured another layer (was imported as llama-3.1-8b without a word)."""
+    from servesim.calibration.gpu_import import check_layer_shape
+    from servesim.sim.presets import get_model
+
+    meta = {"tp_degrees": [1, 2], "engine_effective": {"hf_overrides": {key: value}}}
+    with pytest.raises(SourceError, match=rf"F/meta\.yaml: hf_overrides\.{key} = {value} at tp2 means {whole} for the "
+                                          r"whole model, but preset llama-3\.1-8b has"):
+        check_layer_shape(meta, get_model("llama-3.1-8b"), "F")
+    check_layer_shape({"tp_degrees": [1, 2], "engine_effective": {"hf_overrides": {
+        "hidden_size": 4096, "head_dim": 128, "num_attention_heads": 16}}}, get_model("llama-3.1-8b"), "F")

@@ -42,7 +42,8 @@ NS = 1e-9
 FILES = ("dense", "attention", "per_sequence", "skew")
 ATTENTION_AXES = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode")
 # meta.yaml's engine_effective.hf_overrides that give the profiled layer's shape (one rank's shard)
-LAYER_SHAPE = ("num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size")
+LAYER_SHAPE = ("num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size", "hidden_size",
+               "head_dim")
 SKEW_COUNTS = ("n", "nb", "pc", "kp", "kvs", "kv_big", "kv_mean")
 SKEW_COLUMNS = ("regime", "n", "nb", "skew", "pc", "kp", "kvs", "kv_big", "kv_mean",
                 "t_mean_us", "t_max_us", "t_skew_us")
