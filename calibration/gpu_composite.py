@@ -32,6 +32,7 @@ from servesim.sim.layer_cost_model import tail_slope
 from servesim.sim.presets import ModelConfig, get_hardware, kv_heads_per_rank
 
 from . import gpu_profile as gp
+from .gpu_import import check_hardware_matches
 from .importers import SourceError, inference_sim, llmservingsim, vidur
 
 GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -85,16 +86,19 @@ def assemble_composite(opts: Any, model: ModelConfig, link: dict[str, Any]) -> t
             if path.is_dir():
                 raise SourceError(f"{path}: an LLMServingSim profile folder is a whole profile; import it alone")
             df, prov = llmservingsim.read_v0_layers(path)
+            check_hardware_matches(prov.gpu, opts.hardware, str(path))
             v0, v0_path = df[df["tp"] == tp], path
             if v0.empty:
                 raise SourceError(f"{path}: no rows for tp {tp}")
             provs.append(prov)
         elif fmt == "vidur" and path.name == "all_reduce.csv":
             df, prov = vidur.read_all_reduce(path)
+            check_hardware_matches(prov.gpu, opts.hardware, str(path))
             allreduce = df[df["num_workers"] == tp]
             provs.append(prov)
         elif fmt == "vidur":
             df, prov = vidur.read_mlp(path)
+            check_hardware_matches(prov.gpu, opts.hardware, str(path))
             mlp = df[df["tp"] == tp]
             if mlp.empty:
                 raise SourceError(f"{path}: no rows for tensor parallel {tp} (has {sorted(set(df['tp']))})")
@@ -112,6 +116,7 @@ def assemble_composite(opts: Any, model: ModelConfig, link: dict[str, Any]) -> t
                 decode, prov = inference_sim.read_decode(path)
             else:
                 prefill, prov = inference_sim.read_prefill(path)
+            check_hardware_matches(prov.gpu, opts.hardware, str(path))
             provs.append(prov)
     if v0 is None and mlp is None:
         raise SourceError("no dense-op source: give a Vidur mlp.csv or the LLMServingSim v0 layers.csv")

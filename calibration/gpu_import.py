@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 from servesim.sim.cost_model import reading_attention_shape
-from servesim.sim.presets import ModelConfig, get_hardware, get_model
+from servesim.sim.presets import ModelConfig, get_hardware, get_model, hardware_preset
 
 from . import gpu_profile as gp
 from .importers import SourceError, llmservingsim
@@ -61,6 +61,15 @@ def check_model_matches(source_model: str, model: ModelConfig, where: str) -> No
         raise SourceError(f"{where} measures model {source_model!r}, but --model is {model.name!r}")
 
 
+def check_hardware_matches(source_gpu: str, hardware: str, where: str) -> None:
+    """The source was measured on the GPU --hardware names, where the source names a GPU servesim
+    has a preset for; otherwise a ``SourceError`` naming both."""
+    preset = hardware_preset(source_gpu) if source_gpu else None
+    if preset is not None and preset != hardware:
+        raise SourceError(f"{where} measures on {source_gpu!r} (preset {preset}), but --hardware is {hardware!r}; "
+                          f"import it with --hardware {preset}")
+
+
 def check_layer_shape(meta: dict[str, Any], model: ModelConfig, where: str) -> None:
     """meta.yaml's hf_overrides are those of the last TP degree profiled (the layer shrunk to one
     rank's shard): times that degree they must give the preset's shape (hidden size and head dim,
@@ -82,6 +91,7 @@ def assemble_llmservingsim(folder: str | Path, model: ModelConfig, hardware: str
     """(assembly, attention rows, skew rows) from an LLMServingSim profile folder at one TP degree."""
     prof = llmservingsim.read_profile(folder, tp=[tp])
     check_model_matches(prof.model, model, str(folder))
+    check_hardware_matches(str(prof.meta.get("hardware") or prof.gpu), hardware, str(folder))
     check_layer_shape(prof.meta, model, str(folder))
     t = prof.tp[tp]
     dense = t.dense.pivot_table(index="tokens", columns="op", values="seconds", aggfunc="median").sort_index()

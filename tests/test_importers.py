@@ -276,3 +276,30 @@ def test_a_layer_shape_of_another_model_is_named(key, value, whole):
         check_layer_shape(meta, get_model("llama-3.1-8b"), "F")
     check_layer_shape({"tp_degrees": [1, 2], "engine_effective": {"hf_overrides": {
         "hidden_size": 4096, "head_dim": 128, "num_attention_heads": 16}}}, get_model("llama-3.1-8b"), "F")
+
+
+def test_an_llmservingsim_profile_of_another_gpu_is_refused(tmp_path):
+    """An RTX 4090 profile imported as --hardware h100-sxm was written as an H100 profile."""
+    from servesim.calibration.gpu_import import ImportOptions, run_import
+
+    folder = write_llmservingsim(tmp_path)
+    (folder / "meta.yaml").write_text(META.replace("model: org/Tiny-1B", "model: meta-llama/Llama-3.1-8B")
+                                      .replace("gpu: NVIDIA Test GPU", "gpu: NVIDIA GeForce RTX 4090\nhardware: RTX4090"))
+    with pytest.raises(SourceError, match=r"Tiny-1B measures on 'RTX4090' \(preset rtx-4090\), but --hardware is "
+                                          r"'h100-sxm'; import it with --hardware rtx-4090"):
+        run_import(ImportOptions("llmservingsim", [str(folder)], "llama-3.1-8b", "h100-sxm", out=str(tmp_path / "p.json")))
+    assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize("gpu, hardware", [("h100", "a100-80g"), ("a100", "h100-sxm"), ("h100", "rtx-4090")])
+def test_a_vidur_table_of_another_gpu_is_refused(tmp_path, gpu, hardware):
+    """Vidur's compute/<gpu>/ folder names the GPU: its H100 table imported as --hardware a100-80g
+    was written as an A100 profile."""
+    from servesim.calibration.gpu_import import ImportOptions, run_import
+
+    f = tmp_path / "compute" / gpu / "org" / "M" / "mlp.csv"
+    f.parent.mkdir(parents=True)
+    f.write_text("time_stats.attn_pre_proj.median,num_tokens,num_tensor_parallel_workers\n0.25,8,1\n")
+    with pytest.raises(SourceError, match=rf"mlp\.csv measures on 'NVIDIA {gpu.upper()}.*' \(preset .*\), but --hardware is "
+                                          rf"'{hardware}'; import it with --hardware"):
+        run_import(ImportOptions("vidur", [str(f)], "llama-2-7b", hardware, out=str(tmp_path / "p.json")))

@@ -438,9 +438,9 @@ def test_llmservingsim_profiles_meet_the_step_error_target(name):
 # ---- a composite profile (Vidur token ops + inference-sim attention) ----
 
 
-def fabricate_composite(root: Path) -> tuple[Path, Path, Path]:
+def fabricate_composite(root: Path, gpu: str = "h100") -> tuple[Path, Path, Path]:
     """Vidur mlp.csv (ms) for a Llama-2-7B-shaped layer and inference-sim decode/prefill files (us)."""
-    mlp = root / "compute" / "h100" / "meta-llama" / "Llama-2-7b-hf" / "mlp.csv"
+    mlp = root / "compute" / gpu / "meta-llama" / "Llama-2-7b-hf" / "mlp.csv"
     mlp.parent.mkdir(parents=True)
     ops = ["emb", "input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
            "mlp_up_proj", "mlp_act", "mlp_down_proj", "add"]
@@ -486,7 +486,7 @@ def test_composite_without_attention_labels_the_roofline(tmp_path):
 
 @pytest.mark.parametrize("hardware", ["a100-80g", "h100-sxm"])
 def test_composite_without_attention_is_the_roofline_attention_at_every_node(tmp_path, hardware):
-    mlp, _, _ = fabricate_composite(tmp_path)
+    mlp, _, _ = fabricate_composite(tmp_path, hardware.split("-")[0])  # compute/<gpu>/ names the GPU
     profile = run_import(ImportOptions("vidur", [str(mlp)], "llama-2-7b", hardware, 1, out=str(tmp_path / "a.json")))
     grid = load_profile(tmp_path / "a.json").attention
     roof = RooflineCostModel(get_model("llama-2-7b"), get_hardware(hardware), 1)
