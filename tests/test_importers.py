@@ -303,3 +303,33 @@ def test_a_vidur_table_of_another_gpu_is_refused(tmp_path, gpu, hardware):
     with pytest.raises(SourceError, match=rf"mlp\.csv measures on 'NVIDIA {gpu.upper()}.*' \(preset .*\), but --hardware is "
                                           rf"'{hardware}'; import it with --hardware"):
         run_import(ImportOptions("vidur", [str(f)], "llama-2-7b", hardware, out=str(tmp_path / "p.json")))
+
+
+# files that measure each shape once: a second row of a shape (line 4) with another time
+DUPLICATES = [
+    ("dense.csv", "layer,tokens,time_us\nqkv_proj,1,10\nqkv_proj,2,12\nqkv_proj,2,{}\n", llmservingsim.read_dense,
+     "layer=qkv_proj, tokens=2", "time_us"),
+    ("per_sequence.csv", "layer,sequences,time_us\nlm_head,1,700\nlm_head,2,710\nlm_head,2,{}\n",
+     llmservingsim.read_per_sequence, "layer=lm_head, sequences=2", "time_us"),
+    ("attention.csv", "prefill_chunk,kv_prefill,n_decode,kv_decode,time_us\n0,0,1,16,8\n16,0,0,0,7\n16,0,0,0,{}\n",
+     llmservingsim.read_attention, "prefill_chunk=16, kv_prefill=0, n_decode=0, kv_decode=0", "time_us"),
+    ("layers.csv", "layer_name,input,kv_cache,tp_size,latency(ns)\nq_proj,1,0,1,2000\nq_proj,2,0,1,2100\n"
+     "q_proj,2,0,1,{}\n", llmservingsim.read_v0_layers, "layer_name=q_proj, input=2, kv_cache=0, tp_size=1",
+     "latency(ns)"),
+    ("mha_decode_h100_32-8-128-tp1.csv", "batch_size,kv_len,latency_us\n1,1024,30\n1,2048,31\n1,2048,{}\n",
+     inference_sim.read_decode, "batch_size=1, kv_len=2048", "latency_us"),
+    ("mha_prefill_h100_32-8-128.csv", "seq_len,latency_us\n1024,38\n2048,200\n2048,{}\n", inference_sim.read_prefill,
+     "seq_len=2048", "latency_us"),
+]
+
+
+@pytest.mark.parametrize("name, text, reader, shape, column", DUPLICATES, ids=[d[0] for d in DUPLICATES])
+def test_two_rows_of_one_shape_with_different_times_are_named(tmp_path, name, text, reader, shape, column):
+    """These formats time each shape once: two times for one shape were averaged (dense, per-sequence,
+    v0, inference-sim) or the last one kept (attention) without a word."""
+    with pytest.raises(SourceError, match=rf"{re.escape(name)}: rows 3 and 4 both measure {re.escape(shape)} with "
+                                          rf"different {re.escape(column)} \(\S+ vs 9999\S*\); keep one row per shape"):
+        reader(_csv(tmp_path, name, text.format("9999")))
+    same = text.splitlines()[2].rpartition(",")[2]  # the row repeated as it is: read once
+    again = reader(_csv(tmp_path, name, text.format(same)))
+    assert len(again[0] if isinstance(again, tuple) else again) == 2

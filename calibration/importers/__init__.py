@@ -103,6 +103,27 @@ def numeric(df: pd.DataFrame, path: str | Path, columns: list[str] | tuple[str, 
     return out
 
 
+def one_row_per_shape(df: pd.DataFrame, path: str | Path, keys: list[str] | tuple[str, ...],
+                      value: str) -> pd.DataFrame:
+    """``df`` (as ``read_csv`` numbered it) with a row repeated as it is kept once; two rows of one
+    shape (``keys``) with different ``value`` are a ``SourceError``: a format that times each shape
+    once cannot say which to believe, and a mean of them is neither."""
+    keys = list(keys)
+    dup = df[df.duplicated(keys, keep=False)]
+    for _, rows in dup.groupby(keys, sort=False):
+        other = rows[rows[value] != rows[value].iloc[0]]
+        if len(other):
+            shape = ", ".join(f"{k}={_shown(rows[k].iloc[0])}" for k in keys)
+            raise SourceError(f"{path}: rows {rows.index[0] + 2} and {other.index[0] + 2} both measure {shape} with "
+                              f"different {value} ({_shown(rows[value].iloc[0])} vs {_shown(other[value].iloc[0])}); "
+                              "keep one row per shape")
+    return df.drop_duplicates(keys)
+
+
+def _shown(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
 def after(path: Path, marker: str) -> str:
     """The part of ``path`` after the folder called ``marker`` ('' when there is none)."""
     parts = path.resolve().parts

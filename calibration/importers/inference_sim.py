@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import INFERENCE_SIM, Provenance, SourceError, numeric, provenance, read_csv
+from . import INFERENCE_SIM, Provenance, SourceError, numeric, one_row_per_shape, provenance, read_csv
 
 US = 1e-6
 _NAME = re.compile(r"mha_(decode|prefill)_(\w+?)_(\d+)-(\d+)-(\d+)(?:-tp(\d+))?\.csv$")
@@ -42,6 +42,7 @@ def read_decode(path: str | Path) -> tuple[pd.DataFrame, Provenance]:
         raise SourceError(f"{path}: a prefill file where a decode file was expected")
     df = numeric(read_csv(path, ("batch_size", "kv_len", "latency_us")), path, ("batch_size", "kv_len", "latency_us"),
                  positive=("batch_size", "kv_len", "latency_us"), whole=("batch_size", "kv_len"))
+    df = one_row_per_shape(df, path, ("batch_size", "kv_len"), "latency_us")
     out = pd.DataFrame({"batch": df["batch_size"].astype(int), "kv_len": df["kv_len"].astype(int),
                         "seconds": df["latency_us"] * US})
     return out, _prov(path, kind, gpu, "one layer's decode attention vs batch and KV length (us)")
@@ -55,5 +56,6 @@ def read_prefill(path: str | Path) -> tuple[pd.DataFrame, Provenance]:
         raise SourceError(f"{path}: a decode file where a prefill file was expected")
     df = numeric(read_csv(path, ("seq_len", "latency_us")), path, ("seq_len", "latency_us"),
                  positive=("seq_len", "latency_us"), whole=("seq_len",))
+    df = one_row_per_shape(df, path, ("seq_len",), "latency_us")
     out = pd.DataFrame({"seq_len": df["seq_len"].astype(int), "seconds": df["latency_us"] * US})
     return out, _prov(path, kind, gpu, "one layer's causal prefill attention vs sequence length (us)")

@@ -35,7 +35,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from . import LLMSERVINGSIM, Provenance, SourceError, after, numeric, provenance, read_csv
+from . import LLMSERVINGSIM, Provenance, SourceError, after, numeric, one_row_per_shape, provenance, read_csv
 
 US = 1e-6
 NS = 1e-9
@@ -142,6 +142,7 @@ def read_dense(path: str | Path) -> pd.DataFrame:
     """``dense.csv`` -> ``op, tokens, seconds``."""
     df = numeric(read_csv(path, ("layer", "tokens", "time_us")), path, ("tokens", "time_us"), positive=("tokens", "time_us"),
                  whole=("tokens",))
+    df = one_row_per_shape(df, path, ("layer", "tokens"), "time_us")
     return pd.DataFrame({"op": df["layer"].astype(str), "tokens": df["tokens"].astype(int),
                          "seconds": df["time_us"] * US})
 
@@ -150,6 +151,7 @@ def read_per_sequence(path: str | Path) -> pd.DataFrame:
     """``per_sequence.csv`` -> ``op, sequences, seconds``."""
     df = numeric(read_csv(path, ("layer", "sequences", "time_us")), path, ("sequences", "time_us"),
                  positive=("sequences", "time_us"), whole=("sequences",))
+    df = one_row_per_shape(df, path, ("layer", "sequences"), "time_us")
     return pd.DataFrame({"op": df["layer"].astype(str), "sequences": df["sequences"].astype(int),
                          "seconds": df["time_us"] * US})
 
@@ -158,6 +160,7 @@ def read_attention(path: str | Path) -> pd.DataFrame:
     """``attention.csv`` -> the four axes (tokens, rows) and ``seconds`` of one layer's attention."""
     df = numeric(read_csv(path, (*ATTENTION_AXES, "time_us")), path, (*ATTENTION_AXES, "time_us"),
                  positive=("time_us",), whole=ATTENTION_AXES)
+    df = one_row_per_shape(df, path, ATTENTION_AXES, "time_us")
     out = df[list(ATTENTION_AXES)].astype(int)
     out["seconds"] = df["time_us"] * US
     return out
@@ -216,6 +219,7 @@ def read_v0_layers(path: str | Path, gpu: str = "NVIDIA H100") -> tuple[pd.DataF
     cols = ("layer_name", "input", "kv_cache", "tp_size", "latency(ns)")
     df = numeric(read_csv(path, cols), path, cols[1:], positive=("input", "tp_size", "latency(ns)"),
                  whole=cols[1:4])
+    df = one_row_per_shape(df, path, cols[:4], cols[4])
     out = pd.DataFrame({"op": df["layer_name"].astype(str).replace(V0_OPS), "tokens": df["input"].astype(int),
                         "kv_cache": df["kv_cache"].astype(int), "tp": df["tp_size"].astype(int),
                         "seconds": df["latency(ns)"] * NS})
