@@ -32,7 +32,7 @@ from servesim.sim.layer_cost_model import tail_slope
 from servesim.sim.presets import ModelConfig, get_hardware, kv_heads_per_rank
 
 from . import gpu_profile as gp
-from .gpu_import import check_hardware_matches
+from .gpu_import import check_hardware_matches, check_ops_cover
 from .importers import SourceError, inference_sim, llmservingsim, vidur
 
 GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -47,11 +47,13 @@ SAMPLER_LAUNCH_S = 20e-6
 
 
 def _need_ops(table: pd.DataFrame, path: Any, ops: Sequence[str]) -> None:
-    """A source table (op per column) holds every op the profile is built from; else ``SourceError``."""
+    """A source table (op per column) holds every op the profile is built from, each over the table's
+    token range (``check_ops_cover``); else ``SourceError``."""
     missing = [op for op in ops if op not in table.columns]
     if missing:
         raise SourceError(f"{path}: no rows for op {missing[0]!r} (has: {', '.join(map(str, table.columns))}); "
                           "give the source's complete table")
+    check_ops_cover(table, str(path), ops, "tokens")
 
 
 def _sources(opts: Any) -> list[tuple[str, Path]]:

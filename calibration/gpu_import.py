@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +86,21 @@ def check_layer_shape(meta: dict[str, Any], model: ModelConfig, where: str) -> N
                               f"for the whole model, but preset {model.name} has {value}")
 
 
+def check_ops_cover(table: pd.DataFrame, where: str, ops: Iterable[str], axis: str) -> None:
+    """``table`` (one column per op, indexed by ``axis``) spans two or more ``axis`` values and each of
+    ``ops`` is measured at its first and last: between its points a curve is interpolated, beyond
+    them it would be extrapolated flat from a shorter one. ``SourceError`` otherwise."""
+    xs = table.index
+    if len(xs) < 2:
+        raise SourceError(f"{where}: measured at one {axis} value ({xs[0]}); a table needs at least two")
+    for op in ops:
+        got = table[op].dropna().index
+        if got.min() > xs.min() or got.max() < xs.max():
+            span = f"{got.min()}..{got.max()}" if len(got) > 1 else f"{got.min()} only"
+            raise SourceError(f"{where}: op {op!r} is measured at {axis} {span}, the table at {xs.min()}..{xs.max()}; "
+                              "give every op the whole range")
+
+
 def assemble_llmservingsim(folder: str | Path, model: ModelConfig, hardware: str, tp: int,
                            allreduce: dict[str, Any]) -> tuple[gp.Assembly, pd.DataFrame, pd.DataFrame | None]:
     """(assembly, attention rows, skew rows) from an LLMServingSim profile folder at one TP degree."""
@@ -99,11 +114,16 @@ def assemble_llmservingsim(folder: str | Path, model: ModelConfig, hardware: str
     missing = [o for o in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj") if o not in dense.columns]
     if missing:
         raise SourceError(f"{folder}/tp{tp}/dense.csv: no rows for op {missing[0]!r}")
+    check_ops_cover(dense, f"{folder}/tp{tp}/dense.csv", ops, "tokens")
     dense = dense[list(ops)].interpolate(limit_direction="both")
     src = f"LLMServingSim {prof.meta.get('hardware', '')} tp{tp}/dense.csv"
     dense_ops = {k: {"per": per, "count": c, "seconds": dense[k].tolist(), "source": src}
                  for k, (per, c) in ops.items()}
     seq = t.per_sequence.pivot_table(index="sequences", columns="op", values="seconds", aggfunc="median")
+    missing = [o for o in ("lm_head", "sampler") if o not in seq.columns]
+    if missing:
+        raise SourceError(f"{folder}/tp{tp}/per_sequence.csv: no rows for op {missing[0]!r}")
+    check_ops_cover(seq, f"{folder}/tp{tp}/per_sequence.csv", seq.columns, "sequences")
     seq = seq.sort_index().interpolate(limit_direction="both")
     # the roofline's attention term for this model and GPU: the shape the "roofline" reading offers
     shape = reading_attention_shape(model, get_hardware(hardware), tp)

@@ -333,3 +333,61 @@ def test_two_rows_of_one_shape_with_different_times_are_named(tmp_path, name, te
     same = text.splitlines()[2].rpartition(",")[2]  # the row repeated as it is: read once
     again = reader(_csv(tmp_path, name, text.format(same)))
     assert len(again[0] if isinstance(again, tuple) else again) == 2
+
+
+def _tiny_folder(tmp_path: Path, dense: str, per_sequence: str = "layer,sequences,time_us\nlm_head,1,700\n"
+                 "lm_head,2,710\nsampler,1,20\nsampler,2,21\n") -> Path:
+    folder = write_llmservingsim(tmp_path)
+    (folder / "meta.yaml").write_text(META.replace("model: org/Tiny-1B", "model: tiny"))
+    (folder / "tp1" / "dense.csv").write_text(dense)
+    (folder / "tp1" / "per_sequence.csv").write_text(per_sequence)
+    return folder
+
+
+def _dense(tokens_of: dict[str, tuple[int, ...]]) -> str:
+    rows = [f"{op},{t},{5 + t}" for op in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+            for t in tokens_of.get(op, (1, 2, 4, 8))]
+    return "layer,tokens,time_us\n" + "\n".join(rows) + "\n"
+
+
+@pytest.mark.parametrize("tokens_of, says", [
+    ({"qkv_proj": (1,)}, r"op 'qkv_proj' is measured at tokens 1 only, the table at 1\.\.8"),  # was flat
+    ({"o_proj": (1, 2)}, r"op 'o_proj' is measured at tokens 1\.\.2, the table at 1\.\.8"),  # flat beyond 2
+    ({op: (1,) for op in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")}, r"measured at one tokens value \(1\)"),
+])
+def test_a_dense_op_not_measured_over_the_table_is_named(tmp_path, tokens_of, says):
+    """An op with fewer token counts than the table was extrapolated flat from its last one (exit 0);
+    a table of one token count failed on the profile's own check, naming no file, with a numpy
+    warning on stderr."""
+    from servesim.calibration.gpu_import import ImportOptions, run_import
+
+    folder = _tiny_folder(tmp_path, _dense(tokens_of))
+    with pytest.raises(SourceError, match=rf"tp1/dense\.csv: {says}"):
+        run_import(ImportOptions("llmservingsim", [str(folder)], "tiny", "h100-sxm", out=str(tmp_path / "p.json")))
+
+
+@pytest.mark.parametrize("per_sequence, says", [
+    ("layer,sequences,time_us\nlm_head,1,700\nlm_head,2,710\n", "no rows for op 'sampler'"),  # step had no sampler
+    ("layer,sequences,time_us\nsampler,1,20\nsampler,2,21\n", "no rows for op 'lm_head'"),  # nor LM head
+    ("layer,sequences,time_us\nlm_head,1,700\nlm_head,2,710\nsampler,1,20\n",
+     r"op 'sampler' is measured at sequences 1 only, the table at 1\.\.2"),
+    ("layer,sequences,time_us\nlm_head,1,700\nsampler,1,20\n", r"measured at one sequences value \(1\)"),
+])
+def test_a_per_sequence_table_without_both_ops_over_its_range_is_named(tmp_path, per_sequence, says):
+    from servesim.calibration.gpu_import import ImportOptions, run_import
+
+    folder = _tiny_folder(tmp_path, _dense({}), per_sequence)
+    with pytest.raises(SourceError, match=rf"tp1/per_sequence\.csv: {says}"):
+        run_import(ImportOptions("llmservingsim", [str(folder)], "tiny", "h100-sxm", out=str(tmp_path / "p.json")))
+
+
+def test_a_v0_op_with_a_hole_is_named(tmp_path):
+    """q_proj missing at one token count was a NaN in the summed qkv GEMM: a traceback in the fit."""
+    from servesim.calibration.gpu_import import ImportOptions, run_import
+
+    ops = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head", "embedding",
+           "input_layernorm", "post_layernorm", "rope", "act_fn", "final_layernorm"]
+    rows = [f"{op},{t},0,1,{1000 + t}" for op in ops for t in (1, 2, 4, 8, 16, 32) if (op, t) != ("q_proj", 32)]
+    f = _csv(tmp_path, "layers.csv", "layer_name,input,kv_cache,tp_size,latency(ns)\n" + "\n".join(rows) + "\n")
+    with pytest.raises(SourceError, match=r"layers\.csv: op 'q_proj' is measured at tokens 1\.\.16, the table at 1\.\.32"):
+        run_import(ImportOptions("llmservingsim", [str(f)], "llama-3.1-8b", "h100-sxm", out=str(tmp_path / "p.json")))
