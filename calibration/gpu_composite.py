@@ -116,8 +116,15 @@ def assemble_composite(opts: Any, model: ModelConfig, link: dict[str, Any]) -> t
                 raise SourceError(f"{path}: measures attention at tp {file_tp}, --tp is {tp}")
             if kind == "decode":
                 decode, prov = inference_sim.read_decode(path)
+                batches, kvs = sorted(set(decode["batch"])), sorted(set(decode["kv_len"]))
+                if len(batches) < 2 or len(kvs) < 2:
+                    raise SourceError(f"{path}: a decode grid needs at least two batch sizes and two KV lengths, has "
+                                      f"batch {batches} x KV {kvs}")
             else:
                 prefill, prov = inference_sim.read_prefill(path)
+                if len(prefill) < 4:
+                    raise SourceError(f"{path}: the prefill fit needs at least 4 sequence lengths (3 terms, checked "
+                                      f"leave-one-out), has {len(prefill)}")
             check_hardware_matches(prov.gpu, opts.hardware, str(path))
             provs.append(prov)
     if v0 is None and mlp is None:
@@ -348,6 +355,8 @@ def _decode_holdout(d: pd.DataFrame) -> dict[str, Any]:
     pts = [(i, j) for i in range(arr.shape[0]) for j in range(1, arr.shape[1] - 1) if np.isfinite(arr[i, j])]
     mask = gp.split_mask(len(pts), keep_ends=False)
     held = [p for p, m in zip(pts, mask, strict=True) if m]
+    if not held:  # a grid of two KV lengths has no interior point to hold out
+        return {"table": {"n": 0}, "fit": {"n": 0}}
     train = arr.copy()
     for i, j in held:
         train[i, j] = np.nan

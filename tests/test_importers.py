@@ -391,3 +391,48 @@ def test_a_v0_op_with_a_hole_is_named(tmp_path):
     f = _csv(tmp_path, "layers.csv", "layer_name,input,kv_cache,tp_size,latency(ns)\n" + "\n".join(rows) + "\n")
     with pytest.raises(SourceError, match=r"layers\.csv: op 'q_proj' is measured at tokens 1\.\.16, the table at 1\.\.32"):
         run_import(ImportOptions("llmservingsim", [str(f)], "llama-3.1-8b", "h100-sxm", out=str(tmp_path / "p.json")))
+
+
+def _vidur_mlp(tmp_path: Path, tokens: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)) -> Path:
+    """A Vidur mlp.csv of a Llama-2-7B layer on an H100 (ms)."""
+    ops = ["emb", "input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
+           "mlp_up_proj", "mlp_act", "mlp_down_proj", "add"]
+    f = tmp_path / "compute" / "h100" / "meta-llama" / "Llama-2-7b-hf" / "mlp.csv"
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(",".join(f"time_stats.{op}.median" for op in ops) + ",n_head,n_kv_head,n_embd,n_expanded_embd,"
+                 "num_tokens,num_tensor_parallel_workers\n" + "".join(
+                     ",".join(f"{0.01 + 0.0001 * t * (i + 1):.6f}" for i in range(len(ops))) + f",32,32,4096,11008,{t},1\n"
+                     for t in tokens))
+    return f
+
+
+def _import_vidur(tmp_path: Path, *extra: str, tp: int = 1, mlp: Path | None = None) -> dict:
+    from servesim.calibration.gpu_import import ImportOptions, run_import
+
+    return run_import(ImportOptions("vidur", [str(mlp or _vidur_mlp(tmp_path))], "llama-2-7b", "h100-sxm", tp,
+                                    out=str(tmp_path / "p.json"), extra=list(extra)))
+
+
+@pytest.mark.parametrize("shape", [[(1, 1024)], [(1, 1024), (2, 1024)], [(1, 1024), (1, 2048)],
+                                   [(1, 1024), (1, 2048), (2, 1024), (2, 2048)]])
+def test_a_decode_grid_too_small_to_read_is_named(tmp_path, shape):
+    """One or two rows were a matmul traceback in the held-out check (exit 1)."""
+    f = _csv(tmp_path, "mha_decode_h100_32-32-128-tp1.csv",
+             "batch_size,kv_len,latency_us\n" + "".join(f"{b},{kv},{20 + b * kv / 1000}\n" for b, kv in shape))
+    if len(shape) == 4:  # two batch sizes x two KV lengths: a grid
+        _import_vidur(tmp_path, f"inference-sim:{f}")
+        return
+    with pytest.raises(SourceError, match=r"mha_decode_h100_32-32-128-tp1\.csv: a decode grid needs at least two batch "
+                                          r"sizes and two KV lengths, has batch \[.*\] x KV \[.*\]"):
+        _import_vidur(tmp_path, f"inference-sim:{f}")
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_a_prefill_file_too_short_to_fit_is_named(tmp_path, n):
+    """One point was a traceback (exit 1); two or three fitted a 3-term curve to fewer points than
+    its leave-one-out check needs, exit 0."""
+    f = _csv(tmp_path, "mha_prefill_h100_32-32-128.csv",
+             "seq_len,latency_us\n" + "".join(f"{s},{25 + 2e-5 * s * s}\n" for s in (1024, 2048, 4096, 8192)[:n]))
+    with pytest.raises(SourceError, match=rf"mha_prefill_h100_32-32-128\.csv: the prefill fit needs at least 4 sequence "
+                                          rf"lengths \(3 terms, checked leave-one-out\), has {n}"):
+        _import_vidur(tmp_path, f"inference-sim:{f}")
