@@ -127,7 +127,7 @@ def assemble_llmservingsim(folder: str | Path, model: ModelConfig, hardware: str
     seq = seq.sort_index().interpolate(limit_direction="both")
     # the roofline's attention term for this model and GPU: the shape the "roofline" reading offers
     shape = reading_attention_shape(model, get_hardware(hardware), tp)
-    grid = gp.attention_grid(t.attention, shape=shape)
+    grid = gp.attention_grid(t.attention, shape=shape, where=f"{folder}/tp{tp}/attention.csv")
     eager = (prof.meta.get("engine_effective") or {}).get("enforce_eager")
     notes = [
         f"All tables from one LLMServingSim profile: {prof.model} on {prof.gpu}, vLLM "

@@ -154,7 +154,8 @@ class Grid:
 
 
 def attention_grid(att: pd.DataFrame, axes: dict[str, list[int]] | None = None,
-                   interpolation: str = "linear", shape: AttentionShape | None = None) -> Grid:
+                   interpolation: str = "linear", shape: AttentionShape | None = None,
+                   where: str = "attention table") -> Grid:
     """The product grid of every value each axis was measured at, gaps filled (``fill_gaps``).
 
     LLMServingSim's sweep is the union of a doubling grid and a 1.5x-spaced one, so most
@@ -166,11 +167,13 @@ def attention_grid(att: pd.DataFrame, axes: dict[str, list[int]] | None = None,
     ``interpolation`` "roofline" (needs ``shape``): nodes with a chunk are filled as the ratio of the
     time to the roofline's attention term at that node, so the roofline's thread-block waves shape a
     gap between measured chunk sizes; nodes without one are filled linearly in time.
+
+    ``where`` (the source file) starts the message of a ``SourceError``.
     """
     axes = axes or {a: sorted(int(v) for v in set(att[a])) for a in ATTENTION_AXES}
     for name, ax in axes.items():
         if len(ax) < 3 or ax[0] != 0:
-            raise SourceError(f"attention table: axis {name} needs 0 and at least two more values, has {ax}")
+            raise SourceError(f"{where}: axis {name} needs 0 and at least two more values, has {ax}")
     idx = [np.searchsorted(axes[a], att[a].to_numpy()) for a in ATTENTION_AXES]
     arr = np.full(tuple(len(axes[a]) for a in ATTENTION_AXES), np.nan)
     arr[tuple(idx)] = att["seconds"].to_numpy()
@@ -178,17 +181,18 @@ def attention_grid(att: pd.DataFrame, axes: dict[str, list[int]] | None = None,
     term = None
     if interpolation == "roofline":
         if shape is None:
-            raise SourceError("attention table: the 'roofline' reading needs the roofline's attention term")
+            raise SourceError(f"{where}: the 'roofline' reading needs the roofline's attention term")
         term = shape_terms([axes[a] for a in ATTENTION_AXES], shape)
         arr[1:] /= term  # a chunk's times as ratios; the slices are filled independently (fill_gaps)
     arr = fill_gaps(arr, [np.asarray(axes[a], dtype=float) for a in ATTENTION_AXES],
-                    "log" if interpolation == "log" else "linear")
+                    "log" if interpolation == "log" else "linear", where)
     if term is not None:
         arr[1:] *= term
     return Grid(axes, arr, measured, int(arr.size - measured), interpolation, shape)
 
 
-def fill_gaps(arr: np.ndarray, axes: list[np.ndarray], interpolation: str = "linear") -> np.ndarray:
+def fill_gaps(arr: np.ndarray, axes: list[np.ndarray], interpolation: str = "linear",
+              where: str = "attention table") -> np.ndarray:
     """Fill unmeasured grid points so the table is a full product grid.
 
     Shapes that cannot occur are copies (no chunk: cached prefill context is moot; no decodes:
@@ -218,7 +222,7 @@ def fill_gaps(arr: np.ndarray, axes: list[np.ndarray], interpolation: str = "lin
         if not np.isnan(a).any():
             break
     if np.isnan(a).any():
-        raise SourceError(f"attention table: {int(np.isnan(a).sum())} grid points could not be filled")
+        raise SourceError(f"{where}: {int(np.isnan(a).sum())} grid points could not be filled")
     return a
 
 

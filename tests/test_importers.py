@@ -436,3 +436,19 @@ def test_a_prefill_file_too_short_to_fit_is_named(tmp_path, n):
     with pytest.raises(SourceError, match=rf"mha_prefill_h100_32-32-128\.csv: the prefill fit needs at least 4 sequence "
                                           rf"lengths \(3 terms, checked leave-one-out\), has {n}"):
         _import_vidur(tmp_path, f"inference-sim:{f}")
+
+
+@pytest.mark.parametrize("rows, says", [
+    ("0,0,1,16,8\n16,0,0,0,7\n", r"axis prefill_chunk needs 0 and at least two more values, has \[0, 16\]"),
+    ("".join(f"{pc},{kp},{n},{kv},{5 + pc + kp + n}\n" for pc in (0, 16, 32) for kp in (0, 16, 32) for n in (0, 1, 2)
+             for kv in (0, 16, 32) if (pc or n) and (pc or not kp) and (n or not kv) and not (pc and n)),
+     r"\d+ grid points could not be filled"),  # no mixed step measured
+])
+def test_an_attention_sweep_that_makes_no_grid_names_its_file(tmp_path, rows, says):
+    """The message said "attention table: ..." without the file."""
+    from servesim.calibration.gpu_import import ImportOptions, run_import
+
+    folder = _tiny_folder(tmp_path, _dense({}))
+    (folder / "tp1" / "attention.csv").write_text("prefill_chunk,kv_prefill,n_decode,kv_decode,time_us\n" + rows)
+    with pytest.raises(SourceError, match=rf"Tiny-1B/tp1/attention\.csv: {says}"):
+        run_import(ImportOptions("llmservingsim", [str(folder)], "tiny", "h100-sxm", out=str(tmp_path / "p.json")))
