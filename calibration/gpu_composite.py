@@ -33,13 +33,15 @@ from servesim.sim.presets import ModelConfig, get_hardware, kv_heads_per_rank
 
 from . import gpu_profile as gp
 from .gpu_import import check_hardware_matches, check_ops_cover
-from .importers import SourceError, inference_sim, llmservingsim, vidur
+from .importers import SourceError, inference_sim, llmservingsim, numeric, read_csv, vidur
 
 GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 # the small ops Vidur's mlp.csv measures (its input_layernorm stands in for the final norm too) ...
 VIDUR_SMALL_OPS = ("layernorm", "layernorm_post", "rotary_emb", "act_fn", "embedding")
 # ... and those a v0 layers.csv gives when it is the only source of them
 V0_SMALL_OPS = (*VIDUR_SMALL_OPS, "final_layernorm")
+# the columns of Vidur's mlp.csv that give the layer it measured
+VIDUR_SHAPE = ("n_embd", "n_expanded_embd", "n_head", "n_kv_head")
 # roofline constants where one of decode / prefill attention was measured and the other not (no
 # shipped profile), and the sampler estimate
 FLOPS_EFF, BW_EFF, LAUNCH_S = 0.6, 0.8, 10e-6
@@ -64,6 +66,17 @@ def _sources(opts: Any) -> list[tuple[str, Path]]:
             raise SourceError(f"--with {item!r}: expected FORMAT:PATH with FORMAT llmservingsim, vidur or inference-sim")
         out.append((fmt, Path(path)))
     return out
+
+
+def _layer_shape(path: Path) -> pd.Series:
+    """The layer a Vidur mlp.csv measured (``VIDUR_SHAPE``): whole numbers, the same on every row."""
+    df = numeric(read_csv(path, VIDUR_SHAPE), path, VIDUR_SHAPE, positive=VIDUR_SHAPE, whole=VIDUR_SHAPE)
+    for c in VIDUR_SHAPE:
+        other = df[df[c] != df[c].iloc[0]]
+        if len(other):
+            raise SourceError(f"{path}: rows {df.index[0] + 2} and {other.index[0] + 2} measure different layers ({c} "
+                              f"{df[c].iloc[0]:g} vs {other[c].iloc[0]:g}); give one model's mlp.csv")
+    return df.iloc[0]
 
 
 def _on_grid(xs: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -104,7 +117,7 @@ def assemble_composite(opts: Any, model: ModelConfig, link: dict[str, Any]) -> t
             mlp = df[df["tp"] == tp]
             if mlp.empty:
                 raise SourceError(f"{path}: no rows for tensor parallel {tp} (has {sorted(set(df['tp']))})")
-            mlp_dims = pd.read_csv(path, usecols=["n_embd", "n_expanded_embd", "n_head", "n_kv_head"]).iloc[0]
+            mlp_dims = _layer_shape(path)
             mlp_path = path
             provs.append(prov)
         else:

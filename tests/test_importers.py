@@ -452,3 +452,19 @@ def test_an_attention_sweep_that_makes_no_grid_names_its_file(tmp_path, rows, sa
     (folder / "tp1" / "attention.csv").write_text("prefill_chunk,kv_prefill,n_decode,kv_decode,time_us\n" + rows)
     with pytest.raises(SourceError, match=rf"Tiny-1B/tp1/attention\.csv: {says}"):
         run_import(ImportOptions("llmservingsim", [str(folder)], "tiny", "h100-sxm", out=str(tmp_path / "p.json")))
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda t: t.replace(",n_head,", ",heads,"), r"missing column 'n_head'"),  # was a traceback (usecols)
+    (lambda t: t.replace(",32,32,4096,11008,1,1\n", ",32,32,x,11008,1,1\n"),
+     r"column 'n_embd' row 2 is 'x', expected a whole number > 0"),  # traceback (int('x'))
+    (lambda t: t.replace(",32,32,4096,11008,1,1\n", ",32,32,4096.5,11008,1,1\n"),
+     r"column 'n_embd' row 2 is 4096\.5, expected a whole number > 0"),  # read as 4096
+    (lambda t: t.replace(",32,32,4096,11008,2,1\n", ",32,32,4096,14336,2,1\n"),
+     r"rows 2 and 3 measure different layers \(n_expanded_embd 11008 vs 14336\)"),  # row 2 on read, rest ignored
+])
+def test_a_vidur_layer_shape_that_cannot_be_read_is_named(tmp_path, change, says):
+    mlp = _vidur_mlp(tmp_path)
+    mlp.write_text(change(mlp.read_text()))
+    with pytest.raises(SourceError, match=rf"mlp\.csv: {says}"):
+        _import_vidur(tmp_path, mlp=mlp)
