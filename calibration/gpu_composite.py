@@ -110,6 +110,12 @@ def assemble_composite(opts: Any, model: ModelConfig, link: dict[str, Any]) -> t
             df, prov = vidur.read_all_reduce(path)
             check_hardware_matches(prov.gpu, opts.hardware, str(path))
             allreduce = df[df["num_workers"] == tp]
+            sizes = sorted(set(allreduce["bytes"]))
+            if tp > 1 and not sizes:
+                raise SourceError(f"{path}: no rows for num_workers {tp} (has {sorted(set(df['num_workers']))})")
+            if tp > 1 and len(sizes) < 2:
+                raise SourceError(f"{path}: one message size at num_workers {tp} ({sizes[0]} bytes); the all-reduce "
+                                  "table needs at least two")
             provs.append(prov)
         elif fmt == "vidur":
             df, prov = vidur.read_mlp(path)

@@ -393,7 +393,7 @@ def test_a_v0_op_with_a_hole_is_named(tmp_path):
         run_import(ImportOptions("llmservingsim", [str(f)], "llama-3.1-8b", "h100-sxm", out=str(tmp_path / "p.json")))
 
 
-def _vidur_mlp(tmp_path: Path, tokens: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)) -> Path:
+def _vidur_mlp(tmp_path: Path, tokens: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), tp: int = 1) -> Path:
     """A Vidur mlp.csv of a Llama-2-7B layer on an H100 (ms)."""
     ops = ["emb", "input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
            "mlp_up_proj", "mlp_act", "mlp_down_proj", "add"]
@@ -401,7 +401,7 @@ def _vidur_mlp(tmp_path: Path, tokens: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64
     f.parent.mkdir(parents=True, exist_ok=True)
     f.write_text(",".join(f"time_stats.{op}.median" for op in ops) + ",n_head,n_kv_head,n_embd,n_expanded_embd,"
                  "num_tokens,num_tensor_parallel_workers\n" + "".join(
-                     ",".join(f"{0.01 + 0.0001 * t * (i + 1):.6f}" for i in range(len(ops))) + f",32,32,4096,11008,{t},1\n"
+                     ",".join(f"{0.01 + 0.0001 * t * (i + 1):.6f}" for i in range(len(ops))) + f",32,32,4096,11008,{t},{tp}\n"
                      for t in tokens))
     return f
 
@@ -409,7 +409,7 @@ def _vidur_mlp(tmp_path: Path, tokens: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64
 def _import_vidur(tmp_path: Path, *extra: str, tp: int = 1, mlp: Path | None = None) -> dict:
     from servesim.calibration.gpu_import import ImportOptions, run_import
 
-    return run_import(ImportOptions("vidur", [str(mlp or _vidur_mlp(tmp_path))], "llama-2-7b", "h100-sxm", tp,
+    return run_import(ImportOptions("vidur", [str(mlp or _vidur_mlp(tmp_path, tp=tp))], "llama-2-7b", "h100-sxm", tp,
                                     out=str(tmp_path / "p.json"), extra=list(extra)))
 
 
@@ -468,3 +468,18 @@ def test_a_vidur_layer_shape_that_cannot_be_read_is_named(tmp_path, change, says
     mlp.write_text(change(mlp.read_text()))
     with pytest.raises(SourceError, match=rf"mlp\.csv: {says}"):
         _import_vidur(tmp_path, mlp=mlp)
+
+
+@pytest.mark.parametrize("rows, says", [
+    ("0.02,4,4096,8\n0.03,4,8192,8\n", r"no rows for num_workers 2 \(has \[4\]\)"),  # was the PCIe link model
+    ("0.02,2,4096,8\n0.02,4,8192,8\n", r"one message size at num_workers 2 \(4096 bytes\); the all-reduce table "
+                                       r"needs at least two"),  # was a flat table
+])
+def test_an_all_reduce_table_without_the_tp_degree_is_named(tmp_path, rows, says):
+    """--with vidur:all_reduce.csv at --tp 2 whose file has no 2-GPU rows priced the all-reduces with
+    the default PCIe link model (16 GB/s) without a word."""
+    f = tmp_path / "network" / "h100_dgx" / "all_reduce.csv"
+    f.parent.mkdir(parents=True)
+    f.write_text("time_stats.all_reduce.median,num_workers,size,devices_per_node\n" + rows)
+    with pytest.raises(SourceError, match=rf"all_reduce\.csv: {says}"):
+        _import_vidur(tmp_path, f"vidur:{f}", tp=2)
