@@ -68,6 +68,15 @@ def _sources(opts: Any) -> list[tuple[str, Path]]:
     return out
 
 
+def _role(fmt: str, path: Path) -> str:
+    """What a source is used for; one source per role."""
+    if fmt == "llmservingsim":
+        return "LLMServingSim v0 layers.csv"
+    if fmt == "vidur":
+        return "Vidur all_reduce.csv" if path.name == "all_reduce.csv" else "Vidur mlp.csv"
+    return f"inference-sim {inference_sim.heads(path)[0]} file"
+
+
 def _layer_shape(path: Path) -> pd.Series:
     """The layer a Vidur mlp.csv measured (``VIDUR_SHAPE``): whole numbers, the same on every row."""
     df = numeric(read_csv(path, VIDUR_SHAPE), path, VIDUR_SHAPE, positive=VIDUR_SHAPE, whole=VIDUR_SHAPE)
@@ -96,7 +105,12 @@ def assemble_composite(opts: Any, model: ModelConfig, link: dict[str, Any]) -> t
     v0_path = mlp_path = None
     decode = prefill = None
     provs, notes = [], []
+    first: dict[str, Path] = {}
     for fmt, path in _sources(opts):
+        role = _role(fmt, path)
+        if role in first:
+            raise SourceError(f"{path}: a second {role} (the first: {first[role]}); give one")
+        first[role] = path
         if fmt == "llmservingsim":
             if path.is_dir():
                 raise SourceError(f"{path}: an LLMServingSim profile folder is a whole profile; import it alone")

@@ -483,3 +483,18 @@ def test_an_all_reduce_table_without_the_tp_degree_is_named(tmp_path, rows, says
     f.write_text("time_stats.all_reduce.median,num_workers,size,devices_per_node\n" + rows)
     with pytest.raises(SourceError, match=rf"all_reduce\.csv: {says}"):
         _import_vidur(tmp_path, f"vidur:{f}", tp=2)
+
+
+def test_two_sources_for_one_role_are_refused(tmp_path):
+    """Two decode files (or mlp.csv files, ...) kept the last without a word, both named in the provenance."""
+    files = []
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+        files.append(_csv(tmp_path / d, "mha_decode_h100_32-32-128-tp1.csv", "batch_size,kv_len,latency_us\n"
+                          + "".join(f"{b},{kv},{20 + b * kv / 1000}\n" for b in (1, 2) for kv in (1024, 2048))))
+    with pytest.raises(SourceError, match=r"b/mha_decode_h100_32-32-128-tp1\.csv: a second inference-sim decode "
+                                          r"file \(the first: .*a/mha_decode_h100_32-32-128-tp1\.csv\); give one"):
+        _import_vidur(tmp_path, *(f"inference-sim:{f}" for f in files))
+    mlp = _vidur_mlp(tmp_path)
+    with pytest.raises(SourceError, match=r"mlp\.csv: a second Vidur mlp\.csv \(the first: .*mlp\.csv\); give one"):
+        _import_vidur(tmp_path, f"vidur:{mlp}", mlp=mlp)
