@@ -164,6 +164,11 @@ def run_import(opts: ImportOptions, log: Callable[[str], None] = lambda _m: None
         raise SourceError(f"--tp must be >= 1, got {opts.tp}")
     if opts.fmt not in FORMATS:
         raise SourceError(f"--format must be one of {', '.join(FORMATS)}, got {opts.fmt!r}")
+    if opts.out is not None and not opts.out.strip():
+        raise SourceError("--out is empty; name the profile's JSON file (default calibration/profiles/HW-MODEL-tpN.json)")
+    path = Path(opts.out) if opts.out else Path("calibration/profiles") / f"{opts.hardware}-{model.name}-tp{opts.tp}.json"
+    if path.is_dir():
+        raise SourceError(f"--out {path}: is a folder; name the profile's JSON file")
     link = dict(PCIE_LINK)
     if opts.link_bandwidth:
         link.update(bandwidth=opts.link_bandwidth, source="--link-bandwidth")
@@ -186,9 +191,12 @@ def run_import(opts: ImportOptions, log: Callable[[str], None] = lambda _m: None
     profile = gp.to_profile(asm)
     profile["provenance"]["imported"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     profile["provenance"]["command"] = command_line(opts)
-    path = Path(opts.out) if opts.out else Path("calibration/profiles") / f"{opts.hardware}-{model.name}-tp{opts.tp}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(profile, separators=(",", ":")) + "\n")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(profile, separators=(",", ":")) + "\n")
+    except OSError as e:  # /proc, a read-only or full file system, a file where a folder must be
+        raise SourceError(f"--out {path}: cannot write the profile ({e.strerror or e}"
+                          + (f": {e.filename}" if e.filename else "") + ")") from None
     return {**profile, "path": str(path)}
 
 

@@ -498,3 +498,20 @@ def test_two_sources_for_one_role_are_refused(tmp_path):
     mlp = _vidur_mlp(tmp_path)
     with pytest.raises(SourceError, match=r"mlp\.csv: a second Vidur mlp\.csv \(the first: .*mlp\.csv\); give one"):
         _import_vidur(tmp_path, f"vidur:{mlp}", mlp=mlp)
+
+
+@pytest.mark.parametrize("out, says", [
+    ("", r"--out is empty; name the profile's JSON file"),  # wrote calibration/profiles/h100-sxm-llama-2-7b-tp1.json
+    ("  ", r"--out is empty; name the profile's JSON file"),  # wrote a file called "  "
+    ("{tmp}", r"--out .*: is a folder; name the profile's JSON file"),  # "cannot write the results (Is a directory)"
+    ("/proc/servesim-x/p.json", r"--out /proc/servesim-x/p\.json: cannot write the profile \(No such file or directory"),
+])
+def test_an_out_path_that_cannot_take_the_profile_is_named(tmp_path, monkeypatch, out, says):
+    """/proc/x said "file not found: /proc/x", naming neither --out nor that it was being written."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SourceError, match=says):
+        from servesim.calibration.gpu_import import ImportOptions, run_import
+
+        run_import(ImportOptions("vidur", [str(_vidur_mlp(tmp_path))], "llama-2-7b", "h100-sxm",
+                                 out=out.format(tmp=tmp_path)))
+    assert not (tmp_path / "calibration" / "profiles").exists()
