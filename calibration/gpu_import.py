@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -164,13 +165,19 @@ def run_import(opts: ImportOptions, log: Callable[[str], None] = lambda _m: None
         raise SourceError(f"--tp must be >= 1, got {opts.tp}")
     if opts.fmt not in FORMATS:
         raise SourceError(f"--format must be one of {', '.join(FORMATS)}, got {opts.fmt!r}")
+    for flag, value, positive in (("--step-overhead-us", opts.step_overhead_us, False),
+                                  ("--per-seq-overhead-us", opts.per_seq_overhead_us, False),
+                                  ("--link-bandwidth", opts.link_bandwidth, True),
+                                  ("--link-latency-us", opts.link_latency_us, False)):
+        if value is not None and not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
+            raise SourceError(f"{flag} must be a finite number {'>' if positive else '>='} 0, got {value:g}")
     if opts.out is not None and not opts.out.strip():
         raise SourceError("--out is empty; name the profile's JSON file (default calibration/profiles/HW-MODEL-tpN.json)")
     path = Path(opts.out) if opts.out else Path("calibration/profiles") / f"{opts.hardware}-{model.name}-tp{opts.tp}.json"
     if path.is_dir():
         raise SourceError(f"--out {path}: is a folder; name the profile's JSON file")
     link = dict(PCIE_LINK)
-    if opts.link_bandwidth:
+    if opts.link_bandwidth is not None:
         link.update(bandwidth=opts.link_bandwidth, source="--link-bandwidth")
     if opts.link_latency_us is not None:
         link.update(latency_s=opts.link_latency_us * 1e-6, source=link["source"] + "; --link-latency-us")

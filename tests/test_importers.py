@@ -515,3 +515,20 @@ def test_an_out_path_that_cannot_take_the_profile_is_named(tmp_path, monkeypatch
         run_import(ImportOptions("vidur", [str(_vidur_mlp(tmp_path))], "llama-2-7b", "h100-sxm",
                                  out=out.format(tmp=tmp_path)))
     assert not (tmp_path / "calibration" / "profiles").exists()
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("link_bandwidth", 0.0, r"--link-bandwidth must be a finite number > 0, got 0"),  # was the 16 GB/s default
+    ("link_bandwidth", -5.0, r"--link-bandwidth must be a finite number > 0, got -5"),
+    ("link_latency_us", float("inf"), r"--link-latency-us must be a finite number >= 0, got inf"),
+    ("step_overhead_us", -5.0, r"--step-overhead-us must be a finite number >= 0, got -5"),  # named overhead.step_s
+    ("per_seq_overhead_us", float("nan"), r"--per-seq-overhead-us must be a finite number >= 0, got nan"),
+])
+def test_a_bad_number_flag_is_named_as_the_flag(tmp_path, field, value, says):
+    from servesim.calibration.gpu_import import ImportOptions, run_import
+
+    opts = ImportOptions("vidur", [str(tmp_path / "nothing.csv")], "llama-2-7b", "h100-sxm", 2,
+                         out=str(tmp_path / "p.json"))
+    setattr(opts, field, value)
+    with pytest.raises(SourceError, match=says):
+        run_import(opts)
