@@ -532,3 +532,19 @@ def test_a_bad_number_flag_is_named_as_the_flag(tmp_path, field, value, says):
     setattr(opts, field, value)
     with pytest.raises(SourceError, match=says):
         run_import(opts)
+
+
+@pytest.mark.parametrize("name", ["dense.csv", "skew.csv", "meta.yaml"])
+def test_a_folder_where_a_file_belongs_is_named(tmp_path, name):
+    """A folder was "file not found" (dense.csv, meta.yaml) or, as skew.csv, skipped without a word."""
+    folder = write_llmservingsim(tmp_path)
+    target = folder / name if name == "meta.yaml" else folder / "tp1" / name
+    target.unlink(missing_ok=True)
+    target.mkdir()
+    with pytest.raises(SourceError, match=rf"{re.escape(name)}: a folder, not a file"):
+        llmservingsim.read_profile(folder)
+
+
+def test_a_device_where_a_file_belongs_is_named():
+    with pytest.raises(SourceError, match=r"/dev/null: not a regular file \(a device, pipe or socket\)"):
+        vidur.read_mlp("/dev/null")

@@ -67,8 +67,8 @@ def provenance(origin: Origin, source_path: str, local: Path, gpu: str, what: st
 def read_csv(path: str | Path, columns: list[str] | tuple[str, ...]) -> pd.DataFrame:
     """A CSV with at least ``columns``, numeric where the caller says so; ``SourceError`` otherwise."""
     path = Path(path)
-    if not path.is_file():
-        raise SourceError(f"{path}: file not found")
+    if why := not_a_file(path):
+        raise SourceError(f"{path}: {why}")
     try:
         df = pd.read_csv(path)
     except (OSError, ValueError) as exc:
@@ -79,6 +79,15 @@ def read_csv(path: str | Path, columns: list[str] | tuple[str, ...]) -> pd.DataF
     if df.empty:
         raise SourceError(f"{path}: no data rows")
     return df
+
+
+def not_a_file(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a data file, or None when it is a regular file."""
+    if path.is_file():
+        return None
+    if path.is_dir():
+        return "a folder, not a file"
+    return "not a regular file (a device, pipe or socket)" if path.exists() else "file not found"
 
 
 def numeric(df: pd.DataFrame, path: str | Path, columns: list[str] | tuple[str, ...],

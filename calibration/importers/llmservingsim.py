@@ -35,7 +35,17 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from . import LLMSERVINGSIM, Provenance, SourceError, after, numeric, one_row_per_shape, provenance, read_csv
+from . import (
+    LLMSERVINGSIM,
+    Provenance,
+    SourceError,
+    after,
+    not_a_file,
+    numeric,
+    one_row_per_shape,
+    provenance,
+    read_csv,
+)
 
 US = 1e-6
 NS = 1e-9
@@ -97,8 +107,8 @@ class LLMServingSimProfile:
 def read_meta(path: str | Path) -> dict[str, Any]:
     """``meta.yaml`` as a dict; it must name the gpu, the model and the TP degrees."""
     path = Path(path)
-    if not path.is_file():
-        raise SourceError(f"{path}: file not found (an LLMServingSim profile folder has a meta.yaml)")
+    if why := not_a_file(path):
+        raise SourceError(f"{path}: {why} (an LLMServingSim profile folder has a meta.yaml)")
     data = path.read_bytes()
     try:
         meta = yaml.safe_load(data.decode("utf-8"))
@@ -192,7 +202,7 @@ def read_profile(path: str | Path, tp: list[int] | None = None) -> LLMServingSim
     prof = LLMServingSimProfile(path, meta, {})
     for t in degrees:
         d = path / f"tp{t}"
-        skew = read_skew(d / "skew.csv") if (d / "skew.csv").is_file() else None
+        skew = read_skew(d / "skew.csv") if (d / "skew.csv").exists() else None  # optional; a folder is an error
         if skew is not None:
             # the profiler's skew pass sums its timed iterations (skew.py `_measure`): its times
             # are meta.yaml's measurement_iterations x one call (2.97x attention.csv at the same shape)
