@@ -49,13 +49,18 @@ SAMPLER_LAUNCH_S = 20e-6
 
 
 def _need_ops(table: pd.DataFrame, path: Any, ops: Sequence[str]) -> None:
-    """A source table (op per column) holds every op the profile is built from, each over the table's
-    token range (``check_ops_cover``); else ``SourceError``."""
+    """A source table (op per column) holds every op the profile is built from, each at every token
+    count of the table (``check_ops_cover`` names a shorter range); else ``SourceError``."""
     missing = [op for op in ops if op not in table.columns]
     if missing:
         raise SourceError(f"{path}: no rows for op {missing[0]!r} (has: {', '.join(map(str, table.columns))}); "
                           "give the source's complete table")
     check_ops_cover(table, str(path), ops, "tokens")
+    holes = table[list(ops)].isna()
+    if holes.to_numpy().any():  # these tables are read at their own token counts, not interpolated
+        op = holes.columns[holes.any().to_numpy()][0]
+        raise SourceError(f"{path}: no row for op {op!r} at tokens {table.index[holes[op].to_numpy()][0]}; give every "
+                          "op every token count of the table")
 
 
 def _sources(opts: Any) -> list[tuple[str, Path]]:

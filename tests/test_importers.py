@@ -381,15 +381,19 @@ def test_a_per_sequence_table_without_both_ops_over_its_range_is_named(tmp_path,
         run_import(ImportOptions("llmservingsim", [str(folder)], "tiny", "h100-sxm", out=str(tmp_path / "p.json")))
 
 
-def test_a_v0_op_with_a_hole_is_named(tmp_path):
+@pytest.mark.parametrize("hole, says", [
+    (32, r"op 'q_proj' is measured at tokens 1\.\.16, the table at 1\.\.32"),
+    (4, r"no row for op 'q_proj' at tokens 4; give every op every token count of the table"),
+])
+def test_a_v0_op_with_a_hole_is_named(tmp_path, hole, says):
     """q_proj missing at one token count was a NaN in the summed qkv GEMM: a traceback in the fit."""
     from servesim.calibration.gpu_import import ImportOptions, run_import
 
     ops = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head", "embedding",
            "input_layernorm", "post_layernorm", "rope", "act_fn", "final_layernorm"]
-    rows = [f"{op},{t},0,1,{1000 + t}" for op in ops for t in (1, 2, 4, 8, 16, 32) if (op, t) != ("q_proj", 32)]
+    rows = [f"{op},{t},0,1,{1000 + t}" for op in ops for t in (1, 2, 4, 8, 16, 32) if (op, t) != ("q_proj", hole)]
     f = _csv(tmp_path, "layers.csv", "layer_name,input,kv_cache,tp_size,latency(ns)\n" + "\n".join(rows) + "\n")
-    with pytest.raises(SourceError, match=r"layers\.csv: op 'q_proj' is measured at tokens 1\.\.16, the table at 1\.\.32"):
+    with pytest.raises(SourceError, match=rf"layers\.csv: {says}"):
         run_import(ImportOptions("llmservingsim", [str(f)], "llama-3.1-8b", "h100-sxm", out=str(tmp_path / "p.json")))
 
 
