@@ -644,6 +644,23 @@ def _gpu_profiles(b: _Builder) -> None:
                               ("layers-no-k-proj.csv", header + b"q_proj,1,0,1,5\n", ("layers-no-k-proj.csv", "k_proj"))]:
         b.raw("calibrate_import", ["calibrate", "import", "--format", "llmservingsim", str(b.file(name, data)),
                                    "--model", "llama-3.1-8b", "--hardware", "h100-sxm"], names)
+    # sources that were a traceback, a guess or a silent default (tests/test_importers.py has the rest)
+    imp = ["calibrate", "import", "--model", "llama-2-7b", "--hardware", "h100-sxm"]
+    for name, meta, names in [("utf16", "gpu: X\n".encode("utf-16"), ("meta.yaml", "UTF-8")),
+                              ("tp-x", b"gpu: X\nmodel: Y\ntp_degrees: [x]\n", ("meta.yaml", "tp_degrees")),
+                              ("iters-0", b"gpu: X\nmodel: Y\ntp_degrees: [1]\nmeasurement_iterations: 0\n",
+                               ("meta.yaml", "measurement_iterations"))]:
+        (b.tmp / f"llmservingsim-{name}").mkdir()
+        b.file(f"llmservingsim-{name}/meta.yaml", meta)
+        b.raw("calibrate_import", [*imp, "--format", "llmservingsim", str(b.tmp / f"llmservingsim-{name}")], names)
+    mlp = b.file("mlp.csv", b"time_stats.attn_pre_proj.median,num_tokens,num_tensor_parallel_workers\n0.25,8,1\n")
+    b.raw("calibrate_import", [*imp, "--format", "vidur", str(mlp)], ("mlp.csv", "n_embd"))
+    dec = b.file("mha_decode_h100_32-32-128-tp1.csv", b"batch_size,kv_len,latency_us\n1,1024,30\n")
+    b.raw("calibrate_import", [*imp, "--format", "inference-sim", str(dec), "--with", f"vidur:{mlp}"],
+          (dec.name, "decode grid"))
+    b.raw("calibrate_import", [*imp, "--format", "vidur", str(mlp), "--tp", "2", "--link-bandwidth", "0"],
+          ("--link-bandwidth",))
+    b.raw("calibrate_import", [*imp, "--format", "vidur", str(mlp), "--out", ""], ("--out",), out=False)
     deep = b.file("gpu-profile-deep.json", b"[" * 100000 + b"]" * 100000)
     b.scenario("bad_data_file", QUICKSTART, ["cost_model.type=profile", f"cost_model.path={deep}"], (deep.name,))
     moon = b.file("mooncake-deep.jsonl", b"[" * 100000 + b"]" * 100000 + b"\n")
