@@ -102,6 +102,14 @@ def check_ops_cover(table: pd.DataFrame, where: str, ops: Iterable[str], axis: s
                               "give every op the whole range")
 
 
+def fill_between(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` (one column per op, indexed by token or sequence count) with an op's count missing
+    inside its measured range filled linearly in the count between its neighbours (``check_ops_cover``
+    has refused one missing at either end); by position it would put a hole between 16 and 32 tokens
+    of a table that steps by 1 up to 16 halfway in rows, not in tokens."""
+    return table.interpolate(method="index", limit_direction="both")
+
+
 def assemble_llmservingsim(folder: str | Path, model: ModelConfig, hardware: str, tp: int,
                            allreduce: dict[str, Any]) -> tuple[gp.Assembly, pd.DataFrame, pd.DataFrame | None]:
     """(assembly, attention rows, skew rows) from an LLMServingSim profile folder at one TP degree."""
@@ -116,7 +124,7 @@ def assemble_llmservingsim(folder: str | Path, model: ModelConfig, hardware: str
     if missing:
         raise SourceError(f"{folder}/tp{tp}/dense.csv: no rows for op {missing[0]!r}")
     check_ops_cover(dense, f"{folder}/tp{tp}/dense.csv", ops, "tokens")
-    dense = dense[list(ops)].interpolate(limit_direction="both")
+    dense = fill_between(dense[list(ops)])
     src = f"LLMServingSim {prof.meta.get('hardware', '')} tp{tp}/dense.csv"
     dense_ops = {k: {"per": per, "count": c, "seconds": dense[k].tolist(), "source": src}
                  for k, (per, c) in ops.items()}
@@ -125,7 +133,7 @@ def assemble_llmservingsim(folder: str | Path, model: ModelConfig, hardware: str
     if missing:
         raise SourceError(f"{folder}/tp{tp}/per_sequence.csv: no rows for op {missing[0]!r}")
     check_ops_cover(seq, f"{folder}/tp{tp}/per_sequence.csv", seq.columns, "sequences")
-    seq = seq.sort_index().interpolate(limit_direction="both")
+    seq = fill_between(seq.sort_index())
     # the roofline's attention term for this model and GPU: the shape the "roofline" reading offers
     shape = reading_attention_shape(model, get_hardware(hardware), tp)
     grid = gp.attention_grid(t.attention, shape=shape, where=f"{folder}/tp{tp}/attention.csv")

@@ -552,3 +552,11 @@ def test_a_folder_where_a_file_belongs_is_named(tmp_path, name):
 def test_a_device_where_a_file_belongs_is_named():
     with pytest.raises(SourceError, match=r"/dev/null: not a regular file \(a device, pipe or socket\)"):
         vidur.read_mlp("/dev/null")
+
+
+def test_a_missing_count_inside_an_ops_range_is_filled_by_the_count_not_the_row():
+    import pandas as pd
+    from servesim.calibration.gpu_import import fill_between
+
+    t = pd.DataFrame({"qkv_proj": [1.0, float("nan"), float("nan"), 8.0]}, index=[1, 2, 4, 8])
+    assert fill_between(t)["qkv_proj"].tolist() == [1.0, 2.0, 4.0, 8.0]  # by row it was 1, 3.33, 5.67, 8
