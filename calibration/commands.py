@@ -249,7 +249,7 @@ def _read_raw(raw_path: Path) -> pd.DataFrame:
     naming it (a traceback from deep in the fit, or a profile fitted to negative seconds, before)."""
     from servesim.sim.scenario import ScenarioError
 
-    where = f"calibrate refit: {raw_path}"
+    where = str(raw_path)
     try:
         raw = pd.read_csv(raw_path)
     except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as e:
@@ -287,18 +287,18 @@ def refit(path: str | Path, out: str | Path | None = None) -> dict[str, Any]:
 
     path = Path(path)
     if out and Path(out).is_dir():
-        raise ScenarioError(f"calibrate refit --out {out}: is a folder; name the profile's JSON file")
+        raise ScenarioError(f"--out {out}: is a folder; name the profile's JSON file")
     try:
         model = FittedCostModel.from_profile(path)
     except ProfileError as e:
-        raise ScenarioError(f"calibrate refit: {e}") from None
+        raise ScenarioError(str(e)) from None
     prov = model.provenance
     if "raw_csv" not in prov:
-        raise ScenarioError(f"calibrate refit: {path} names no raw_csv in its provenance; only a profile written by "
+        raise ScenarioError(f"{path} names no raw_csv in its provenance; only a profile written by "
                             "servesim calibrate (with its NAME.csv beside it) can be refit")
     raw_path = path.parent / prov["raw_csv"]  # beside the profile, or relative to it after refit --out
     if not raw_path.is_file():
-        raise ScenarioError(f"calibrate refit: {raw_path} (the profile's raw_csv) is missing; it must sit beside the "
+        raise ScenarioError(f"{raw_path} (the profile's raw_csv) is missing; it must sit beside the "
                             "profile")
     raw = _read_raw(raw_path)
     result = fitting.fit(raw, holdout=prov.get("holdout_fraction", 0.2), seed=prov.get("holdout_seed", 0),

@@ -261,7 +261,7 @@ def _add_calibrate(sub) -> None:  # noqa: ANN001 - argparse's private subparsers
     imp.add_argument("--link-bandwidth", type=float, default=None, metavar="BYTES_PER_S",
                      help="GPU-GPU link for TP all-reduce when no measured table is given (16e9)")
     imp.add_argument("--link-latency-us", type=float, default=None, help="per all-reduce latency, us (20)")
-    imp.set_defaults(fn=cmd_calibrate_import)
+    imp.set_defaults(fn=cmd_calibrate_import, command="calibrate import")
     ref = actions.add_parser(
         "refit", help="fit a calibrated profile again from the raw CSV beside it (no device needed)",
         description="Refit a servesim calibrate profile from its raw timings (NAME.csv beside it) with this "
@@ -269,7 +269,7 @@ def _add_calibrate(sub) -> None:  # noqa: ANN001 - argparse's private subparsers
                     "held-out error, keeps the first fit's in the provenance.")
     ref.add_argument("refit_profile", metavar="PROFILE", help="the profile JSON (its raw CSV beside it)")
     ref.add_argument("--out", dest="refit_out", metavar="P", help="write here instead of over PROFILE")
-    ref.set_defaults(fn=cmd_calibrate_refit)
+    ref.set_defaults(fn=cmd_calibrate_refit, command="calibrate refit")
 
 
 def cmd_calibrate_refit(args: argparse.Namespace) -> int:
