@@ -424,7 +424,8 @@ def _resolved_schedule(sched_cfg: dict[str, Any], kwargs: dict[str, Any], meta_p
 def _refuse_unmodelled(resolved: dict[str, Any], kwargs: dict[str, Any], meta_path: Path) -> None:
     """``RunFileError`` for a run servesim cannot simulate as it ran: pipeline parallelism (servesim splits
     a model by TP only) or speculative decoding (servesim makes one token per request a step)."""
-    parallel = _object(resolved, "parallel_config", f"{meta_path}: resolved_config")
+    # (a harness that could not list a config's fields writes a "<ParallelConfig>" tag: nothing to read)
+    parallel = resolved.get("parallel_config") if isinstance(resolved.get("parallel_config"), dict) else {}
     for where, pp in (("resolved_config.parallel_config.pipeline_parallel_size", parallel.get("pipeline_parallel_size")),
                       ("engine_kwargs.pipeline_parallel_size", kwargs.get("pipeline_parallel_size"))):
         if (_count(pp, str(meta_path), where) or 1) > 1:
