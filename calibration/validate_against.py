@@ -71,6 +71,9 @@ TABLE_ATTRS = {"labels": {"live": "measured"}, "extra_columns": {REFERENCE_COLUM
 VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 TRACE_FILE = "workload.csv"
 ASYNC_DEFAULT_SINCE = (0, 14)  # vLLM release from which async scheduling is on unless disabled
+# vLLM's DP coordinator publishes the engines' request counts to the front end every 100 ms
+# (DPCoordinator's stats_update_interval_ms default)
+DP_STATS_INTERVAL_S = 0.1
 
 
 @dataclass
@@ -140,10 +143,10 @@ def scenario_dict(run: MeasuredRun, base: dict[str, Any] | None = None, profile:
     raw["name"] = raw.get("name") or f"against-{run.name}"
     raw.pop("output_dir", None)
     raw["workload"] = {"trace": {"format": "csv", "path": f"../{TRACE_FILE}"}}
-    # vLLM's data-parallel coordinator sends each request to the engine with the fewest waiting and
-    # running requests; least_outstanding is that rule
+    # vLLM's data-parallel front end sends each request to the engine with the least 4 x waiting + running
+    # in the DP coordinator's snapshot, which it publishes every 0.1 s (DP_STATS_INTERVAL_S): vllm_dp
     raw["cluster"] = ({"num_replicas": 1} if run.data_parallel == 1 else
-                      {"num_replicas": run.data_parallel, "router": "least_outstanding"})
+                      {"num_replicas": run.data_parallel, "router": "vllm_dp", "router_refresh_s": DP_STATS_INTERVAL_S})
     for key, value in (("model", run.model), ("hardware", run.hardware), ("tensor_parallel", run.tensor_parallel)):
         if value is not None:
             raw[key] = value

@@ -24,7 +24,7 @@ from pydantic_core import PydanticCustomError
 from .config_model import ConfigModel
 
 RouterName = Literal["round_robin", "least_outstanding", "kv_aware", "least_kv_usage", "power_of_two_choices",
-                     "prefix_aware"]
+                     "prefix_aware", "vllm_dp"]
 
 LINK_PRESETS: dict[str, tuple[float, float]] = {  # name -> (GB/s per GPU, one direction; latency s)
     "nvlink": (450.0, 5e-6),

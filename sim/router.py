@@ -15,7 +15,11 @@ of the prompts queued there, scraped; ties to the least outstanding); ``least_kv
 scraped KV usage, ties to the least outstanding); ``power_of_two_choices`` (two replicas drawn at
 random with the scenario's seed, the one with fewer outstanding); ``prefix_aware`` (llm-d's
 weighted scorers: ``prefix_weight`` x the share of the prompt's blocks found at the head of the
-replica's index + ``load_weight`` x (1 - outstanding / most outstanding)).
+replica's index + ``load_weight`` x (1 - outstanding / most outstanding)); ``vllm_dp`` (vLLM's own
+data-parallel load balancer, ``DPLBAsyncMPClient.get_core_engine_for_request``: 4 x waiting +
+running per engine from the DP coordinator's snapshot of the engines' counts, which it publishes
+every 0.1 s (``router_refresh_s``), each request sent to an engine since counted there as waiting
+until the next snapshot; the lowest score, ties to the lower index).
 
 This module has no SimPy in it; the cluster calls ``pick`` and ``on_done``.
 """
@@ -56,12 +60,14 @@ class ClusterConfig(ConfigModel):
 class _Scrape:
     """The router's last scrape of one replica's metrics."""
 
-    __slots__ = ("free_blocks", "queued_blocks", "usage")
+    __slots__ = ("free_blocks", "queued_blocks", "usage", "waiting", "running")
 
     def __init__(self) -> None:
         self.free_blocks = 0
         self.queued_blocks = 0
         self.usage = 0.0
+        self.waiting = 0  # vllm_dp: the scheduler's queues at the scrape, and the requests sent since
+        self.running = 0
 
 
 class Router:
@@ -97,6 +103,8 @@ class Router:
             kv = rep.scheduler.kv
             s.free_blocks = kv.num_free_blocks
             s.usage = kv.num_used_blocks / kv.num_blocks
+            if self.policy == "vllm_dp":
+                s.waiting, s.running = rep.scheduler.num_waiting, rep.scheduler.num_running
             if self.policy == "kv_aware":
                 s.queued_blocks = sum(kv.blocks_for(q.num_tokens) for q in rep.scheduler.waiting)
 
@@ -171,6 +179,10 @@ class Router:
         s = self._scrapes
         if policy == "least_kv_usage":
             return min(range(n), key=lambda i: (s[i].usage, out[i], i))
+        if policy == "vllm_dp":
+            r = min(range(n), key=lambda i: (4 * s[i].waiting + s[i].running, i))
+            s[r].waiting += 1  # vLLM counts its pick as waiting there until the next snapshot
+            return r
         # kv_aware: free blocks net of the prompts queued at each replica
         return min(range(n), key=lambda i: (-(s[i].free_blocks - s[i].queued_blocks), out[i], i))
 

@@ -58,7 +58,7 @@ def test_prefix_aware_keeps_a_session_on_one_replica_when_load_weight_is_zero():
     assert all(len(reps) == 1 for reps in by_session.values())
 
 
-@pytest.mark.parametrize("router", ["least_kv_usage", "power_of_two_choices", "prefix_aware", "kv_aware"])
+@pytest.mark.parametrize("router", ["least_kv_usage", "power_of_two_choices", "prefix_aware", "kv_aware", "vllm_dp"])
 def test_every_router_serves_each_request_once(router):
     res = simulate(chat(router, router_refresh_s=0.5), progress=False)
     assert res.summary["completed"] == 300  # conservation is asserted by the cluster at the end
@@ -77,6 +77,11 @@ class _Sched:
     def __init__(self, blocks: int) -> None:
         self.kv = BlockManager(blocks, 16)
         self.waiting: list[Request] = []
+        self.num_running = 0
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
 
 
 class _Rep:
@@ -129,3 +134,19 @@ def test_the_prefix_router_hashes_no_more_blocks_than_a_replica_can_record():
     router = Router(reps, "prefix_aware")
     assert len(router.prompt_keys(Request(0, 0.0, 2**32, 2, segments=((1, 2**32),)))) == 300
     assert len(router.prompt_keys(Request(1, 0.0, 320, 2, segments=((1, 320),)))) == 320 // router.block_size
+
+
+def test_vllm_dp_weighs_waiting_four_times_and_counts_its_picks_until_the_next_snapshot():
+    """vLLM's DPLBAsyncMPClient: 4 x waiting + running from the coordinator's snapshot (every
+    router_refresh_s), each pick counted as waiting at its engine until the next one; ties low index."""
+    reps = [_Rep(0), _Rep(1)]
+    router = Router(reps, "vllm_dp", refresh_s=0.1)
+    reps[0].scheduler.num_running = 6  # 6 running, nothing waiting: score 6
+    reps[1].scheduler.num_running = 3  # 3 running, 1 waiting: score 7 (4 with waiting counted once)
+    reps[1].scheduler.waiting.append(Request(1, 0.0, 16, 1))
+    assert router.pick(Request(10, 0.0, 16, 1), now=0.0) is reps[0]  # 6 < 7; replica 0 now 10
+    assert router.pick(Request(11, 0.01, 16, 1), now=0.01) is reps[1]  # 7 < 10; replica 1 now 11
+    reps[1].scheduler.num_running = 0  # replica 1 drains, but the snapshot is 0.1 s old at most
+    reps[1].scheduler.waiting.clear()
+    assert router.pick(Request(12, 0.05, 16, 1), now=0.05) is reps[0]  # 10 < 11: its picks still count
+    assert router.pick(Request(13, 0.2, 16, 1), now=0.2) is reps[1]  # fresh snapshot: 0 < 6

@@ -465,7 +465,7 @@ def test_a_request_vllm_kept_no_metrics_for_is_left_out_with_a_note(tmp_path):
         read_run(write_run(tmp_path / "run2", rows))
 
 
-def test_data_parallel_engines_become_replicas_behind_a_least_outstanding_router(tmp_path):
+def test_data_parallel_engines_become_replicas_behind_vllms_own_dp_balancer(tmp_path):
     folder = write_run(tmp_path / "run", isolated_requests())
     meta = json.loads((folder / "meta.json").read_text())
     meta["engine_kwargs"]["data_parallel_size"] = 2
@@ -474,7 +474,7 @@ def test_data_parallel_engines_become_replicas_behind_a_least_outstanding_router
                            "--quiet", *CONSTANT)
     assert code == 0, err
     sc = load_scenario(tmp_path / "o" / "sim" / "scenario.yaml")
-    assert sc.cluster.num_replicas == 2 and sc.cluster.router == "least_outstanding"
+    assert (sc.cluster.num_replicas, sc.cluster.router, sc.cluster.router_refresh_s) == (2, "vllm_dp", 0.1)
     # two engine loops' timestamps interleave: no step is timed from them
     assert json.loads((tmp_path / "o" / "validation.json").read_text())["provenance"]["step_timing"] is None
 
