@@ -389,7 +389,7 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
 def _resolved_schedule(sched_cfg: dict[str, Any], kwargs: dict[str, Any], meta_path: Path,
                        notes: list[str]) -> dict[str, Any]:
     """The scheduler settings beyond the batch limits that vLLM resolved (``resolved_config.scheduler_config``,
-    else the same name in ``engine_kwargs``) and the ``vllm-v1`` preset models: async scheduling, the cap on
+    else the engine argument in ``engine_kwargs``: ``scheduling_policy`` for ``policy``) and the ``vllm-v1`` preset models: async scheduling, the cap on
     one request's chunk, the queue policy. A run that turned chunked prefill off gets a note: the preset
     always chunks."""
     out: dict[str, Any] = {}
@@ -397,7 +397,8 @@ def _resolved_schedule(sched_cfg: dict[str, Any], kwargs: dict[str, Any], meta_p
     def value(name: str) -> tuple[str, Any]:
         if sched_cfg.get(name) is not None:
             return f"resolved_config.scheduler_config.{name}", sched_cfg[name]
-        return f"engine_kwargs.{name}", kwargs.get(name)
+        arg = {"policy": "scheduling_policy"}.get(name, name)  # EngineArgs' name where it differs
+        return f"engine_kwargs.{arg}", kwargs.get(arg)
 
     where, flag = value("async_scheduling")
     if flag is not None and not isinstance(flag, bool):

@@ -379,7 +379,7 @@ def test_the_scheduler_settings_vllm_resolved_reach_the_simulation(tmp_path):
                                                      "enable_chunked_prefill": False}}}
     folder = write_run(tmp_path / "run", isolated_requests(), meta_extra=meta)
     kwargs = json.loads((folder / "meta.json").read_text())
-    kwargs["engine_kwargs"]["async_scheduling"] = False
+    kwargs["engine_kwargs"] |= {"async_scheduling": False, "scheduling_policy": "fcfs"}  # (the resolved policy wins)
     (folder / "meta.json").write_text(json.dumps(kwargs))
     run = read_run(folder)
     assert {k: run.scheduler[k] for k in ("long_prefill_token_threshold", "policy", "async_scheduling")} == {
@@ -397,6 +397,7 @@ def test_the_scheduler_settings_vllm_resolved_reach_the_simulation(tmp_path):
     ("parallel_config", "pipeline_parallel_size", 2, "pipeline parallelism is not modelled"),
     (None, "pipeline_parallel_size", 4, "pipeline parallelism is not modelled"),
     (None, "speculative_config", {"method": "ngram", "num_speculative_tokens": 4}, "speculative decoding"),
+    (None, "scheduling_policy", "lifo", "must be 'fcfs' or 'priority'"),
     ("scheduler_config", "policy", "lifo", "must be 'fcfs' or 'priority'"),
     ("scheduler_config", "long_prefill_token_threshold", -1, "long_prefill_token_threshold"),
     ("scheduler_config", "enable_chunked_prefill", "no", "enable_chunked_prefill"),
