@@ -32,8 +32,8 @@ from servesim.sim.layer_cost_model import tail_slope
 from servesim.sim.presets import ModelConfig, get_hardware, kv_heads_per_rank
 
 from . import gpu_profile as gp
-from .gpu_import import check_hardware_matches, check_ops_cover
 from .importers import SourceError, inference_sim, llmservingsim, numeric, read_csv, vidur
+from .source_checks import check_hardware_matches, check_ops_cover
 
 GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 # the small ops Vidur's mlp.csv measures (its input_layernorm stands in for the final norm too) ...

@@ -14,17 +14,18 @@ import datetime as dt
 import json
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from servesim.sim.cost_model import reading_attention_shape
-from servesim.sim.presets import ModelConfig, get_hardware, get_model, hardware_preset
+from servesim.sim.presets import ModelConfig, get_hardware, get_model
 
 from . import gpu_profile as gp
 from .importers import SourceError, llmservingsim
+from .source_checks import check_hardware_matches, check_ops_cover
 
 FORMATS = ("llmservingsim", "vidur", "inference-sim")
 # LLMServingSim 2.0's own cluster config for the RTX PRO 6000 tp2 run (runs/*/llmservingsim_config.json:
@@ -62,15 +63,6 @@ def check_model_matches(source_model: str, model: ModelConfig, where: str) -> No
         raise SourceError(f"{where} measures model {source_model!r}, but --model is {model.name!r}")
 
 
-def check_hardware_matches(source_gpu: str, hardware: str, where: str) -> None:
-    """The source was measured on the GPU --hardware names, where the source names a GPU servesim
-    has a preset for; otherwise a ``SourceError`` naming both."""
-    preset = hardware_preset(source_gpu) if source_gpu else None
-    if preset is not None and preset != hardware:
-        raise SourceError(f"{where} measures on {source_gpu!r} (preset {preset}), but --hardware is {hardware!r}; "
-                          f"import it with --hardware {preset}")
-
-
 def check_layer_shape(meta: dict[str, Any], model: ModelConfig, where: str) -> None:
     """meta.yaml's hf_overrides are those of the last TP degree profiled (the layer shrunk to one
     rank's shard): times that degree they must give the preset's shape (hidden size and head dim,
@@ -85,21 +77,6 @@ def check_layer_shape(meta: dict[str, Any], model: ModelConfig, where: str) -> N
         if key in over and int(over[key]) * split != value:
             raise SourceError(f"{where}/meta.yaml: hf_overrides.{key} = {over[key]} at tp{tp} means {int(over[key]) * split} "
                               f"for the whole model, but preset {model.name} has {value}")
-
-
-def check_ops_cover(table: pd.DataFrame, where: str, ops: Iterable[str], axis: str) -> None:
-    """``table`` (one column per op, indexed by ``axis``) spans two or more ``axis`` values and each of
-    ``ops`` is measured at its first and last: between its points a curve is interpolated, beyond
-    them it would be extrapolated flat from a shorter one. ``SourceError`` otherwise."""
-    xs = table.index
-    if len(xs) < 2:
-        raise SourceError(f"{where}: measured at one {axis} value ({xs[0]}); a table needs at least two")
-    for op in ops:
-        got = table[op].dropna().index
-        if got.min() > xs.min() or got.max() < xs.max():
-            span = f"{got.min()}..{got.max()}" if len(got) > 1 else f"{got.min()} only"
-            raise SourceError(f"{where}: op {op!r} is measured at {axis} {span}, the table at {xs.min()}..{xs.max()}; "
-                              "give every op the whole range")
 
 
 def fill_between(table: pd.DataFrame) -> pd.DataFrame:

@@ -28,7 +28,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("scenario, simulate, live", ["sim.scenario", "sim.pools", "sim.simulate", "kernels.live"]),
     ("verbs", ["sim.verbs", "calibration.grid", "calibration.fit", "calibration.profile", "calibration.validate",
                "calibration.commands", "calibration.replay", "calibration.measured_run", "calibration.validate_against",
-               "calibration.importers", "calibration.allreduce_fit", "calibration.gpu_profile", "calibration.gpu_import", "calibration.gpu_composite"]),
+               "calibration.importers", "calibration.allreduce_fit", "calibration.gpu_profile", "calibration.gpu_import", "calibration.gpu_composite",
+               "calibration.source_checks"]),
     ("CLI", ["sim.cli"]),
 ]
 
