@@ -177,10 +177,17 @@ def _read_json(path: Path) -> Any:
     return _parse_json(_read_text(path), str(path))
 
 
+def _is_tag(value: Any) -> bool:
+    """A type tag LLMServingSim's bench runner writes in place of a value it could not record: a config
+    it could not list (``"<SchedulerConfig>"``), a property that raised (``"<unreadable: AttributeError>"``)
+    or a value too long to keep (``"<dict len=80>"``)."""
+    return isinstance(value, str) and value.startswith("<") and value.endswith(">")
+
+
 def _object(parent: dict[str, Any], name: str, where: str) -> dict[str, Any]:
-    """``parent[name]`` when it is a JSON object, {} when absent or null; else ``RunFileError``."""
+    """``parent[name]`` when it is a JSON object, {} when absent, null or a type tag; else ``RunFileError``."""
     value = parent.get(name)
-    if value is None:
+    if value is None or _is_tag(value):
         return {}
     if not isinstance(value, dict):
         raise RunFileError(f"{where}: field '{name}' must be a JSON object, got {value!r:.60}")
@@ -317,7 +324,7 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
 
     hw_source, tp = _llmservingsim_gpu(root)
     cuda_total = None
-    if isinstance(meta.get("hardware"), str):  # the GPU's name
+    if isinstance(meta.get("hardware"), str) and not _is_tag(meta["hardware"]):  # the GPU's name
         hw_source = meta["hardware"]
     else:  # newer bench runs record torch's device name and total memory
         hardware = _object(meta, "hardware", str(meta_path))
@@ -338,8 +345,8 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     dp = _count(kwargs.get("data_parallel_size"), str(meta_path), "engine_kwargs.data_parallel_size") or 1
     # newer bench runs also record what vLLM resolved: the KV cache it allocated and its scheduler config
     resolved = _object(meta, "resolved_config", str(meta_path))
-    sched_cfg = _object(resolved, "scheduler_config", f"{meta_path}: resolved_config")
-    model_cfg = _object(resolved, "model_config", f"{meta_path}: resolved_config")
+    sched_cfg = _section(resolved, "scheduler_config", meta_path)
+    model_cfg = _section(resolved, "model_config", meta_path)
     scheduler = {"max_num_seqs": kwargs["max_num_seqs"], "max_num_batched_tokens": kwargs["max_num_batched_tokens"]}
     max_len = (_count(kwargs.get("max_model_len"), str(meta_path), "engine_kwargs.max_model_len")
                or _count(model_cfg.get("max_model_len"), str(meta_path), "resolved_config.model_config.max_model_len"))
@@ -350,7 +357,7 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     kv: dict[str, Any] = {}
     cache = _object(meta, "kv_cache", str(meta_path))
     # the same facts in the resolved CacheConfig, for a run whose kv_cache snapshot came out empty
-    cache_cfg = _object(resolved, "cache_config", f"{meta_path}: resolved_config")
+    cache_cfg = _section(resolved, "cache_config", meta_path)
     sources = (("kv_cache", cache), ("resolved_config.cache_config", cache_cfg), ("engine_kwargs", kwargs))
     # each with the type vLLM writes: a string such as "false" or "16" would be read as a value otherwise
     for ours, theirs, types, kind in (("num_blocks", "num_gpu_blocks", int, "an integer"),
@@ -384,6 +391,12 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
         engine_counters=_engine_counters(root / "timeseries.csv", meta.get("tick_seconds"), notes),
         cuda_total_bytes=cuda_total,
     )
+
+
+def _section(resolved: dict[str, Any], name: str, meta_path: Path) -> dict[str, Any]:
+    """One section of ``resolved_config`` without the fields the runner wrote as type tags (read as not
+    recorded, like the section itself when it is a tag)."""
+    return {k: v for k, v in _object(resolved, name, f"{meta_path}: resolved_config").items() if not _is_tag(v)}
 
 
 def _resolved_schedule(sched_cfg: dict[str, Any], kwargs: dict[str, Any], meta_path: Path,

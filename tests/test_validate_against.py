@@ -722,3 +722,29 @@ def test_steps_timed_from_the_engine_timestamps_are_reported_against_the_cost_mo
             "--set", "scheduler.async_scheduling=false", *CONSTANT)
     sync = json.loads((tmp_path / "s" / "validation.json").read_text())["provenance"]["step_timing"]
     assert sync["ramp_mixed"]["median"] == pytest.approx(2.3, abs=0.02)
+
+
+# ---- newer bench runs: type tags where values could not be recorded --------------------------------
+@pytest.mark.parametrize("resolved, engine", [
+    ({"scheduler_config": "<SchedulerConfig>", "model_config": "<ModelConfig>", "cache_config": "<CacheConfig>"}, {}),
+    ({"scheduler_config": {"async_scheduling": "<unreadable: AttributeError>", "policy": "<unreadable: KeyError>",
+                           "long_prefill_token_threshold": "<unreadable: AttributeError>",
+                           "enable_chunked_prefill": "<unreadable: AttributeError>"},
+      "model_config": {"max_model_len": "<unreadable: AttributeError>", "hf_config": "<LlamaConfig>"},
+      "cache_config": {"num_gpu_blocks": "<unreadable: AttributeError>", "block_size": "<unreadable: X>"}},
+     {"async_scheduling": False}),
+])
+def test_a_type_tag_the_harness_wrote_for_an_unreadable_config_is_read_as_not_recorded(tmp_path, resolved, engine):
+    """LLMServingSim's runner writes "<TypeName>" (or "<unreadable: Error>") for a config section or a
+    field it could not list or read: not a value, so the next source (engine_kwargs, vLLM's default)
+    is used, as for a field not recorded (each of these was 'must be a JSON object' / 'must be ...')."""
+    folder = write_run(tmp_path / "run", isolated_requests(), meta_extra={"kv_cache": {}, "resolved_config": resolved})
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["engine_kwargs"].update(engine)
+    (folder / "meta.json").write_text(json.dumps(meta))
+    run = read_run(folder)
+    assert run.scheduler == {"max_num_seqs": 8, "max_num_batched_tokens": 512, **engine}
+    assert run.kv_cache == {} and any("does not record num_blocks" in n for n in run.notes)
+    code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots",
+                           "--quiet", *CONSTANT)
+    assert code == 0, err
