@@ -157,7 +157,7 @@ def _read_text(path: Path) -> str:
         raise RunFileError(f"{path}: file not found")
     data = path.read_bytes()
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # (a byte order mark, as Windows editors save UTF-8, dropped)
     except UnicodeDecodeError as e:
         raise RunFileError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
                            "save the run's files as UTF-8") from None

@@ -748,3 +748,14 @@ def test_a_type_tag_the_harness_wrote_for_an_unreadable_config_is_read_as_not_re
     code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots",
                            "--quiet", *CONSTANT)
     assert code == 0, err
+
+
+def test_run_files_saved_with_a_utf8_byte_order_mark_are_read(tmp_path):
+    """Windows editors save UTF-8 with a BOM; each such file was 'line 1: not valid JSON (Unexpected UTF-8 BOM)'."""
+    folder = write_run(tmp_path / "run", isolated_requests())
+    for name in ("meta.json", "requests.jsonl"):
+        (folder / name).write_bytes(b"\xef\xbb\xbf" + (folder / name).read_bytes())
+    assert len(read_run(folder).requests) == 4
+    path = bench_json(tmp_path / "bench.json")
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    assert len(read_run(path).requests) > 0
