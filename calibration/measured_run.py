@@ -466,14 +466,27 @@ def _engine_counters(path: Path, tick_s: Any, notes: list[str]) -> dict[str, flo
     except (ValueError, OSError, UnicodeDecodeError) as e:
         notes.append(f"{path.name} unreadable ({str(e).splitlines()[0][:80]}): vLLM's own counters not compared")
         return {}
-    tick = float(tick_s) if isinstance(tick_s, int | float) and not isinstance(tick_s, bool) else 1.0
+    tick: float | None = 1.0  # (the harness's default, for a meta.json without it)
+    if tick_s is not None:
+        is_seconds = isinstance(tick_s, int | float) and not isinstance(tick_s, bool) and 0 < tick_s <= 86400
+        tick = float(tick_s) if is_seconds else None
     out: dict[str, float] = {}
+    unusable = []
     for name, column, scale in (("preemptions", "preempted", 1.0), ("prompt_tokens", "prompt_throughput", tick),
                                 ("cached_prompt_tokens", "prompt_cached_throughput", tick)):
         if column in ts:
             values = pd.to_numeric(ts[column], errors="coerce")
             if values.notna().all() and np.isfinite(values).all() and (values >= 0).all():
-                out[name] = float(values.sum() * scale)
+                with np.errstate(over="ignore"):
+                    total = float(values.sum() * scale) if scale is not None else math.nan
+                if math.isfinite(total):
+                    out[name] = total
+                    continue
+            unusable.append(column)
+    if unusable:
+        why = (f"meta.json's tick_seconds {tick_s!r:.40} is not a duration in seconds" if tick is None
+               else "their totals are not finite numbers >= 0")
+        notes.append(f"{path.name} {', '.join(unusable)}: {why}; vLLM's own counters of them not compared")
     if "kv_cache_pct" in ts:  # all 0.0 in runs before the harness read vLLM's field right: left out
         pct = pd.to_numeric(ts["kv_cache_pct"], errors="coerce")
         if pct.notna().all() and ((pct >= 0) & (pct <= 100)).all() and pct.max() > 0:

@@ -759,3 +759,24 @@ def test_run_files_saved_with_a_utf8_byte_order_mark_are_read(tmp_path):
     path = bench_json(tmp_path / "bench.json")
     path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
     assert len(read_run(path).requests) > 0
+
+
+@pytest.mark.parametrize("tick, csv_values, left_out", [
+    (1.0, "1e308,1e308,1e308", ("prompt_tokens", "cached_prompt_tokens", "preemptions")),  # sums past a float
+    (float("nan"), "100.0,25.0,2", ("prompt_tokens", "cached_prompt_tokens")),  # (OverflowError, ValueError before)
+    (1e308, "100.0,25.0,2", ("prompt_tokens", "cached_prompt_tokens")),
+    (-1.0, "100.0,25.0,2", ("prompt_tokens", "cached_prompt_tokens")),
+    ("1.0", "100.0,25.0,2", ("prompt_tokens", "cached_prompt_tokens")),
+])
+def test_vllms_counters_that_add_up_to_no_number_are_left_out_with_a_note(tmp_path, tick, csv_values, left_out):
+    """timeseries.csv is optional: counters whose totals are not finite, or a tick_seconds that is no
+    duration, leave those counters out with a note; the comparison runs (a traceback before)."""
+    folder = write_run(tmp_path / "run", isolated_requests(), meta_extra={"tick_seconds": tick})
+    (folder / "timeseries.csv").write_text("t,prompt_throughput,prompt_cached_throughput,preempted\n"
+                                           f"1.0,{csv_values}\n2.0,{csv_values}\n")
+    run = read_run(folder)
+    assert not set(left_out) & set(run.engine_counters)
+    assert any("timeseries.csv" in n and "not compared" in n for n in run.notes), run.notes
+    code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots",
+                           "--quiet", *CONSTANT)
+    assert code == 0, err
