@@ -58,6 +58,11 @@ _REF_ROW = re.compile(r"^(?P<fam>TTFT|TPOT|ITL|Latency)\s+(?P<stat>Mean|Median|P
                       r"(?P<sim>[-+0-9.eE]+)\s+(?P<diff>[-+0-9.eE]+)%\s*$")
 
 
+# most seconds from a request's arrival_time to its queued_ts past the smallest such gap: the way into the
+# engine waits at most a step (the shipped runs: 0.11 s and 0.37 s); more is a clock mixed up
+MAX_WAY_IN_S = 30.0
+
+
 class RunFileError(ScenarioError):
     """A measured run file that is missing, malformed or lacks a field; the message is one line (exit 2)."""
 
@@ -299,6 +304,14 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     sched = sched[order]
     offsets = cols["queued_ts"] - cols["arrival_time"]
     offset = float(offsets.min())
+    if offsets.max() - offset > MAX_WAY_IN_S:  # (every arrival would be moved by a wrong offset)
+        low, high = (rows[order[int(f(offsets))]]["_line"] for f in (np.argmin, np.argmax))
+        raise RunFileError(
+            f"{root / 'requests.jsonl'}: queued_ts - arrival_time (the two clocks' offset plus a request's way into "
+            f"the engine, at most a step) spans {offsets.max() - offset:.3g} s, from line {low} to line {high}, more "
+            f"than the {MAX_WAY_IN_S:g} s a request takes to reach the engine's queue; arrival_time and the engine "
+            "timestamps must each be seconds of one clock, a constant apart (is one in ms, or a line's arrival_time "
+            "wrong?)")
     arrival_engine = cols["arrival_time"] + offset
     t0 = float(arrival_engine[0])
     wait = offsets - offset

@@ -554,6 +554,11 @@ def _measured_runs(b: _Builder) -> None:
         ("queued-1e300-early", {"rows": edit_row(1, queued_ts=-1e300)}, ("requests.jsonl:1",)),
         ("arrival-1e12-late", {"rows": edit_row(3, arrival_time=1e12)}, ("requests.jsonl", "line 3")),
         ("duplicate-id", {"rows": edit_row(3, request_id="r0")}, ("requests.jsonl:3", "request_id")),
+        # arrival_time in ms, one line's 100 s off: every arrival moved by a wrong offset, exit 0
+        ("arrival-ms", {"rows": [{**r, "arrival_time": r["arrival_time"] * 1000} for r in edit_row(1)]},
+         ("requests.jsonl", "queued_ts - arrival_time", "one clock")),
+        ("arrival-100s-late", {"rows": edit_row(2, arrival_time=RUN_REQUEST["arrival_time"] + 102.0)},
+         ("requests.jsonl", "line 2", "one clock")),
         ("no-model-preset", {"meta": edit_meta(lambda m: m.update(model="google/gemma-2-9b"))}, ("--set model=",)),
         # the GPU came from the folder's name; the engine's TP degree won; a text count was "missing"
         ("config-list", {"files": {"llmservingsim_config.json": b"[1, 2]"}}, ("llmservingsim_config.json", "object")),

@@ -780,3 +780,20 @@ def test_vllms_counters_that_add_up_to_no_number_are_left_out_with_a_note(tmp_pa
     code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots",
                            "--quiet", *CONSTANT)
     assert code == 0, err
+
+
+@pytest.mark.parametrize("edit, lines", [
+    (lambda rows: [r.update(arrival_time=r["arrival_time"] * 1000) for r in rows], ("line 1", "line 20")),  # ms
+    (lambda rows: rows[2].update(arrival_time=rows[2]["arrival_time"] + 100), ("line 3",)),  # one line off
+    (lambda rows: [r.update(arrival_time=1.7e9) for r in rows], ("line 1", "line 20")),  # the run's start, each
+])
+def test_arrivals_on_another_clock_than_the_engines_are_a_one_line_error(tmp_path, edit, lines):
+    """queued_ts - arrival_time is the clocks' offset plus a way into the engine of at most a step; a
+    spread of minutes means arrival_time is not on one clock a constant from the engine's. Before, every
+    arrival was moved by the smallest offset and the run simulated with arrivals minutes off (exit 0)."""
+    rows = isolated_requests(20)  # 2 s apart: 38 s
+    edit(rows)
+    folder = write_run(tmp_path / "run", rows)
+    with pytest.raises(RunFileError, match=r"requests\.jsonl: queued_ts - arrival_time") as e:
+        read_run(folder)
+    assert all(line in str(e.value) for line in lines) and "one clock" in str(e.value), e.value
