@@ -105,27 +105,34 @@ class MeasuredRun:
 _SIXTEEN_BIT = {None, "auto", "bfloat16", "bf16", "float16", "fp16", "half"}
 
 
-def _precision(kwargs: dict[str, Any], meta_path: Path, notes: list[str]) -> str | None:
+def _precision(kwargs: dict[str, Any], model_cfg: dict[str, Any], cache_cfg: dict[str, Any], meta_path: Path,
+               notes: list[str]) -> str | None:
     """Refuse a run whose weights are not 16-bit (every step would be priced wrong); return its KV
-    cache dtype when that is 8-bit (the block count then needs the run's own, see ``scenario_dict``)."""
-    dtype, quant = kwargs.get("dtype"), kwargs.get("quantization")
-    if isinstance(dtype, str):
-        dtype = dtype.lower()
-    if not isinstance(dtype, str | None) or dtype not in _SIXTEEN_BIT:
-        raise RunFileError(f"{meta_path}: engine_kwargs.dtype {kwargs['dtype']!r} is not modelled: servesim's model "
-                           "presets and GPU profiles price 16-bit (bfloat16/float16) weights and activations")
-    if quant not in (None, "", "none"):
-        raise RunFileError(f"{meta_path}: engine_kwargs.quantization {quant!r} is not modelled: servesim's model "
-                           "presets and GPU profiles price 16-bit weights (their bytes, GEMMs and the KV memory left)")
-    kv_dtype = kwargs.get("kv_cache_dtype")
+    cache dtype when that is 8-bit (the block count then needs the run's own, see ``scenario_dict``).
+    Each is read from ``engine_kwargs`` and from what vLLM resolved (``resolved_config``: it also takes
+    them from the checkpoint), the dtype as torch names it (``torch.bfloat16``) too."""
+    for where, dtype in (("engine_kwargs.dtype", kwargs.get("dtype")),
+                         ("resolved_config.model_config.dtype", model_cfg.get("dtype"))):
+        name = dtype.lower().removeprefix("torch.") if isinstance(dtype, str) else dtype
+        if not isinstance(name, str | None) or name not in _SIXTEEN_BIT:
+            raise RunFileError(f"{meta_path}: {where} {dtype!r:.60} is not modelled: servesim's model presets and GPU "
+                               "profiles price 16-bit (bfloat16/float16) weights and activations")
+    for where, quant in (("engine_kwargs.quantization", kwargs.get("quantization")),
+                         ("resolved_config.model_config.quantization", model_cfg.get("quantization"))):
+        if quant not in (None, "", "none"):
+            raise RunFileError(f"{meta_path}: {where} {quant!r:.60} is not modelled: servesim's model presets and GPU "
+                               "profiles price 16-bit weights (their bytes, GEMMs and the KV memory left)")
+    where, kv_dtype = next(((w, v) for w, v in (("resolved_config.cache_config.cache_dtype", cache_cfg.get("cache_dtype")),
+                                                ("engine_kwargs.kv_cache_dtype", kwargs.get("kv_cache_dtype")))
+                            if v not in (None, "auto")), ("engine_kwargs.kv_cache_dtype", None))
     if not isinstance(kv_dtype, str | None):
-        raise RunFileError(f"{meta_path}: engine_kwargs.kv_cache_dtype must be a name like 'auto' or 'fp8', "
-                           f"got {kv_dtype!r:.60}")
+        raise RunFileError(f"{meta_path}: {where} must be a name like 'auto' or 'fp8', got {kv_dtype!r:.60}")
+    recorded = kv_dtype
     if isinstance(kv_dtype, str):
-        kv_dtype = kv_dtype.lower()
+        kv_dtype = kv_dtype.lower().removeprefix("torch.")
     if kv_dtype in _SIXTEEN_BIT:
         return None
-    notes.append(f"engine_kwargs.kv_cache_dtype {kwargs['kv_cache_dtype']!r}: servesim prices a 16-bit KV cache, so "
+    notes.append(f"{where} {recorded!r}: servesim prices a 16-bit KV cache, so "
                  "attention's KV reads are priced at twice their bytes; the block count must be the run's own")
     return str(kv_dtype)
 
@@ -289,7 +296,12 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
             raise RunFileError(f"{meta_path}: field 'engine_kwargs.{key}' must be a whole number >= 1 and <= 2**32, "
                                f"got {value!r:.60}")
     notes: list[str] = []
-    kv_cache_dtype = _precision(kwargs, meta_path, notes)
+    # newer bench runs also record what vLLM resolved: the KV cache it allocated and its scheduler config
+    resolved = _object(meta, "resolved_config", str(meta_path))
+    sched_cfg = _section(resolved, "scheduler_config", meta_path)
+    model_cfg = _section(resolved, "model_config", meta_path)
+    cache_cfg = _section(resolved, "cache_config", meta_path)
+    kv_cache_dtype = _precision(kwargs, model_cfg, cache_cfg, meta_path, notes)
     kv_budget = _count(kwargs.get("kv_cache_memory_bytes"), str(meta_path), "engine_kwargs.kv_cache_memory_bytes",
                        most=2**50)
 
@@ -356,10 +368,6 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
                            f"nodes[0].instances[0].tp_size {tp} disagree; a run has one TP degree: fix the wrong one")
     tp = tp_kwarg or tp or 1
     dp = _count(kwargs.get("data_parallel_size"), str(meta_path), "engine_kwargs.data_parallel_size") or 1
-    # newer bench runs also record what vLLM resolved: the KV cache it allocated and its scheduler config
-    resolved = _object(meta, "resolved_config", str(meta_path))
-    sched_cfg = _section(resolved, "scheduler_config", meta_path)
-    model_cfg = _section(resolved, "model_config", meta_path)
     scheduler = {"max_num_seqs": kwargs["max_num_seqs"], "max_num_batched_tokens": kwargs["max_num_batched_tokens"]}
     max_len = (_count(kwargs.get("max_model_len"), str(meta_path), "engine_kwargs.max_model_len")
                or _count(model_cfg.get("max_model_len"), str(meta_path), "resolved_config.model_config.max_model_len"))
@@ -369,8 +377,7 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     _refuse_unmodelled(resolved, kwargs, meta_path)
     kv: dict[str, Any] = {}
     cache = _object(meta, "kv_cache", str(meta_path))
-    # the same facts in the resolved CacheConfig, for a run whose kv_cache snapshot came out empty
-    cache_cfg = _section(resolved, "cache_config", meta_path)
+    # the same facts in the resolved CacheConfig (cache_cfg), for a run whose kv_cache snapshot came out empty
     sources = (("kv_cache", cache), ("resolved_config.cache_config", cache_cfg), ("engine_kwargs", kwargs))
     # each with the type vLLM writes: a string such as "false" or "16" would be read as a value otherwise
     for ours, theirs, types, kind in (("num_blocks", "num_gpu_blocks", int, "an integer"),

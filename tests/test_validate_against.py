@@ -797,3 +797,27 @@ def test_arrivals_on_another_clock_than_the_engines_are_a_one_line_error(tmp_pat
     with pytest.raises(RunFileError, match=r"requests\.jsonl: queued_ts - arrival_time") as e:
         read_run(folder)
     assert all(line in str(e.value) for line in lines) and "one clock" in str(e.value), e.value
+
+
+@pytest.mark.parametrize("section, field, value, says", [
+    # vLLM resolves these from the checkpoint too: a run whose engine_kwargs leave them out or 'auto'
+    ("model_config", "dtype", "torch.float32", "resolved_config.model_config.dtype 'torch.float32' is not modelled"),
+    ("model_config", "quantization", "fp8", "resolved_config.model_config.quantization 'fp8' is not modelled"),
+    ("cache_config", "cache_dtype", "fp8_e4m3", "the run's KV cache is fp8_e4m3 and it does not record its block count"),
+])
+def test_a_precision_vllm_resolved_is_checked_like_the_engine_argument(tmp_path, section, field, value, says):
+    """Each was simulated as a 16-bit run, exit 0."""
+    meta = {"resolved_config": {section: {field: value}}}
+    folder = write_run(tmp_path / "run", isolated_requests(), meta_extra=meta)
+    code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots", *CONSTANT)
+    assert code == 2 and err.count("\n") == 1 and says in err, err
+
+
+def test_a_dtype_written_as_torchs_name_is_read_as_that_dtype(tmp_path):
+    """vLLM's resolved ModelConfig.dtype is a torch.dtype, recorded as 'torch.bfloat16'; that was refused
+    as a dtype 'not modelled'."""
+    engine = {**ENGINE, "dtype": "torch.bfloat16"}
+    meta = {"engine_kwargs": engine, "resolved_config": {"model_config": {"dtype": "torch.bfloat16"},
+                                                         "cache_config": {"cache_dtype": "auto"}}}
+    run = read_run(write_run(tmp_path / "run", isolated_requests(), meta_extra=meta))
+    assert run.kv_cache_dtype is None
