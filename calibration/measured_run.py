@@ -366,8 +366,15 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     if tp_kwarg is not None and tp is not None and tp_kwarg != tp:  # (the engine's silently won)
         raise RunFileError(f"{meta_path}: engine_kwargs.tensor_parallel_size {tp_kwarg} and llmservingsim_config.json's "
                            f"nodes[0].instances[0].tp_size {tp} disagree; a run has one TP degree: fix the wrong one")
-    tp = tp_kwarg or tp or 1
-    dp = _count(kwargs.get("data_parallel_size"), str(meta_path), "engine_kwargs.data_parallel_size") or 1
+    dp_kwarg = _count(kwargs.get("data_parallel_size"), str(meta_path), "engine_kwargs.data_parallel_size")
+    parallel = _section(resolved, "parallel_config", meta_path)
+    for name, ours in (("tensor_parallel_size", tp_kwarg), ("data_parallel_size", dp_kwarg)):
+        theirs = _count(parallel.get(name), str(meta_path), f"resolved_config.parallel_config.{name}")
+        if ours is not None and theirs is not None and ours != theirs:  # (vLLM keeps both as given)
+            raise RunFileError(f"{meta_path}: engine_kwargs.{name} {ours} and resolved_config.parallel_config.{name} "
+                               f"{theirs} disagree; a run has one degree: fix the wrong one")
+    tp = tp_kwarg or parallel.get("tensor_parallel_size") or tp or 1
+    dp = dp_kwarg or parallel.get("data_parallel_size") or 1
     scheduler = {"max_num_seqs": kwargs["max_num_seqs"], "max_num_batched_tokens": kwargs["max_num_batched_tokens"]}
     max_len = (_count(kwargs.get("max_model_len"), str(meta_path), "engine_kwargs.max_model_len")
                or _count(model_cfg.get("max_model_len"), str(meta_path), "resolved_config.model_config.max_model_len"))

@@ -821,3 +821,17 @@ def test_a_dtype_written_as_torchs_name_is_read_as_that_dtype(tmp_path):
                                                          "cache_config": {"cache_dtype": "auto"}}}
     run = read_run(write_run(tmp_path / "run", isolated_requests(), meta_extra=meta))
     assert run.kv_cache_dtype is None
+
+
+@pytest.mark.parametrize("field, value", [("tensor_parallel_size", 2), ("data_parallel_size", 2)])
+def test_a_parallel_degree_vllm_resolved_that_disagrees_with_engine_kwargs_is_a_one_line_error(tmp_path, field, value):
+    """vLLM never changes TP or DP: the files disagree, and engine_kwargs' degree was used silently (exit 0)."""
+    meta = {"resolved_config": {"parallel_config": {field: value, "pipeline_parallel_size": 1}}}
+    folder = write_run(tmp_path / "run", isolated_requests(), meta_extra=meta)
+    with pytest.raises(RunFileError, match=rf"engine_kwargs.{field} 1 and resolved_config.parallel_config.{field} "
+                                           rf"{value} disagree"):
+        read_run(folder)
+    meta["resolved_config"]["parallel_config"][field] = 1  # agreeing, or a tag: read
+    read_run(write_run(tmp_path / "ok", isolated_requests(), meta_extra=meta))
+    meta["resolved_config"]["parallel_config"][field] = "<unreadable: AttributeError>"
+    read_run(write_run(tmp_path / "tag", isolated_requests(), meta_extra=meta))
