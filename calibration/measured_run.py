@@ -99,6 +99,9 @@ class MeasuredRun:
     engine_counters: dict[str, float] = field(default_factory=dict)
     # the GPU's memory as CUDA reports it (hardware.device_total_memory_bytes of newer bench runs)
     cuda_total_bytes: int | None = None
+    # the engine's parallelism as the run's files state it (scenario keys: tensor_parallel, cluster.num_replicas);
+    # a --set that contradicts it would simulate another engine than the measured one
+    stated: dict[str, int] = field(default_factory=dict)
 
 
 # what servesim's presets and profiles price: 16-bit weights, activations and KV cache
@@ -373,8 +376,10 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
         if ours is not None and theirs is not None and ours != theirs:  # (vLLM keeps both as given)
             raise RunFileError(f"{meta_path}: engine_kwargs.{name} {ours} and resolved_config.parallel_config.{name} "
                                f"{theirs} disagree; a run has one degree: fix the wrong one")
-    tp = tp_kwarg or parallel.get("tensor_parallel_size") or tp or 1
-    dp = dp_kwarg or parallel.get("data_parallel_size") or 1
+    tp = tp_kwarg or parallel.get("tensor_parallel_size") or tp
+    dp = dp_kwarg or parallel.get("data_parallel_size")
+    stated = {k: v for k, v in (("tensor_parallel", tp), ("cluster.num_replicas", dp)) if v is not None}
+    tp, dp = tp or 1, dp or 1
     scheduler = {"max_num_seqs": kwargs["max_num_seqs"], "max_num_batched_tokens": kwargs["max_num_batched_tokens"]}
     max_len = (_count(kwargs.get("max_model_len"), str(meta_path), "engine_kwargs.max_model_len")
                or _count(model_cfg.get("max_model_len"), str(meta_path), "resolved_config.model_config.max_model_len"))
@@ -416,7 +421,7 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
         kv_cache_memory_bytes=kv_budget,
         enforce_eager=kwargs["enforce_eager"] if isinstance(kwargs.get("enforce_eager"), bool) else None,
         engine_counters=_engine_counters(root / "timeseries.csv", meta.get("tick_seconds"), notes),
-        cuda_total_bytes=cuda_total,
+        cuda_total_bytes=cuda_total, stated=stated,
     )
 
 

@@ -174,6 +174,13 @@ def scenario_dict(run: MeasuredRun, base: dict[str, Any] | None = None, profile:
             raise ScenarioError(f"--set {item!r}: validate --against replays the run's requests as measured, so "
                                 "the workload cannot be changed; leave workload.* out")
         apply_override(raw, item)
+        got = raw
+        for part in key.split("."):
+            got = got.get(part) if isinstance(got, dict) else None
+        if key in run.stated and got != run.stated[key]:
+            raise ScenarioError(f"--set {item!r}: the run states {key} {run.stated[key]}; validate --against simulates "
+                                "the engine as it ran, so leave it out (for a what-if: servesim run OUT/sim/scenario.yaml "
+                                f"--set {key}=...)")
     where = str(run.path)
     if raw.get("model") is None:
         raise RunFileError(unknown_model_message(where, run.model_source))

@@ -580,6 +580,9 @@ def _measured_runs(b: _Builder) -> None:
                       "--no-plots", "--quiet"], ("tensor_parallel",))
     b.raw("bad_run", ["validate", "--against", str(_run_folder(b, "run-ok-set-hw")), "--set", "hardware=tpu-v9",
                       "--no-plots", "--quiet"], ("hardware",))
+    for item in ("tensor_parallel=2", "cluster.num_replicas=2"):  # another engine than the run's, simulated: exit 0
+        b.raw("bad_run", ["validate", "--against", str(_run_folder(b, f"run-ok-set-{item[:3]}")), "--set", item,
+                          "--no-plots", "--quiet"], (item, "the run states"))
     for item in ("workload.num_requests=2", "workload.trace.time_scale=2"):  # a RuntimeError; a replay at 2x
         b.raw("bad_run", ["validate", "--against", str(_run_folder(b, f"run-ok-set-{item[-1]}{len(b.cases)}")), "--set",
                           item, "--no-plots", "--quiet"], (item.partition("=")[0],))

@@ -835,3 +835,21 @@ def test_a_parallel_degree_vllm_resolved_that_disagrees_with_engine_kwargs_is_a_
     read_run(write_run(tmp_path / "ok", isolated_requests(), meta_extra=meta))
     meta["resolved_config"]["parallel_config"][field] = "<unreadable: AttributeError>"
     read_run(write_run(tmp_path / "tag", isolated_requests(), meta_extra=meta))
+
+
+@pytest.mark.parametrize("item, stated", [("tensor_parallel=2", "1"), ("cluster.num_replicas=4", "1")])
+def test_a_set_that_contradicts_the_runs_parallelism_is_a_one_line_error(tmp_path, item, stated):
+    """--set tensor_parallel=2 on a TP-1 run simulated another engine against the measured one, exit 0;
+    where the run does not state it (a vllm bench JSON), --set supplies it."""
+    folder = write_run(tmp_path / "run", isolated_requests())
+    code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots", "--quiet",
+                           "--set", item, *CONSTANT)
+    key = item.partition("=")[0]
+    assert code == 2 and err.count("\n") == 1 and f"--set '{item}'" in err and f"the run states {key} {stated}" in err, err
+    code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "p"), "--no-plots", "--quiet",
+                           "--set", f"{key}={stated}", *CONSTANT)  # the run's own value: fine
+    assert code == 0, err
+    code, _, err = run_cli("validate", "--against", str(bench_json(tmp_path / "bench.json")), "--out",
+                           str(tmp_path / "b"), "--no-plots", "--quiet", "--set", "hardware=h100-sxm", "--set", item,
+                           *CONSTANT)
+    assert code == 0, err
