@@ -224,7 +224,12 @@ def scenario_dict(run: MeasuredRun, base: dict[str, Any] | None = None, profile:
                            "own with --set kv_cache.num_blocks=N (vLLM logs 'GPU KV cache size: T tokens': N = T / "
                            "block size)")
     if kv.get("num_blocks") is None:
-        default_budget, default_seats = vllm_batch_defaults(get_hardware(sc.hardware))
+        gpu = get_hardware(sc.hardware)
+        if run.cuda_total_bytes is not None and run.cuda_total_bytes > gpu.memory_bytes * 1.02:
+            raise RunFileError(f"{where}: hardware.device_total_memory_bytes {run.cuda_total_bytes / 2**30:.2f} GiB is more "
+                               f"than {sc.hardware}'s {gpu.memory_bytes / 2**30:.2f} GiB of memory; a GPU reports less: fix "
+                               "the field, or give the run's block count with --set kv_cache.num_blocks=N")
+        default_budget, default_seats = vllm_batch_defaults(gpu)
         budget = sc.scheduler.max_num_batched_tokens or default_budget
         seats = sc.scheduler.max_num_seqs or default_seats
         util = sc.kv_cache.gpu_memory_utilization

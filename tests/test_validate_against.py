@@ -853,3 +853,17 @@ def test_a_set_that_contradicts_the_runs_parallelism_is_a_one_line_error(tmp_pat
                            str(tmp_path / "b"), "--no-plots", "--quiet", "--set", "hardware=h100-sxm", "--set", item,
                            *CONSTANT)
     assert code == 0, err
+
+
+def test_a_cuda_memory_total_past_the_gpus_own_memory_is_a_one_line_error(tmp_path):
+    """16 TiB on an RTX PRO 6000 (96 GB) derived a cache of 7.5 million blocks, exit 0; a GPU cannot report
+    more than it has. Unused where the run records its block count."""
+    meta = {"hardware": {"device_name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+                         "device_total_memory_bytes": 2**44}}
+    folder = write_run(tmp_path / "run", isolated_requests(), meta_extra=meta)
+    code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots", *CONSTANT)
+    assert code == 2 and err.count("\n") == 1 and "hardware.device_total_memory_bytes" in err and "rtx-pro-6000" in err, err
+    meta["kv_cache"] = {"num_gpu_blocks": 900, "block_size": 16, "enable_prefix_caching": True}
+    folder = write_run(tmp_path / "blocks", isolated_requests(), meta_extra=meta)
+    code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "p"), "--no-plots", *CONSTANT)
+    assert code == 0, err
