@@ -168,6 +168,9 @@ def unknown_hardware_message(where: str, name: str | None) -> str:
 # ---- shared helpers -------------------------------------------------------------------------------
 def _read_text(path: Path) -> str:
     """A run file's text; ``RunFileError`` when it is missing or not UTF-8 (a UTF-16 or binary file)."""
+    if path.is_dir():
+        raise RunFileError(f"{path}: a folder, not a file (an LLMServingSim run folder is read without "
+                           "--format vllm-bench)")
     if not path.is_file():
         raise RunFileError(f"{path}: file not found")
     data = path.read_bytes()
@@ -347,7 +350,7 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     df = _requests_frame(arrival_engine - t0, sched - t0, cols["first_token_ts"] - t0, cols["last_token_ts"] - t0,
                          cols["input_toks"], cols["output_toks"])
     df["ttft_from_queued"] = cols["first_token_ts"] - cols["queued_ts"]
-    df["source_id"] = [str(rows[i].get("request_id", i)) for i in order]
+    df["source_id"] = [str(i if rows[i].get("request_id") is None else rows[i]["request_id"]) for i in order]
     df["source_line"] = [rows[i]["_line"] for i in order]
 
     hw_source, tp = _llmservingsim_gpu(root)
@@ -561,7 +564,7 @@ def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
             raise RunFileError(f"{where}: the request took {row['last_token_ts'] - row['queued_ts']:.3g} s from "
                                f"queued_ts to last_token_ts, past the {MAX_SIM_SECONDS:.0e} s servesim simulates; "
                                "the engine timestamps must be seconds of one clock")
-        if "request_id" in row:  # a line written twice would count its request twice
+        if row.get("request_id") is not None:  # a line written twice would count its request twice
             rid = str(row["request_id"])
             if rid in seen:
                 raise RunFileError(f"{where}: request_id {rid!r:.60} repeats line {seen[rid]}; each request is "

@@ -867,3 +867,15 @@ def test_a_cuda_memory_total_past_the_gpus_own_memory_is_a_one_line_error(tmp_pa
     folder = write_run(tmp_path / "blocks", isolated_requests(), meta_extra=meta)
     code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "p"), "--no-plots", *CONSTANT)
     assert code == 0, err
+
+
+def test_a_null_request_id_is_no_id_and_a_folder_given_as_a_file_says_so(tmp_path):
+    """request_id null on every line was 'request_id 'None' repeats line 1'; --format vllm-bench on a
+    run folder was 'file not found'."""
+    rows = isolated_requests()
+    for row in rows:
+        row["request_id"] = None
+    folder = write_run(tmp_path / "run", rows)
+    assert len(read_run(folder).requests) == 4
+    with pytest.raises(RunFileError, match=r"run: a folder, not a file"):
+        read_run(folder, "vllm-bench")
