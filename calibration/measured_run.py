@@ -477,7 +477,7 @@ def _refuse_unmodelled(resolved: dict[str, Any], kwargs: dict[str, Any], meta_pa
     parallel = resolved.get("parallel_config") if isinstance(resolved.get("parallel_config"), dict) else {}
     for where, pp in (("resolved_config.parallel_config.pipeline_parallel_size", parallel.get("pipeline_parallel_size")),
                       ("engine_kwargs.pipeline_parallel_size", kwargs.get("pipeline_parallel_size"))):
-        if (_count(pp, str(meta_path), where) or 1) > 1:
+        if not _is_tag(pp) and (_count(pp, str(meta_path), where) or 1) > 1:  # (a tag: not recorded)
             raise RunFileError(f"{meta_path}: {where} is {pp}: pipeline parallelism is not modelled (servesim splits "
                                "a model by tensor_parallel only), so this run cannot be simulated as it ran")
     for where, spec in (("resolved_config.speculative_config", resolved.get("speculative_config")),

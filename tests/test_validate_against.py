@@ -879,3 +879,13 @@ def test_a_null_request_id_is_no_id_and_a_folder_given_as_a_file_says_so(tmp_pat
     assert len(read_run(folder).requests) == 4
     with pytest.raises(RunFileError, match=r"run: a folder, not a file"):
         read_run(folder, "vllm-bench")
+
+
+def test_a_pipeline_degree_written_as_a_type_tag_is_not_recorded(tmp_path):
+    folder = write_run(tmp_path / "run", isolated_requests())
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["resolved_config"] = {"parallel_config": {"pipeline_parallel_size": "<unreadable: AttributeError>"}}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots",
+                           "--quiet", *CONSTANT)
+    assert code == 0, err
