@@ -29,7 +29,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("verbs", ["sim.verbs", "calibration.grid", "calibration.fit", "calibration.profile", "calibration.validate",
                "calibration.commands", "calibration.replay", "calibration.measured_run", "calibration.validate_against",
                "calibration.importers", "calibration.allreduce_fit", "calibration.gpu_profile", "calibration.gpu_import", "calibration.gpu_composite",
-               "calibration.source_checks"]),
+               "calibration.source_checks", "calibration.run_files", "calibration.run_llmservingsim",
+               "calibration.run_vllm_bench"]),
     ("CLI", ["sim.cli"]),
 ]
 
