@@ -103,22 +103,16 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     model_source = meta.get("model") or kwargs.get("model")
     if not model_source:
         raise RunFileError(f"{meta_path}: missing field 'model'")
-    for key in ("max_num_seqs", "max_num_batched_tokens"):
-        value = kwargs.get(key)
-        if value is None:
-            raise RunFileError(f"{meta_path}: missing field 'engine_kwargs.{key}' (an integer)")
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**32:  # ("8": not missing)
-            raise RunFileError(f"{meta_path}: field 'engine_kwargs.{key}' must be a whole number >= 1 and <= 2**32, "
-                               f"got {value!r:.60}")
     notes: list[str] = []
     # newer bench runs also record what vLLM resolved: the KV cache it allocated and its scheduler config
     resolved = json_object(meta, "resolved_config", str(meta_path))
     sched_cfg = _section(resolved, "scheduler_config", meta_path)
     model_cfg = _section(resolved, "model_config", meta_path)
     cache_cfg = _section(resolved, "cache_config", meta_path)
+    batch = _batch_limits(kwargs, sched_cfg, meta_path, notes)
     kv_cache_dtype = _precision(kwargs, model_cfg, cache_cfg, meta_path, notes)
-    kv_budget = count_field(kwargs.get("kv_cache_memory_bytes"), str(meta_path), "engine_kwargs.kv_cache_memory_bytes",
-                       most=2**50)
+    kv_budget = count_field(kwargs.get("kv_cache_memory_bytes"), str(meta_path),
+                            "engine_kwargs.kv_cache_memory_bytes", most=2**50)
 
     rows, unrecorded = _read_jsonl(root / "requests.jsonl")
     if unrecorded:
@@ -192,7 +186,7 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     dp = dp_kwarg or parallel.get("data_parallel_size")
     stated = {k: v for k, v in (("tensor_parallel", tp), ("cluster.num_replicas", dp)) if v is not None}
     tp, dp = tp or 1, dp or 1
-    scheduler = {"max_num_seqs": kwargs["max_num_seqs"], "max_num_batched_tokens": kwargs["max_num_batched_tokens"]}
+    scheduler = dict(batch)
     max_len = (count_field(kwargs.get("max_model_len"), str(meta_path), "engine_kwargs.max_model_len")
                or count_field(model_cfg.get("max_model_len"), str(meta_path), "resolved_config.model_config.max_model_len"))
     if max_len is not None:
@@ -235,6 +229,29 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
         engine_counters=_engine_counters(root / "timeseries.csv", meta.get("tick_seconds"), notes),
         cuda_total_bytes=cuda_total, stated=stated,
     )
+
+
+def _batch_limits(kwargs: dict[str, Any], sched_cfg: dict[str, Any], meta_path: Path,
+                  notes: list[str]) -> dict[str, int]:
+    """``max_num_seqs`` and ``max_num_batched_tokens`` as vLLM ran with them: the engine argument, or what
+    vLLM resolved (``resolved_config.scheduler_config``) where the argument is absent or vLLM changed
+    it (then with a note); ``RunFileError`` when neither states one, or one is not a whole number."""
+    out = {}
+    for key in ("max_num_seqs", "max_num_batched_tokens"):
+        found = [(w, v) for w, v in ((f"engine_kwargs.{key}", kwargs.get(key)),
+                                     (f"resolved_config.scheduler_config.{key}", sched_cfg.get(key))) if v is not None]
+        if not found:
+            raise RunFileError(f"{meta_path}: missing field 'engine_kwargs.{key}' (an integer)")
+        for where, value in found:
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**32:  # ("8": not missing)
+                raise RunFileError(f"{meta_path}: field '{where}' must be a whole number >= 1 and <= 2**32, "
+                                   f"got {value!r:.60}")
+        (asked_where, asked), (_, ran) = found[0], found[-1]
+        if ran != asked:
+            notes.append(f"{asked_where} is {asked} but vLLM ran with {ran} (resolved_config.scheduler_config): "
+                         f"simulated with {ran}")
+        out[key] = ran
+    return out
 
 
 def _section(resolved: dict[str, Any], name: str, meta_path: Path) -> dict[str, Any]:

@@ -889,3 +889,22 @@ def test_a_pipeline_degree_written_as_a_type_tag_is_not_recorded(tmp_path):
     code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots",
                            "--quiet", *CONSTANT)
     assert code == 0, err
+
+
+def test_the_batch_limits_vllm_ran_with_win_over_the_engine_arguments(tmp_path):
+    """What vLLM resolved is what it ran: a budget it changed is simulated with a note; a run whose
+    engine_kwargs leave a limit out takes the resolved one; neither is an error naming the field."""
+    folder = write_run(tmp_path / "run", isolated_requests(),
+                       meta_extra={"resolved_config": {"scheduler_config": {"max_num_seqs": 8,
+                                                                            "max_num_batched_tokens": 1024}}})
+    run = read_run(folder)
+    assert (run.scheduler["max_num_seqs"], run.scheduler["max_num_batched_tokens"]) == (8, 1024)
+    assert any("engine_kwargs.max_num_batched_tokens is 512 but vLLM ran with 1024" in n for n in run.notes)
+    meta = json.loads((folder / "meta.json").read_text())
+    del meta["engine_kwargs"]["max_num_seqs"]
+    (folder / "meta.json").write_text(json.dumps(meta))
+    assert read_run(folder).scheduler["max_num_seqs"] == 8
+    del meta["resolved_config"]
+    (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(RunFileError, match=r"missing field 'engine_kwargs\.max_num_seqs'"):
+        read_run(folder)
