@@ -178,7 +178,7 @@ def itl_gaps(value: Any, where: str) -> list[float]:
 
 
 def requests_frame(arrival: np.ndarray, scheduled: np.ndarray, first: np.ndarray, finish: np.ndarray,
-                    prompt: np.ndarray, output: np.ndarray) -> pd.DataFrame:
+                   prompt: np.ndarray, output: np.ndarray) -> pd.DataFrame:
     """A requests frame like a servesim run's (REQUEST_COLUMNS), times already on one clock."""
     n = arrival.size
     out = output.astype(np.int64)

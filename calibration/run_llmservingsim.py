@@ -151,7 +151,7 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
         "engine_t0": t0,
     }
     df = requests_frame(arrival_engine - t0, sched - t0, cols["first_token_ts"] - t0, cols["last_token_ts"] - t0,
-                         cols["input_toks"], cols["output_toks"])
+                        cols["input_toks"], cols["output_toks"])
     df["ttft_from_queued"] = cols["first_token_ts"] - cols["queued_ts"]
     df["source_id"] = [str(i if rows[i].get("request_id") is None else rows[i]["request_id"]) for i in order]
     df["source_line"] = [rows[i]["_line"] for i in order]
@@ -167,7 +167,7 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
             raise RunFileError(f"{meta_path}: field 'hardware.device_name' must be the GPU's name, got {name!r:.60}")
         hw_source = name or hw_source
         cuda_total = count_field(hardware.get("device_total_memory_bytes"), str(meta_path),
-                            "hardware.device_total_memory_bytes", least=2**30, most=2**45)
+                                 "hardware.device_total_memory_bytes", least=2**30, most=2**45)
     if hw_source is None:  # a GPU named anywhere in the folder's name (<GPU>-<model>, <model>-<gpu>-tp1)
         hw_source = root.name if hardware_preset(root.name) else (
             root.name.split("-")[0] if "-" in root.name else None)
