@@ -263,9 +263,9 @@ def _section(resolved: dict[str, Any], name: str, meta_path: Path) -> dict[str, 
 def _resolved_schedule(sched_cfg: dict[str, Any], kwargs: dict[str, Any], meta_path: Path,
                        notes: list[str]) -> dict[str, Any]:
     """The scheduler settings beyond the batch limits that vLLM resolved (``resolved_config.scheduler_config``,
-    else the engine argument in ``engine_kwargs``: ``scheduling_policy`` for ``policy``) and the ``vllm-v1`` preset models: async scheduling, the cap on
-    one request's chunk, the queue policy. A run that turned chunked prefill off gets a note: the preset
-    always chunks."""
+    else the engine argument in ``engine_kwargs``: ``scheduling_policy`` for ``policy``) and the
+    ``vllm-v1`` preset models: async scheduling, the cap on one request's chunk, the queue policy,
+    chunked prefill turned off."""
     out: dict[str, Any] = {}
 
     def value(name: str) -> tuple[str, Any]:
@@ -291,8 +291,7 @@ def _resolved_schedule(sched_cfg: dict[str, Any], kwargs: dict[str, Any], meta_p
     if chunked is not None and not isinstance(chunked, bool):
         raise RunFileError(f"{meta_path}: field '{where}' must be true, false or null, got {chunked!r:.60}")
     if chunked is False:
-        notes.append(f"{where} is false: vLLM scheduled each prompt whole, while servesim's vllm-v1 preset chunks a "
-                     "prompt that does not fit the step's remaining token budget; steps taking in new prompts differ")
+        out["enable_chunked_prefill"] = False
     return out
 
 

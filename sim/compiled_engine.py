@@ -501,6 +501,8 @@ def reason_not_compiled(sc: Any, requests: Any, scheduler: Any, executor: Any) -
     # victim is fcfs's, the newest row, and the chunked policy orders nothing else by priority)
     if cfg.preemption_mode != "recompute":
         return f"preemption_mode {cfg.preemption_mode}"
+    if not cfg.chunked_prefill:
+        return "chunked_prefill off"
     if cfg.async_scheduling:
         return "async_scheduling"
     if scheduler.kv.enable_prefix_caching:

@@ -117,7 +117,7 @@ def test_resolved_preset_round_trips_through_the_written_scenario(tmp_path: Path
 @pytest.mark.parametrize(("knobs", "words"), [
     ({"preset": "tensorrt-llm", "max_num_seqs": 8}, ["max_num_seqs", "max_batch_size"]),
     ({"preset": "sglang", "page_size": 4}, ["page_size", "kv_cache.block_size"]),
-    ({"preset": "vllm-v1", "enable_chunked_prefill": False}, ["enable_chunked_prefill", "vllm-v0"]),
+    ({"preset": "vllm-v1", "preemption_mode": "swap"}, ["preemption_mode", "recompute only"]),
     ({"preset": "hf-transformers", "max_num_batched_tokens": 64}, ["max_batch_tokens"]),
     ({"preset": "vlm-v1"}, ["vlm-v1", "did you mean 'vllm-v1'?"]),
     ({"preset": "vllm-v1", "max_num_seq": 8}, ["max_num_seq", "did you mean 'max_num_seqs'?"]),
@@ -526,3 +526,18 @@ def test_a_preset_schedules_exactly_as_the_policy_config_it_resolves_to(path: Pa
     a, b = simulate(sc, progress=False), simulate(plain, progress=False)
     pd.testing.assert_frame_equal(a.requests_df, b.requests_df)
     pd.testing.assert_frame_equal(a.iterations_df, b.iterations_df)
+
+
+def test_vllm_v1_without_chunked_prefill_budgets_one_whole_request_and_refuses_less():
+    """vLLM's SchedulerConfig: with enable_chunked_prefill false the token budget defaults to at
+    least max_model_len, and a smaller one is a server vLLM does not start."""
+    sc = scenario_from_dict(small_scenario({"preset": "vllm-v1", "enable_chunked_prefill": False, "max_model_len": 4096}))
+    assert sc.scheduler.max_num_batched_tokens == 8192 and sc.policy.chunked_prefill is False  # H100 default
+    sc = scenario_from_dict(small_scenario({"preset": "vllm-v1", "enable_chunked_prefill": False,
+                                            "max_model_len": 16384}))
+    assert sc.scheduler.max_num_batched_tokens == 16384
+    sc = scenario_from_dict(small_scenario({"preset": "vllm-v1", "enable_chunked_prefill": False,
+                                            "max_model_len": 4096, "max_num_batched_tokens": 1024}))
+    assert "max_num_batched_tokens 1024 must be at least max_model_len 4096" in sc.scheduler.start_refusal(10_000, 16)
+    res = simulate(sc, progress=False)  # still simulated, as a what-if: what cannot fit a step whole is refused
+    assert res.summary["rejected"] > 0 and res.summary["completed"] + res.summary["rejected"] == 150

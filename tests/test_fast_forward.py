@@ -95,14 +95,17 @@ def random_scenario(seed: int):
     }
     if rng.random() < 0.5:
         workload["prefix"] = {"num_prefixes": 3, "prefix_len": 64, "fraction": 0.7}
-    return scenario_from_dict({
+    d = {
         "name": f"random-{seed}", "seed": seed, "model": "llama-3.1-8b", "hardware": "h100-sxm",
         "scheduler": scheduler, "workload": workload,
         "kv_cache": {"block_size": int(rng.choice([8, 16])), "num_blocks": int(rng.choice([120, 400, 4000])),
                      "enable_prefix_caching": bool(rng.random() < 0.5), "swap_space_gb": 0.05},
         "cluster": {"num_replicas": int(rng.choice([1, 1, 2])),
                     "router": str(rng.choice(["round_robin", "least_outstanding", "kv_aware"]))},
-    })
+    }
+    if sched_type == "chunked" and rng.random() < 0.5:  # (drawn last: the other draws stay as they were)
+        scheduler["chunked_prefill"] = False
+    return scenario_from_dict(d)
 
 
 @pytest.mark.parametrize("seed", range(16))

@@ -154,6 +154,29 @@ def test_chunked_splits_a_long_prompt_and_caps_with_long_prefill_token_threshold
     assert r.first_token_time == 4.0
 
 
+def test_chunked_prefill_off_takes_a_prompt_in_only_whole_and_stops_the_queue_there():
+    """vLLM V1's enable_chunked_prefill=False: a waiting prompt that does not fit the budget left
+    whole waits for a step with room (so does everyone behind it); no step ever holds a part of one."""
+    sched = make("chunked", max_num_seqs=4, max_num_batched_tokens=100, chunked_prefill=False)
+    a, b, c = req(0, 60, 3), req(1, 70, 3), req(2, 10, 3)
+    steps = drive(sched, [a, b, c])
+    first = steps[0][1]
+    assert first.num_new_tokens.tolist() == [60]  # b (70) does not fit the 40 left, and c waits behind it
+    assert b.first_scheduled_time == 1.0 and c.first_scheduled_time == 1.0  # next step: a decodes, b + c fit
+    for _, batch, _ in steps:
+        assert all(int(q) in (1, 60, 70, 10) for q in batch.num_new_tokens)  # whole prompts or decodes only
+    on = make("chunked", max_num_seqs=4, max_num_batched_tokens=100)
+    assert drive(on, [req(0, 60, 3), req(1, 70, 3), req(2, 10, 3)])[0][1].num_new_tokens.tolist() == [60, 40]
+
+
+def test_chunked_prefill_off_refuses_a_request_that_could_never_fit_a_step_whole():
+    sched = make("chunked", max_num_seqs=4, max_num_batched_tokens=100, chunked_prefill=False)
+    long = req(0, 90, 20)  # back from a preemption it would need 109 tokens in one step
+    assert "chunked prefill is off" in sched.reject_reason(long)
+    assert sched.reject_reason(req(1, 90, 11)) is None  # 100 at most
+    assert make("chunked", max_num_seqs=4, max_num_batched_tokens=100).reject_reason(long) is None
+
+
 # ---- preemption -------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["continuous", "chunked"])
 @pytest.mark.parametrize("mode", ["recompute", "soft_reset", "swap"])

@@ -373,8 +373,8 @@ def test_a_run_that_records_what_vllm_resolved_is_simulated_with_it(tmp_path):
 
 
 def test_the_scheduler_settings_vllm_resolved_reach_the_simulation(tmp_path):
-    """Chunk cap, queue policy and async scheduling from resolved_config.scheduler_config (else the same
-    name in engine_kwargs) go to the vllm-v1 preset; chunked prefill turned off is a note."""
+    """Chunk cap, queue policy, async scheduling and chunked prefill turned off, from
+    resolved_config.scheduler_config (else the engine argument), go to the vllm-v1 preset."""
     meta = {"resolved_config": {"scheduler_config": {"long_prefill_token_threshold": 256, "policy": "priority",
                                                      "enable_chunked_prefill": False}}}
     folder = write_run(tmp_path / "run", isolated_requests(), meta_extra=meta)
@@ -384,13 +384,13 @@ def test_the_scheduler_settings_vllm_resolved_reach_the_simulation(tmp_path):
     run = read_run(folder)
     assert {k: run.scheduler[k] for k in ("long_prefill_token_threshold", "policy", "async_scheduling")} == {
         "long_prefill_token_threshold": 256, "policy": "priority", "async_scheduling": False}
-    assert any("enable_chunked_prefill is false" in n for n in run.notes)
+    assert run.scheduler["enable_chunked_prefill"] is False
     code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots",
                            "--quiet", *CONSTANT)
     assert code == 0, err
     sc = load_scenario(tmp_path / "o" / "sim" / "scenario.yaml")
-    assert (sc.scheduler.long_prefill_token_threshold, sc.scheduler.policy, sc.scheduler.async_scheduling) == (
-        256, "priority", False)
+    assert (sc.scheduler.long_prefill_token_threshold, sc.scheduler.policy, sc.scheduler.async_scheduling,
+            sc.scheduler.enable_chunked_prefill) == (256, "priority", False, False)
 
 
 @pytest.mark.parametrize("section, field, value, words", [

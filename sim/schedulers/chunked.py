@@ -5,7 +5,11 @@ that is decoding; prefill chunks of running requests whose prompt is only partly
 swapped requests brought back; then chunks of waiting prompts, oldest first. A request's chunk
 is capped by ``long_prefill_token_threshold`` when set. If the KV cache cannot hold the step, the
 newest running request is preempted (or the lowest-priority one) and, as in vLLM v1, no new
-request is admitted in that step.
+request is admitted in that step. With ``chunked_prefill`` off (vLLM V1's
+``enable_chunked_prefill=False``) a waiting request is taken in only when what it needs (capped
+by the threshold) fits the budget left whole; the first that does not ends the admissions of the
+step (``vllm/v1/core/sched/scheduler.py``: "If chunked_prefill is disabled, we can stop the
+scheduling here").
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pydantic import Field
 
 from .. import row_kernels as rk
 from ..batch import Batch
+from ..request import Request
 from .base import PolicyConfig, Scheduler
 from .blocks import attach_cached_prefix, drop_cached_prefix
 
@@ -31,6 +36,10 @@ class ChunkedConfig(PolicyConfig):
     long_prefill_token_threshold: int = Field(
         0, ge=0, description="cap on one request's prefill tokens per step (0 = no cap)"
     )
+    chunked_prefill: bool = Field(
+        True, description="False: a waiting request is taken in only when its tokens (capped by the threshold) "
+        "fit the step's budget whole (vLLM V1's enable_chunked_prefill=False)"
+    )
 
 
 class ChunkedScheduler(Scheduler):
@@ -38,9 +47,28 @@ class ChunkedScheduler(Scheduler):
 
     def decodes_ahead(self) -> bool:
         # nothing swapped, and nothing waiting, no seat for it or no room: every next step decodes
-        # the running rows (when they all decode and fit the budget) and admits nothing
+        # the running rows (when they all decode and fit the budget) and admits nothing (with
+        # chunked prefill off, whether the head fits whole is not foreseen here: no look-ahead)
         return (not self.swapped and self.run.n <= self.max_num_batched_tokens
-                and (not self.waiting or self.run.n >= self.max_num_seqs or self._head_stays_out()))
+                and (not self.waiting or self.run.n >= self.max_num_seqs
+                     or (self.config.chunked_prefill and self._head_stays_out())))
+
+    def reject_reason(self, request: Request) -> str | None:
+        """``Scheduler.reject_reason``, and with chunked prefill off a request whose tokens could
+        outgrow the step's budget: coming back from a preemption it must be prefilled whole, prompt
+        and output so far (vLLM refuses such a server at start: max_num_batched_tokens must be at
+        least max_model_len)."""
+        reason = super().reject_reason(request)
+        if reason or self.config.chunked_prefill:
+            return reason
+        need = request.prompt_len + request.output_len - 1
+        if self.config.long_prefill_token_threshold:
+            need = min(need, self.config.long_prefill_token_threshold)
+        if need > self.max_num_batched_tokens:
+            return (f"request {request.request_id}: prompt {request.prompt_len} + output {request.output_len} "
+                    f"tokens can need {need} in one step, past max_num_batched_tokens {self.max_num_batched_tokens}, "
+                    "and chunked prefill is off; raise max_num_batched_tokens or turn chunked_prefill on")
+        return None
 
     def _head_stays_out(self) -> bool:
         """Whether the first waiting request fails admission in each next plain decode step: the
@@ -129,6 +157,9 @@ class ChunkedScheduler(Scheduler):
             req = self.waiting[0]
             fresh, cached, computed = attach_cached_prefix(kv, req)
             chunk = min(req.num_tokens - computed, budget, threshold)
+            if not self.config.chunked_prefill and min(req.num_tokens - computed, threshold) > budget:
+                drop_cached_prefix(kv, req, cached)
+                break  # it waits for a step with room for all of it; so does everyone behind it
             if not kv.allocate(req, computed + chunk, watermark=True):
                 drop_cached_prefix(kv, req, cached)
                 break
