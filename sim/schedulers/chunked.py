@@ -67,7 +67,7 @@ class ChunkedScheduler(Scheduler):
         if need > self.max_num_batched_tokens:
             return (f"request {request.request_id}: prompt {request.prompt_len} + output {request.output_len} "
                     f"tokens can need {need} in one step, past max_num_batched_tokens {self.max_num_batched_tokens}, "
-                    "and chunked prefill is off; raise max_num_batched_tokens or turn chunked_prefill on")
+                    "and chunked prefill is off; raise max_num_batched_tokens or turn chunked prefill on")
         return None
 
     def _head_stays_out(self) -> bool:
