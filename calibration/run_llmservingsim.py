@@ -192,7 +192,7 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     if max_len is not None:
         scheduler["max_model_len"] = max_len
     scheduler |= _resolved_schedule(sched_cfg, kwargs, meta_path, notes)
-    _refuse_unmodelled(resolved, kwargs, meta_path)
+    _refuse_unmodelled(parallel, resolved, kwargs, meta_path)
     kv: dict[str, Any] = {}
     cache = json_object(meta, "kv_cache", str(meta_path))
     # the same facts in the resolved CacheConfig (cache_cfg), for a run whose kv_cache snapshot came out empty
@@ -295,11 +295,11 @@ def _resolved_schedule(sched_cfg: dict[str, Any], kwargs: dict[str, Any], meta_p
     return out
 
 
-def _refuse_unmodelled(resolved: dict[str, Any], kwargs: dict[str, Any], meta_path: Path) -> None:
+def _refuse_unmodelled(parallel: dict[str, Any], resolved: dict[str, Any], kwargs: dict[str, Any],
+                       meta_path: Path) -> None:
     """``RunFileError`` for a run servesim cannot simulate as it ran: pipeline parallelism (servesim splits
-    a model by TP only) or speculative decoding (servesim makes one token per request a step)."""
-    # (a harness that could not list a config's fields writes a "<ParallelConfig>" tag: nothing to read)
-    parallel = resolved.get("parallel_config") if isinstance(resolved.get("parallel_config"), dict) else {}
+    a model by TP only) or speculative decoding (servesim makes one token per request a step).
+    ``parallel``: ``resolved_config.parallel_config`` as ``_section`` read it (type tags dropped)."""
     for where, pp in (("resolved_config.parallel_config.pipeline_parallel_size", parallel.get("pipeline_parallel_size")),
                       ("engine_kwargs.pipeline_parallel_size", kwargs.get("pipeline_parallel_size"))):
         if not is_tag(pp) and (count_field(pp, str(meta_path), where) or 1) > 1:  # (a tag: not recorded)
