@@ -225,10 +225,24 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
         clock=clock, notes=notes,
         reference=reference, reference_source=str(ref_path) if reference else None, kv_cache_dtype=kv_cache_dtype,
         kv_cache_memory_bytes=kv_budget,
-        enforce_eager=kwargs["enforce_eager"] if isinstance(kwargs.get("enforce_eager"), bool) else None,
+        enforce_eager=_flag(kwargs, model_cfg, "enforce_eager", meta_path),
         engine_counters=_engine_counters(root / "timeseries.csv", meta.get("tick_seconds"), notes),
         cuda_total_bytes=cuda_total, stated=stated,
     )
+
+
+def _flag(kwargs: dict[str, Any], model_cfg: dict[str, Any], name: str, meta_path: Path) -> bool | None:
+    """A true/false engine argument as recorded (``engine_kwargs``, else what vLLM resolved in
+    ``resolved_config.model_config``); None when neither records it, ``RunFileError`` when it is not
+    a JSON boolean (a text "false" would otherwise be read as not recorded, or as true)."""
+    for where, value in ((f"engine_kwargs.{name}", kwargs.get(name)),
+                         (f"resolved_config.model_config.{name}", model_cfg.get(name))):
+        if value is None:
+            continue
+        if not isinstance(value, bool):
+            raise RunFileError(f"{meta_path}: field '{where}' must be true, false or null, got {value!r:.60}")
+        return value
+    return None
 
 
 def _batch_limits(kwargs: dict[str, Any], sched_cfg: dict[str, Any], meta_path: Path,

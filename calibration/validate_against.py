@@ -192,6 +192,8 @@ def scenario_dict(run: MeasuredRun, base: dict[str, Any] | None = None, profile:
     # error naming its field, not a traceback of the block count's arithmetic
     source = f"{where} (validate --against)"
     sc = scenario_from_dict(raw, source=source)
+    if why := sc.scheduler.batch_refusal():  # a run vLLM could not have served, or a --set that makes one
+        raise RunFileError(f"{where}: {why.replace('this server', 'the engine the run and --set describe')}")
     if "cost_model" not in raw:
         shipped = shipped_profile(sc.model, sc.hardware, sc.tensor_parallel)
         if shipped is not None:

@@ -572,6 +572,10 @@ def _measured_runs(b: _Builder) -> None:
         ("max-num-seqs-text", {"meta": kwargs(max_num_seqs="8")}, ("meta.json", "engine_kwargs.max_num_seqs", "whole number")),
         ("max-batched-tokens-true", {"meta": kwargs(max_num_batched_tokens=True)},
          ("meta.json", "engine_kwargs.max_num_batched_tokens")),
+        # a server vLLM refuses to start (SchedulerConfig), simulated as if it had run; a text flag read as absent
+        ("budget-below-seats", {"meta": kwargs(max_num_batched_tokens=1)},
+         ("max_num_batched_tokens 1", "max_num_seqs 8")),
+        ("eager-text", {"meta": kwargs(enforce_eager="false")}, ("meta.json", "engine_kwargs.enforce_eager")),
     ]
     for name, parts, names in runs:
         folder = _run_folder(b, f"run-{name}", **parts)

@@ -908,3 +908,39 @@ def test_the_batch_limits_vllm_ran_with_win_over_the_engine_arguments(tmp_path):
     (folder / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(RunFileError, match=r"missing field 'engine_kwargs\.max_num_seqs'"):
         read_run(folder)
+
+
+def test_an_enforce_eager_written_as_text_is_an_error_and_the_resolved_one_is_read(tmp_path):
+    """A text "false" was read as not recorded, so the note that the run served with CUDA graphs was lost;
+    a run whose engine_kwargs leave it out gives what vLLM resolved (model_config.enforce_eager)."""
+    folder = write_run(tmp_path / "text", isolated_requests(), meta_extra={"engine_kwargs": {**ENGINE, "enforce_eager": "false"}})
+    with pytest.raises(RunFileError, match=re.escape("field 'engine_kwargs.enforce_eager' must be true, false or null")):
+        read_run(folder)
+    folder = write_run(tmp_path / "resolved", isolated_requests(),
+                       meta_extra={"resolved_config": {"model_config": {"enforce_eager": False}}})
+    assert read_run(folder).enforce_eager is False
+    folder = write_run(tmp_path / "none", isolated_requests())
+    assert read_run(folder).enforce_eager is None
+
+
+@pytest.mark.parametrize(("where", "edit"), [
+    ("run", ["--set", "kv_cache.num_blocks=900"]),
+    ("set", ["--set", "kv_cache.num_blocks=900", "--set", "scheduler.max_num_batched_tokens=4"]),
+])
+def test_a_token_budget_below_the_seats_is_a_one_line_error_as_vllm_refuses_it(tmp_path, where, edit):
+    """vLLM's SchedulerConfig refuses max_num_batched_tokens < max_num_seqs, so no run has it: a run file
+    (or a --set) that says so was simulated as a server that never existed."""
+    engine = {**ENGINE, "max_num_seqs": 8, "max_num_batched_tokens": 4 if where == "run" else 512}
+    folder = write_run(tmp_path / "run", isolated_requests(), meta_extra={"engine_kwargs": engine})
+    code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots", *edit)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "max_num_batched_tokens 4 must be at least max_num_seqs 8" in err
+
+
+def test_a_preset_whose_token_budget_is_below_its_seats_is_one_vllm_would_not_start():
+    from servesim.sim.engine_presets import PRESETS
+
+    for preset in ("vllm-v1", "vllm-v0"):
+        low = PRESETS[preset](max_num_seqs=64, max_num_batched_tokens=32)
+        assert "max_num_batched_tokens 32 must be at least max_num_seqs 64" in low.start_refusal(10**6, 16)
+        assert PRESETS[preset](max_num_seqs=64, max_num_batched_tokens=64).start_refusal(10**6, 16) is None

@@ -101,6 +101,16 @@ class EnginePreset(ConfigModel):
         raise NotImplementedError
 
 
+def vllm_batch_refusal(max_num_batched_tokens: int | None, max_num_seqs: int | None) -> str | None:
+    """vLLM's ``SchedulerConfig`` check of the batch limits (V0 and V1): every running request takes at
+    least one token a step, so a token budget below the seats is a server vLLM refuses to start."""
+    if max_num_batched_tokens is None or max_num_seqs is None or max_num_batched_tokens >= max_num_seqs:
+        return None
+    return (f"vLLM would not start this server: max_num_batched_tokens {max_num_batched_tokens} must be at least "
+            f"max_num_seqs {max_num_seqs} (every running request takes a token a step); raise the one or lower the "
+            "other")
+
+
 def vllm_max_len_refusal(max_model_len: int | None, num_blocks: int, block_size: int) -> str | None:
     """vLLM's start-up check: one request of ``max_model_len`` tokens must fit the KV cache (V1
     ``check_enough_kv_cache_memory``, V0 ``raise_if_cache_size_invalid``); the message names the

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from ..presets import HardwareConfig, get_model
 from ..schedulers import ContinuousConfig
-from .base import EnginePreset, vllm_max_len_refusal
+from .base import EnginePreset, vllm_batch_refusal, vllm_max_len_refusal
 
 
 class VllmV0Preset(EnginePreset):
@@ -42,8 +42,10 @@ class VllmV0Preset(EnginePreset):
     preemption_mode: Literal["recompute", "swap"] = "recompute"
 
     def start_refusal(self, num_blocks: int, block_size: int) -> str | None:
-        # vLLM V0: `CacheEngine` start-up, `raise_if_cache_size_invalid` in vllm/worker/worker.py
-        return vllm_max_len_refusal(self.max_model_len, num_blocks, block_size)
+        # vLLM V0: `CacheEngine` start-up, `raise_if_cache_size_invalid` in vllm/worker/worker.py; the
+        # batch limits are SchedulerConfig's check, as in V1
+        return (vllm_batch_refusal(self.max_num_batched_tokens, self.max_num_seqs)
+                or vllm_max_len_refusal(self.max_model_len, num_blocks, block_size))
 
     def resolved(self, hardware: HardwareConfig, model: str) -> VllmV0Preset:
         max_len = self.max_model_len or get_model(model).max_position_embeddings

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from ..presets import GiB, HardwareConfig, get_model
 from ..schedulers import ChunkedConfig
-from .base import EnginePreset, vllm_max_len_refusal
+from .base import EnginePreset, vllm_batch_refusal, vllm_max_len_refusal
 
 
 def vllm_batch_defaults(hardware: HardwareConfig) -> tuple[int, int]:
@@ -63,10 +63,15 @@ class VllmV1Preset(EnginePreset):
     # 2025; on in 0.19); off here so scenarios of earlier releases keep their meaning.
     async_scheduling: bool = False
 
+    def batch_refusal(self) -> str | None:
+        return vllm_batch_refusal(self.max_num_batched_tokens, self.max_num_seqs)
+
     def start_refusal(self, num_blocks: int, block_size: int) -> str | None:
         # vLLM V1: `KVCacheManager` start-up, `check_enough_kv_cache_memory` in vllm/v1/core/kv_cache_utils.py;
         # without chunked prefill SchedulerConfig refuses a token budget below max_model_len
         budget, max_len = self.max_num_batched_tokens, self.max_model_len
+        if why := self.batch_refusal():
+            return why
         if not self.enable_chunked_prefill and budget is not None and max_len is not None and budget < max_len:
             return (f"vLLM would not start this server: with enable_chunked_prefill false max_num_batched_tokens "
                     f"{budget} must be at least max_model_len {max_len}; raise the one or lower the other")
