@@ -8,7 +8,9 @@ Two formats:
   client's wall clock, ``queued_ts``, ``scheduled_ts``, ``first_token_ts``, ``last_token_ts`` on the
   engine's monotonic clock, seconds), ``meta.json`` (model, vLLM version, engine kwargs), and
   optionally ``llmservingsim_config.json`` (the GPU) and ``llmservingsim_summary.txt`` (LLMServingSim's
-  own error on the run).
+  own error on the run). That is the flat layout of the copies in shared/data; a harness output
+  directory and LLMServingSim's committed examples (the vLLM files in ``vllm/``, the cluster config
+  as ``config.json``) are read too (``run_llmservingsim._layout``).
 - ``vllm-bench``: the JSON ``vllm bench serve --save-result --save-detailed`` writes
   (``vllm/benchmarks/serve.py``): ``input_lens``, ``output_lens``, ``ttfts``, ``itls`` and, in
   recent versions, ``start_times`` (the client's ``perf_counter`` at send) and ``latencies``; plus

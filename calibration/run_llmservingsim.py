@@ -84,10 +84,11 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     root = Path(folder)
     if not root.is_dir():
         raise RunFileError(f"{root}: not a run folder (expected requests.jsonl and meta.json inside)")
-    meta_path = root / "meta.json"
-    if not meta_path.exists() and (root / "engine_start.json").exists():
+    data, cluster_path, run_name = _layout(root)
+    meta_path = data / "meta.json"
+    if not meta_path.exists() and (data / "engine_start.json").exists():
         # LLMServingSim's runner writes engine_start.json at boot and meta.json + requests.jsonl at the end
-        raise RunFileError(f"{root}: engine_start.json but no meta.json: the run stopped before it wrote its "
+        raise RunFileError(f"{data}: engine_start.json but no meta.json: the run stopped before it wrote its "
                            "requests (the harness writes them when the replay ends); nothing to compare")
     meta = read_json(meta_path)
     if not isinstance(meta, dict):
@@ -114,7 +115,7 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     kv_budget = count_field(kwargs.get("kv_cache_memory_bytes"), str(meta_path),
                             "engine_kwargs.kv_cache_memory_bytes", most=2**50)
 
-    rows, unrecorded = _read_jsonl(root / "requests.jsonl")
+    rows, unrecorded = _read_jsonl(data / "requests.jsonl")
     if unrecorded:
         notes.append(f"{unrecorded} requests have no timestamps at all (vLLM returned no metrics for them): "
                      "left out of both sides")
@@ -128,7 +129,7 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     if offsets.max() - offset > MAX_WAY_IN_S:  # (every arrival would be moved by a wrong offset)
         low, high = (rows[order[int(f(offsets))]]["_line"] for f in (np.argmin, np.argmax))
         raise RunFileError(
-            f"{root / 'requests.jsonl'}: queued_ts - arrival_time (the two clocks' offset plus a request's way into "
+            f"{data / 'requests.jsonl'}: queued_ts - arrival_time (the two clocks' offset plus a request's way into "
             f"the engine, at most a step) spans {offsets.max() - offset:.3g} s, from line {low} to line {high}, more "
             f"than the {MAX_WAY_IN_S:g} s a request takes to reach the engine's queue; arrival_time and the engine "
             "timestamps must each be seconds of one clock, a constant apart (is one in ms, or a line's arrival_time "
@@ -139,7 +140,7 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     last = int(np.argmax(cols["last_token_ts"]))
     if cols["last_token_ts"][last] - t0 > MAX_SIM_SECONDS:  # servesim's clock resolves steps up to there
         raise RunFileError(
-            f"{root / 'requests.jsonl'}: the run spans {cols['last_token_ts'][last] - t0:.3g} s from the first "
+            f"{data / 'requests.jsonl'}: the run spans {cols['last_token_ts'][last] - t0:.3g} s from the first "
             f"arrival (line {rows[order[0]]['_line']}) to the last token (line {rows[order[last]]['_line']}), past "
             f"the {MAX_SIM_SECONDS:.0e} s servesim simulates; arrival_time (the client's clock) and the engine "
             "timestamps must each be seconds of one clock")
@@ -156,7 +157,7 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     df["source_id"] = [str(i if rows[i].get("request_id") is None else rows[i]["request_id"]) for i in order]
     df["source_line"] = [rows[i]["_line"] for i in order]
 
-    hw_source, tp = _llmservingsim_gpu(root)
+    hw_source, tp = _llmservingsim_gpu(cluster_path)
     cuda_total = None
     if isinstance(meta.get("hardware"), str) and not is_tag(meta["hardware"]):  # the GPU's name
         hw_source = meta["hardware"]
@@ -169,8 +170,7 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
         cuda_total = count_field(hardware.get("device_total_memory_bytes"), str(meta_path),
                                  "hardware.device_total_memory_bytes", least=2**30, most=2**45)
     if hw_source is None:  # a GPU named anywhere in the folder's name (<GPU>-<model>, <model>-<gpu>-tp1)
-        hw_source = root.name if hardware_preset(root.name) else (
-            root.name.split("-")[0] if "-" in root.name else None)
+        hw_source = run_name if hardware_preset(run_name) else (run_name.split("-")[0] if "-" in run_name else None)
     tp_kwarg = count_field(kwargs.get("tensor_parallel_size"), str(meta_path), "engine_kwargs.tensor_parallel_size")
     if tp_kwarg is not None and tp is not None and tp_kwarg != tp:  # (the engine's silently won)
         raise RunFileError(f"{meta_path}: engine_kwargs.tensor_parallel_size {tp_kwarg} and llmservingsim_config.json's "
@@ -218,7 +218,7 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     ref_path = next((p for p in found if p.is_file()), found[0])
     reference = read_llmservingsim_summary(ref_path) if ref_path.is_file() else {}
     return MeasuredRun(
-        name=root.name, path=root, format="llmservingsim", model_source=str(model_source),
+        name=run_name, path=root, format="llmservingsim", model_source=str(model_source),
         model=model_preset(model_source), hardware_source=hw_source,
         hardware=hardware_preset(hw_source) if hw_source else None, tensor_parallel=tp, scheduler=scheduler,
         kv_cache=kv, requests=df, itl_hist=None, vllm_version=meta.get("vllm_version"), data_parallel=dp,
@@ -226,7 +226,7 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
         reference=reference, reference_source=str(ref_path) if reference else None, kv_cache_dtype=kv_cache_dtype,
         kv_cache_memory_bytes=kv_budget,
         enforce_eager=_flag(kwargs, model_cfg, "enforce_eager", meta_path),
-        engine_counters=_engine_counters(root / "timeseries.csv", meta.get("tick_seconds"), notes),
+        engine_counters=_engine_counters(data / "timeseries.csv", meta.get("tick_seconds"), notes),
         cuda_total_bytes=cuda_total, stated=stated,
     )
 
@@ -415,10 +415,23 @@ def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
     return rows, unrecorded
 
 
-def _llmservingsim_gpu(root: Path) -> tuple[str | None, int | None]:
-    """(GPU name, TP degree) from llmservingsim_config.json, (None, None) when absent or when it names
-    no instance. A file of another shape is an error: the GPU would silently come from the folder's name."""
-    path = root / "llmservingsim_config.json"
+def _layout(root: Path) -> tuple[Path, Path, str]:
+    """(folder of meta.json / requests.jsonl / timeseries.csv, the LLMServingSim cluster config, the run's
+    name) of a run folder in either layout: flat (the runs in shared/data, a bench harness output
+    directory ``bench/results/<id>/``: the cluster config is ``llmservingsim_config.json``) or as
+    LLMServingSim commits its examples (``bench/examples/<GPU>/<model>/``: the vLLM files in ``vllm/``,
+    the cluster config ``config.json``, named ``<GPU>-<model>`` after its two folders)."""
+    flat = any((root / f).exists() for f in ("meta.json", "requests.jsonl", "engine_start.json"))
+    if flat or not (root / "vllm").is_dir():
+        return root, root / "llmservingsim_config.json", root.name
+    cluster = root / "llmservingsim_config.json"
+    return root / "vllm", cluster if cluster.exists() else root / "config.json", f"{root.parent.name}-{root.name}"
+
+
+def _llmservingsim_gpu(path: Path) -> tuple[str | None, int | None]:
+    """(GPU name, TP degree) from the cluster config (``_layout``), (None, None) when absent or when it
+    names no instance. A file of another shape is an error: the GPU would silently come from the folder's
+    name."""
     if not path.is_file():
         return None, None
     cfg = read_json(path)

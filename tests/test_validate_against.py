@@ -180,6 +180,30 @@ def test_a_run_folder_in_the_bench_harness_layout_names_its_gpu_and_summary(tmp_
     assert run.reference == {"mean_ttft_ms": {"real": 70.0, "sim": 63.0, "error_pct": -10.0}}
     assert run.reference_source == str(folder / summary)
 
+def test_a_run_in_the_layout_llmservingsim_commits_its_examples_in_is_read(tmp_path):
+    """bench/examples/<GPU>/<model>/: the vLLM files in vllm/, the cluster config config.json, LLMServingSim's
+    summary in validation/; the run is named after both folders and simulates like the flat copy."""
+    flat = write_run(tmp_path / "flat" / "RTXPRO6000-Llama-3.1-8B", isolated_requests())
+    example = tmp_path / "examples" / "RTXPRO6000" / "Llama-3.1-8B"
+    (example / "vllm").mkdir(parents=True)
+    (example / "validation").mkdir()
+    for f in ("meta.json", "requests.jsonl"):
+        (example / "vllm" / f).write_bytes((flat / f).read_bytes())
+    (example / "config.json").write_text(json.dumps({"nodes": [{"instances": [{"hardware": "RTX4090", "tp_size": 1}]}]}))
+    (example / "validation" / "summary.txt").write_text("Metric   vLLM   Sim   Diff%\nTTFT Mean   70.0   63.0   -10.0%\n")
+    run = read_run(example)
+    assert (run.name, run.hardware) == ("RTXPRO6000-Llama-3.1-8B", "rtx-4090")  # the GPU from config.json
+    assert run.reference_source == str(example / "validation" / "summary.txt")
+    assert run.requests.equals(read_run(flat).requests)
+    (example / "config.json").write_text("[1]")  # and a broken one is named, not skipped
+    with pytest.raises(RunFileError, match=re.escape(f"{example / 'config.json'}: expected a JSON object")):
+        read_run(example)
+    (example / "config.json").unlink()
+    (example / "vllm" / "meta.json").unlink()
+    with pytest.raises(RunFileError, match=re.escape(str(example / "vllm" / "meta.json"))):
+        read_run(example)
+
+
 # ---- the vllm bench serve format ------------------------------------------------------------------------
 def bench_json(path: Path, **extra) -> Path:
     data = {"model_id": "meta-llama/Llama-3.1-8B", "request_rate": 4.0, "burstiness": 1.0, "max_concurrency": None,
