@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,27 @@ def test_a_task_whose_worker_dies_twice_comes_back_lost_and_the_others_finish():
     assert [o.lost for o in outcomes] == [False, True, False, True, False]
     assert all(o.error.startswith("its worker process died, also when run alone (killed or out of memory)") for o in outcomes if o.lost)
     assert sorted(finished) == [0, 1, 2, 3, 4]  # every task reported once, the lost ones too
+
+
+def sleep_then(x: int) -> int:
+    time.sleep(30)
+    return x
+
+
+def test_an_interrupted_pool_leaves_no_thread_behind_for_the_exit_hook():
+    # A pool manager thread still running at interpreter exit races the exit hook for its wake-up
+    # pipe: the "Exception ignored ... Bad file descriptor" traceback CI once printed after sweep's
+    # "interrupted" line. Interrupting a runner must join it.
+    from concurrent.futures import process
+
+    before = set(threading.enumerate())
+    with pytest.raises(KeyboardInterrupt):
+        with TaskRunner("local", workers=2, progress=False) as runner:
+            runner._pool.submit(sleep_then, 1)
+            time.sleep(1.0)  # the task is running in a worker
+            raise KeyboardInterrupt
+    left = [t for t in process._threads_wakeups if t.is_alive() and t not in before]
+    assert not left, f"pool threads still running after the interrupt: {left}"
 
 
 class LosesPointOne(TaskRunner):

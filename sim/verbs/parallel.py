@@ -131,11 +131,18 @@ class TaskRunner:
         if kill:
             # no public way to stop a running task (terminate_workers() comes in Python 3.14)
             procs = list((getattr(self._pool, "_processes", None) or {}).values())
+            # shutdown(wait=False) forgets its manager thread, so a later shutdown(wait=True) joins
+            # nothing: kept here and joined below. Left running, it closes its wake-up pipe while
+            # the interpreter's exit hook writes to it, and an "Exception ignored ... Bad file
+            # descriptor" traceback follows the interrupted line on stderr.
+            manager = getattr(self._pool, "_executor_manager_thread", None)
             self._pool.shutdown(wait=False, cancel_futures=True)
             for proc in procs:
                 proc.terminate()
             for proc in procs:
                 proc.join()
+            if manager is not None:
+                manager.join(timeout=30)  # bounded: Ctrl-C must end the run even if it hangs
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._pool = None
 
