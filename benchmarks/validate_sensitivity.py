@@ -9,7 +9,14 @@ seat begins) needs the cost model to be right to a fraction of a percent there, 
 uniform factor cannot bring within target at the same time as the others points at an error in
 one phase or regime of the run rather than in the overall level.
 
-    python benchmarks/validate_sensitivity.py [--factors 0.98,0.99,1,1.01,1.02] [--runs DIR] [--out FILE]
+The second table asks about one such phase: every step with a prompt row in it (a mixed or
+prefill step) costs a fixed ``--mixed-ms`` more than the profile prices, decode-only steps
+unchanged. The runs' engine timestamps (``calibration/run_steps.py``) time those steps 5-15 %
+dearer than the eager per-layer kernel tables price them; this table says what an extra amount of
+that size would do to each figure. Also a diagnostic, not a fit: no shipped profile carries it.
+
+    python benchmarks/validate_sensitivity.py [--factors 0.98,0.99,1,1.01,1.02] [--mixed-ms 0,2,4,6]
+        [--runs DIR] [--out FILE]
 """
 
 from __future__ import annotations
@@ -40,32 +47,62 @@ def step_cost_scaled(factor: float):
         cls.iteration_time = original
 
 
+@contextmanager
+def mixed_steps_dearer(extra_s: float):
+    """Every ``LayerCostModel`` step with a prompt row (q > 1) ``extra_s`` seconds dearer while inside."""
+    cls = layer_cost_model.LayerCostModel
+    original = cls.iteration_time
+
+    def dearer(self, q_lens, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        t = original(self, q_lens, *args, **kwargs)
+        return t + extra_s if q_lens.shape[0] and (q_lens > 1).any() else t
+
+    cls.iteration_time = dearer
+    try:
+        yield
+    finally:
+        cls.iteration_time = original
+
+
+def table_row(folder: Path, profile: str, label: str, changed) -> str:  # noqa: ANN001 - a context manager
+    """One run replayed inside ``changed``: its figures, ``*`` where within target."""
+    with changed, tempfile.TemporaryDirectory() as tmp:
+        result = validate_against(folder, Path(tmp), profile=profile, overrides=[], plots=False, log=None,
+                                  progress=False)
+    t = result.table.set_index("metric")
+    cells = [folder.name, label]
+    for key, target in TARGETS.items():
+        err = float(t.loc[key, "error_pct"])
+        cells.append(f"{err:+.2f}{' *' if abs(err) <= target else ''}")
+    print(" | ".join(cells), flush=True)
+    return "| " + " | ".join(cells) + " |"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--factors", default="0.98,0.99,0.995,1,1.005,1.01,1.02")
+    ap.add_argument("--mixed-ms", default="0,2,4,5,6,8")
     ap.add_argument("--runs", default="results/validation/gpu/runs")
     ap.add_argument("--out", default="results/validation/gpu/sensitivity.md")
     args = ap.parse_args()
     factors = [float(f) for f in args.factors.split(",")]
+    extras = [float(x) for x in args.mixed_ms.split(",")]
     head = ["run", "step cost x", *TARGETS]
     lines = ["# validate --against: sensitivity to the step cost", "",
              "Error % of the simulation against each measured run, with every step's time from the run's GPU "
              "profile multiplied by the factor (a diagnostic, not a fit; `python benchmarks/validate_sensitivity.py` "
              "regenerates this file). `*` marks a figure within its target (TTFT 5 %, TPOT and E2E 2 %).", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for folder, profile in measured_runs(args.runs):
-        for factor in factors:
-            with step_cost_scaled(factor), tempfile.TemporaryDirectory() as tmp:
-                result = validate_against(folder, Path(tmp), profile=profile, overrides=[], plots=False, log=None,
-                                          progress=False)
-            t = result.table.set_index("metric")
-            cells = [folder.name, f"{factor:g}"]
-            for key, target in TARGETS.items():
-                err = float(t.loc[key, "error_pct"])
-                ok = abs(err) <= target
-                cells.append(f"{err:+.2f}{' *' if ok else ''}")
-            lines.append("| " + " | ".join(cells) + " |")
-            print(" | ".join(cells), flush=True)
+    runs = list(measured_runs(args.runs))
+    for folder, profile in runs:
+        lines += [table_row(folder, profile, f"{f:g}", step_cost_scaled(f)) for f in factors]
+    head = ["run", "mixed step + ms", *TARGETS]
+    lines += ["", "## Mixed and prefill steps only", "",
+              "Error % with every step that has a prompt row in it this many milliseconds dearer than the profile "
+              "prices it, decode-only steps as priced (`--mixed-ms`).", "",
+              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for folder, profile in runs:
+        lines += [table_row(folder, profile, f"{ms:g}", mixed_steps_dearer(ms * 1e-3)) for ms in extras]
     Path(args.out).write_text("\n".join(lines) + "\n")
     print(f"written to {args.out}")
 
