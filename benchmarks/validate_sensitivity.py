@@ -13,7 +13,8 @@ The second table asks about one such phase: every step with a prompt row in it (
 prefill step) costs a fixed ``--mixed-ms`` more than the profile prices, decode-only steps
 unchanged. The runs' engine timestamps (``calibration/run_steps.py``) time those steps 5-15 %
 dearer than the eager per-layer kernel tables price them; this table says what an extra amount of
-that size would do to each figure. Also a diagnostic, not a fit: no shipped profile carries it.
+that size would do to each figure, set as a copy of the profile with ``overhead.prompt_step_s``
+(the model's own term for it). Also a diagnostic, not a fit: no shipped profile carries it.
 
     python benchmarks/validate_sensitivity.py [--factors 0.98,0.99,1,1.01,1.02] [--mixed-ms 0,2,4,6]
         [--runs DIR] [--out FILE]
@@ -22,12 +23,14 @@ that size would do to each figure. Also a diagnostic, not a fit: no shipped prof
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
 from servesim.calibration.validate_against import validate_against
 from servesim.sim import layer_cost_model
+from servesim.sim.cost_model import resolve_profile_path
 from validate_against_runs import TARGETS, measured_runs  # (this script's folder is on sys.path)
 
 
@@ -48,25 +51,20 @@ def step_cost_scaled(factor: float):
 
 
 @contextmanager
-def mixed_steps_dearer(extra_s: float):
-    """Every ``LayerCostModel`` step with a prompt row (q > 1) ``extra_s`` seconds dearer while inside."""
-    cls = layer_cost_model.LayerCostModel
-    original = cls.iteration_time
-
-    def dearer(self, q_lens, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        t = original(self, q_lens, *args, **kwargs)
-        return t + extra_s if q_lens.shape[0] and (q_lens > 1).any() else t
-
-    cls.iteration_time = dearer
-    try:
-        yield
-    finally:
-        cls.iteration_time = original
+def prompt_steps_dearer(profile: str, extra_s: float):
+    """A copy of ``profile`` whose ``overhead.prompt_step_s`` is ``extra_s``: every step with a prompt
+    row (q > 1) that much dearer, priced by the model's own term (``LayerCostModel``)."""
+    data = json.loads(resolve_profile_path(profile).read_text())
+    data["overhead"] = {**(data.get("overhead") or {}), "prompt_step_s": extra_s}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / Path(profile).name
+        path.write_text(json.dumps(data))
+        yield str(path)
 
 
-def table_row(folder: Path, profile: str, label: str, changed) -> str:  # noqa: ANN001 - a context manager
-    """One run replayed inside ``changed``: its figures, ``*`` where within target."""
-    with changed, tempfile.TemporaryDirectory() as tmp:
+def table_row(folder: Path, profile: str, label: str) -> str:
+    """One run replayed with ``profile``: its figures, ``*`` where within target."""
+    with tempfile.TemporaryDirectory() as tmp:
         result = validate_against(folder, Path(tmp), profile=profile, overrides=[], plots=False, log=None,
                                   progress=False)
     t = result.table.set_index("metric")
@@ -95,14 +93,18 @@ def main() -> None:
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     runs = list(measured_runs(args.runs))
     for folder, profile in runs:
-        lines += [table_row(folder, profile, f"{f:g}", step_cost_scaled(f)) for f in factors]
+        for f in factors:
+            with step_cost_scaled(f):
+                lines.append(table_row(folder, profile, f"{f:g}"))
     head = ["run", "mixed step + ms", *TARGETS]
     lines += ["", "## Mixed and prefill steps only", "",
               "Error % with every step that has a prompt row in it this many milliseconds dearer than the profile "
-              "prices it, decode-only steps as priced (`--mixed-ms`).", "",
+              "prices it, decode-only steps as priced (`--mixed-ms`; the profile's `overhead.prompt_step_s`).", "",
               "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for folder, profile in runs:
-        lines += [table_row(folder, profile, f"{ms:g}", mixed_steps_dearer(ms * 1e-3)) for ms in extras]
+        for ms in extras:
+            with prompt_steps_dearer(profile, ms * 1e-3) as dearer:
+                lines.append(table_row(folder, dearer, f"{ms:g}"))
     Path(args.out).write_text("\n".join(lines) + "\n")
     print(f"written to {args.out}")
 

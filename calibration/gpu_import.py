@@ -49,6 +49,7 @@ class ImportOptions:
     link_bandwidth: float | None = None  # bytes/s, for TP all-reduce when no measured table is given
     link_latency_us: float | None = None
     extra: list[str] = field(default_factory=list)  # --with FORMAT:PATH sources combined in
+    prompt_step_overhead_us: float = 0.0  # device time of a step with prompt rows beyond its kernels
 
 
 def _slug(name: str) -> str:
@@ -152,6 +153,7 @@ def run_import(opts: ImportOptions, log: Callable[[str], None] = lambda _m: None
         raise SourceError(f"--format must be one of {', '.join(FORMATS)}, got {opts.fmt!r}")
     for flag, value, positive in (("--step-overhead-us", opts.step_overhead_us, False),
                                   ("--per-seq-overhead-us", opts.per_seq_overhead_us, False),
+                                  ("--prompt-step-overhead-us", opts.prompt_step_overhead_us, False),
                                   ("--link-bandwidth", opts.link_bandwidth, True),
                                   ("--link-latency-us", opts.link_latency_us, False)):
         if value is not None and not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
@@ -179,6 +181,11 @@ def run_import(opts: ImportOptions, log: Callable[[str], None] = lambda _m: None
     asm.assembly_notes.append(
         f"Host overhead: {opts.step_overhead_us:g} us per step + {opts.per_seq_overhead_us:g} us per row "
         "(the kernel timings contain no scheduler or input-preparation time).")
+    if opts.prompt_step_overhead_us:
+        asm.overhead["prompt_step_s"] = opts.prompt_step_overhead_us * 1e-6
+        asm.assembly_notes.append(
+            f"Each step with a prompt row costs {opts.prompt_step_overhead_us:g} us of device time beyond its "
+            "kernel tables (--prompt-step-overhead-us: a figure the user measured, not one of the sources).")
     gp.check_tables(asm, att_rows, skew, log)
     profile = gp.to_profile(asm)
     profile["provenance"]["imported"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -198,6 +205,8 @@ def command_line(opts: ImportOptions) -> str:
              f"--tp {opts.tp}"]
     if opts.step_overhead_us or opts.per_seq_overhead_us:
         parts.append(f"--step-overhead-us {opts.step_overhead_us:g} --per-seq-overhead-us {opts.per_seq_overhead_us:g}")
+    if opts.prompt_step_overhead_us:
+        parts.append(f"--prompt-step-overhead-us {opts.prompt_step_overhead_us:g}")
     return " ".join(parts)
 
 

@@ -10,6 +10,8 @@ inference-sim), one step of ``q_lens``/``ctx_lens`` rows costs, in seconds::
   + sequence_cost(n)                    LM head and sampler, n = rows (vLLM computes logits for
                                         each scheduled row's last position)
   + step_s + per_seq_s x n              host time the kernel timings did not see
+  + prompt_step_s                       device time a step with a prompt row (q > 1) costs beyond
+                                        its kernel tables (0 unless the profile sets it; see below)
 
 Attention is a 4-D table measured by LLMServingSim: one prefill chunk of ``prefill_chunk`` new
 tokens over ``kv_prefill`` cached ones, plus ``n_decode`` decode rows of ``kv_decode`` cached
@@ -417,6 +419,10 @@ class LayerCostModel:
         ov = dict(p.get("overhead") or {})
         self._step_s = _number("overhead.step_s", ov.get("step_s") or 0.0)
         self._per_seq_s = _number("overhead.per_seq_s", ov.get("per_seq_s") or 0.0)
+        # A compiled engine may run a step with prompt rows slower than its eager per-layer kernels
+        # add up to (vLLM 0.19's RTX PRO 6000 runs: ~5 ms, README "Against a measured vLLM run").
+        # Device time, so not part of loop_overhead, which async scheduling hides behind the device.
+        self._prompt_step_s = _number("overhead.prompt_step_s", ov.get("prompt_step_s") or 0.0)
         bw = ov.get("swap_bandwidth")
         self._swap_bw = (_number("overhead.swap_bandwidth", bw, least=1.0, most=math.inf) if bw is not None
                          else float(swap_bandwidth or math.inf))
@@ -488,7 +494,7 @@ class LayerCostModel:
         if sums is None:
             sums = _step_sums(q_lens, ctx_lens)
         return (self.token_cost(sums[2]) + self.sequence_cost(n) + self.attention_time(q_lens, ctx_lens, sums)
-                + self._step_s + self._per_seq_s * n + swap)
+                + self._step_s + self._per_seq_s * n + (self._prompt_step_s if sums[1] < n else 0.0) + swap)
 
     def loop_overhead(self, rows: int) -> float:
         """Seconds of host time that ``iteration_time`` adds to a step."""
@@ -497,7 +503,8 @@ class LayerCostModel:
     def describe(self) -> dict[str, Any]:
         return {"type": "profile", "format": GPU_PROFILE_FORMAT, "model": self.model, "hardware": self.hardware,
                 "tensor_parallel": self.tp, "num_layers": self.num_layers,
-                "overhead": {"step_s": self._step_s, "per_seq_s": self._per_seq_s},
+                "overhead": {"step_s": self._step_s, "per_seq_s": self._per_seq_s,
+                             **({"prompt_step_s": self._prompt_step_s} if self._prompt_step_s else {})},
                 # copies: a loaded profile is shared by every simulation of the process (load_profile)
                 "provenance": copy.deepcopy(self.provenance), "held_out_error": copy.deepcopy(self.held_out_error)}
 

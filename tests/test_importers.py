@@ -527,6 +527,7 @@ def test_an_out_path_that_cannot_take_the_profile_is_named(tmp_path, monkeypatch
     ("link_latency_us", float("inf"), r"--link-latency-us must be a finite number >= 0, got inf"),
     ("step_overhead_us", -5.0, r"--step-overhead-us must be a finite number >= 0, got -5"),  # named overhead.step_s
     ("per_seq_overhead_us", float("nan"), r"--per-seq-overhead-us must be a finite number >= 0, got nan"),
+    ("prompt_step_overhead_us", -1.0, r"--prompt-step-overhead-us must be a finite number >= 0, got -1"),
 ])
 def test_a_bad_number_flag_is_named_as_the_flag(tmp_path, field, value, says):
     from servesim.calibration.gpu_import import ImportOptions, run_import

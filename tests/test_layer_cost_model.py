@@ -165,6 +165,29 @@ def test_profile_round_trip_prices_a_step_from_the_source_tables(fake_profile):
     assert model.iteration_time(np.ones(4, dtype=I64), np.full(4, 64, dtype=I64)) == pytest.approx(expected, rel=1e-4)
 
 
+def test_the_prompt_step_term_prices_steps_with_prompt_rows_only(fake_profile, tmp_path):
+    _profile, path = fake_profile
+    data = json.loads(Path(path).read_text())
+    data["overhead"] = {**data["overhead"], "prompt_step_s": 0.005}
+    dearer_path = tmp_path / "dearer.json"
+    dearer_path.write_text(json.dumps(data))
+    base, dearer = load_profile(path), load_profile(dearer_path)
+    steps = {"decode": ([1, 1, 1], [64, 80, 100]), "mixed": ([1, 1, 300], [64, 80, 0]), "prefill": ([500], [0]),
+             "two chunks": ([200, 40], [0, 16])}
+    for name, (q, ctx) in steps.items():
+        q, ctx = np.array(q, dtype=I64), np.array(ctx, dtype=I64)
+        extra = dearer.iteration_time(q, ctx) - base.iteration_time(q, ctx)
+        assert extra == pytest.approx(0.0 if name == "decode" else 0.005, abs=1e-12), name
+    # device time: async scheduling does not hide it behind the device, as it does the host term
+    assert dearer.loop_overhead(3) == base.loop_overhead(3)
+    assert dearer.describe()["overhead"]["prompt_step_s"] == 0.005
+    assert "prompt_step_s" not in base.describe()["overhead"]  # unset: the description as before
+    data["overhead"]["prompt_step_s"] = -1.0
+    dearer_path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match=r"overhead.prompt_step_s must be a number"):
+        load_profile(dearer_path)
+
+
 def test_provenance_names_every_source_file(fake_profile):
     profile, _ = fake_profile
     paths = {s["path"] for s in profile["provenance"]["sources"]}
@@ -366,7 +389,15 @@ def test_calibrate_import_end_to_end(tmp_path, capsys):
     assert f"attention read {chosen!r} between nodes" in text
     assert all(f"  {mode} " in text for mode in ("log", "linear", "roofline"))  # every reading tried, scored
     assert data["overhead"]["step_s"] == pytest.approx(150e-6)
+    assert "prompt_step_s" not in data["overhead"]
     assert "--format llmservingsim" in data["provenance"]["command"]
+    rc = main(["calibrate", "import", "--format", "llmservingsim", str(folder), "--model", "llama-3.1-8b",
+               "--hardware", "rtx-pro-6000", "--out", str(out), "--prompt-step-overhead-us", "5000"])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["overhead"]["prompt_step_s"] == pytest.approx(5e-3)
+    assert "--prompt-step-overhead-us 5000" in data["provenance"]["command"]
+    assert any("--prompt-step-overhead-us" in n for n in data["provenance"]["assembly"])
 
 
 def test_calibrate_import_of_another_model_is_one_line_exit_2(tmp_path, capsys):
