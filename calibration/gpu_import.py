@@ -50,6 +50,7 @@ class ImportOptions:
     link_latency_us: float | None = None
     extra: list[str] = field(default_factory=list)  # --with FORMAT:PATH sources combined in
     prompt_step_overhead_us: float = 0.0  # device time of a step with prompt rows beyond its kernels
+    skew: str = "auto"  # LLMServingSim skew.csv: auto (as the source's meta.yaml says), use, ignore
 
 
 def _slug(name: str) -> str:
@@ -88,9 +89,26 @@ def fill_between(table: pd.DataFrame) -> pd.DataFrame:
     return table.interpolate(method="index", limit_direction="both")
 
 
+SKEW_CHOICES = ("auto", "use", "ignore")
+
+
+def skew_switched_off(meta: dict[str, Any]) -> str | None:
+    """Where an LLMServingSim meta.yaml switches its skew profile off (``skew_profile.enabled: false``
+    or ``skew_fit.enabled: false``: its own simulator then prices unequal contexts at their mean), or None."""
+    for key in ("skew_profile", "skew_fit"):
+        section = meta.get(key)
+        if isinstance(section, dict) and section.get("enabled") is False:
+            return f"{key}.enabled: false"
+    return None
+
+
 def assemble_llmservingsim(folder: str | Path, model: ModelConfig, hardware: str, tp: int,
-                           allreduce: dict[str, Any]) -> tuple[gp.Assembly, pd.DataFrame, pd.DataFrame | None]:
-    """(assembly, attention rows, skew rows) from an LLMServingSim profile folder at one TP degree."""
+                           allreduce: dict[str, Any], skew_mode: str = "auto",
+                           ) -> tuple[gp.Assembly, pd.DataFrame, pd.DataFrame | None]:
+    """(assembly, attention rows, skew rows) from an LLMServingSim profile folder at one TP degree.
+
+    ``skew_mode``: ``auto`` uses ``skew.csv`` unless meta.yaml switches the skew profile off
+    (``skew_switched_off``), ``use`` always, ``ignore`` never; an unused table is still read and checked."""
     prof = llmservingsim.read_profile(folder, tp=[tp])
     check_model_matches(prof.model, model, str(folder))
     check_hardware_matches(str(prof.meta.get("hardware") or prof.gpu), hardware, str(folder))
@@ -134,13 +152,25 @@ def assemble_llmservingsim(folder: str | Path, model: ModelConfig, hardware: str
         "chunk is present), KV-budget "
         "corners extended linearly).",
     ]
+    skew = t.skew
+    off = skew_switched_off(prof.meta)
+    if skew is not None and (skew_mode == "ignore" or (skew_mode == "auto" and off)):
+        why = (f"the source's meta.yaml has {off}, so its own simulator applies no skew correction on this GPU; "
+               "--skew use overrides" if skew_mode == "auto" else "--skew ignore")
+        notes.append(f"Decode rows of unequal context are priced at their mean context: tp{tp}/skew.csv was read "
+                     f"and checked but not used ({why}).")
+        skew = None
+    elif skew is not None:
+        notes.append(f"Decode rows of unequal context: alpha from tp{tp}/skew.csv places the step between its "
+                     "mean-context and longest-context attention"
+                     + (f" (--skew use, although the source's meta.yaml has {off})." if off else "."))
     asm = gp.Assembly(model=model, hardware=hardware, tp=tp, dense_tokens=[int(x) for x in dense.index],
                       dense_ops=dense_ops, seq_sequences=[int(x) for x in seq.index],
                       seq_ops={k: seq[k].tolist() for k in seq.columns},
                       seq_sources={k: f"LLMServingSim tp{tp}/per_sequence.csv" for k in seq.columns},
                       grid=grid, attention_source=f"LLMServingSim tp{tp}/attention.csv (4-D grid)",
                       allreduce=allreduce, sources=[p.to_dict() for p in prof.provenance], assembly_notes=notes)
-    return asm, t.attention, t.skew
+    return asm, t.attention, skew
 
 
 def run_import(opts: ImportOptions, log: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
@@ -149,6 +179,8 @@ def run_import(opts: ImportOptions, log: Callable[[str], None] = lambda _m: None
     get_hardware(opts.hardware)  # PresetError lists the names
     if opts.tp < 1:
         raise SourceError(f"--tp must be >= 1, got {opts.tp}")
+    if opts.skew not in SKEW_CHOICES:
+        raise SourceError(f"--skew must be one of {', '.join(SKEW_CHOICES)}, got {opts.skew!r}")
     if opts.fmt not in FORMATS:
         raise SourceError(f"--format must be one of {', '.join(FORMATS)}, got {opts.fmt!r}")
     for flag, value, positive in (("--step-overhead-us", opts.step_overhead_us, False),
@@ -172,8 +204,11 @@ def run_import(opts: ImportOptions, log: Callable[[str], None] = lambda _m: None
         if len(opts.paths) != 1 or opts.extra:
             raise SourceError("an LLMServingSim profile folder (the one holding meta.yaml) is imported alone")
         allreduce = gp.allreduce_link(model, opts.tp, link["bandwidth"], link["latency_s"], link["source"])
-        asm, att_rows, skew = assemble_llmservingsim(opts.paths[0], model, opts.hardware, opts.tp, allreduce)
+        asm, att_rows, skew = assemble_llmservingsim(opts.paths[0], model, opts.hardware, opts.tp, allreduce,
+                                                     opts.skew)
     else:
+        if opts.skew != "auto":
+            raise SourceError(f"--skew {opts.skew}: only an LLMServingSim profile folder has a skew.csv to use or ignore")
         from .gpu_composite import assemble_composite
 
         asm, att_rows, skew = assemble_composite(opts, model, link)
@@ -207,6 +242,8 @@ def command_line(opts: ImportOptions) -> str:
         parts.append(f"--step-overhead-us {opts.step_overhead_us:g} --per-seq-overhead-us {opts.per_seq_overhead_us:g}")
     if opts.prompt_step_overhead_us:
         parts.append(f"--prompt-step-overhead-us {opts.prompt_step_overhead_us:g}")
+    if opts.skew != "auto":
+        parts.append(f"--skew {opts.skew}")
     return " ".join(parts)
 
 

@@ -260,6 +260,9 @@ def _add_calibrate(sub) -> None:  # noqa: ANN001 - argparse's private subparsers
     imp.add_argument("--per-seq-overhead-us", type=float, default=0.0, help="host time per row, us (0)")
     imp.add_argument("--prompt-step-overhead-us", type=float, default=0.0,
                      help="device time a step with prompt rows costs beyond its kernel tables, us (0)")
+    imp.add_argument("--skew", dest="import_skew", choices=["auto", "use", "ignore"], default="auto",
+                     help="LLMServingSim skew.csv (decode rows of unequal context): auto uses it unless the source's "
+                          "meta.yaml switches its skew profile off (auto)")
     imp.add_argument("--link-bandwidth", type=float, default=None, metavar="BYTES_PER_S",
                      help="GPU-GPU link for TP all-reduce when no measured table is given (16e9)")
     imp.add_argument("--link-latency-us", type=float, default=None, help="per all-reduce latency, us (20)")
@@ -293,7 +296,7 @@ def cmd_calibrate_import(args: argparse.Namespace) -> int:
     opts = ImportOptions(args.import_format, args.paths, args.import_model, args.import_hardware, args.import_tp,
                          args.import_out, args.step_overhead_us, args.per_seq_overhead_us, args.link_bandwidth,
                          args.link_latency_us, args.import_with,
-                         prompt_step_overhead_us=args.prompt_step_overhead_us)
+                         prompt_step_overhead_us=args.prompt_step_overhead_us, skew=args.import_skew)
     print(f"servesim calibrate import: {opts.fmt} {' '.join(opts.paths)} -> {opts.model} on {opts.hardware} tp{opts.tp}")
     profile = run_import(opts)
     print(format_report(profile))

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from servesim.calibration import gpu_profile as gp
 from servesim.calibration.gpu_import import ImportOptions, run_import
+from servesim.calibration.importers import SourceError
 from servesim.sim.cli import main
 from servesim.sim.cost_model import (
     CostModelConfig,
@@ -640,3 +641,46 @@ def test_a_mixed_step_costs_about_the_same_whichever_side_of_4096_its_longest_ro
     q = np.r_[390, np.ones(127, dtype=np.int64)].astype(I64)  # a 390-token chunk beside 127 decodes
     times = [model.iteration_time(q, np.r_[ctx, longest].astype(I64)) for longest in (4090, 4096, 4100, 4141)]
     assert max(times) / min(times) < 1.02, times  # (before: 46.5 -> 73.1 ms between them)
+
+
+@pytest.mark.parametrize("meta_line, mode, kept", [
+    ("", "auto", True),
+    ("skew_profile: {enabled: false}\n", "auto", False),  # the source switched its skew profile off
+    ("skew_fit:\n  enabled: false\n", "auto", False),
+    ("skew_profile: {enabled: true}\nskew_fit: {enabled: true}\n", "auto", True),
+    ("skew_profile: {enabled: false}\n", "use", True),
+    ("", "ignore", False),
+])
+def test_the_skew_table_is_used_as_the_sources_meta_says_unless_told(tmp_path, meta_line, mode, kept):
+    """LLMServingSim's meta.yaml can switch its skew profile off (its RTX 4090 Llama profile does): its own
+    simulator then prices unequal decode contexts at their mean, and so does the imported profile, saying
+    why; ``--skew use`` / ``ignore`` override. Either way the table is read and checked."""
+    folder = fabricate_llmservingsim(tmp_path)
+    meta = folder / "meta.yaml"
+    meta.write_text(meta.read_text() + meta_line)
+    profile = run_import(ImportOptions("llmservingsim", [str(folder)], "llama-3.1-8b", "rtx-pro-6000", 1,
+                                       out=str(tmp_path / "p.json"), skew=mode))
+    assert (profile["skew"] is not None) == kept
+    assembly = " ".join(profile["provenance"]["assembly"])
+    assert ("priced at their mean context" in assembly) == (not kept)
+    if "enabled: false" in meta_line:
+        assert "enabled: false" in assembly  # the reason is named, kept or not
+    if mode != "auto":
+        assert f"--skew {mode}" in profile["provenance"]["command"]
+    q = np.ones(4, dtype=I64)
+    skewed = load_profile(tmp_path / "p.json").iteration_time(q, np.array([16, 16, 16, 592], dtype=I64))
+    even = load_profile(tmp_path / "p.json").iteration_time(q, np.array([160, 160, 160, 160], dtype=I64))
+    # the same mean context: dearer only where the skew table is used, else priced exactly alike
+    assert skewed > even * 1.001 if kept else skewed == pytest.approx(even, rel=1e-12)
+
+
+def test_skew_flags_are_refused_where_there_is_no_skew_table(tmp_path):
+    folder = fabricate_llmservingsim(tmp_path)
+    with pytest.raises(SourceError, match="--skew must be one of auto, use, ignore, got 'maybe'"):
+        run_import(ImportOptions("llmservingsim", [str(folder)], "llama-3.1-8b", "rtx-pro-6000", 1,
+                                 out=str(tmp_path / "p.json"), skew="maybe"))
+    v0 = tmp_path / "layers.csv"
+    v0.write_text("layer_name,input,kv_cache,tp_size,latency(ns)\n")
+    with pytest.raises(SourceError, match="only an LLMServingSim profile folder has a skew.csv"):
+        run_import(ImportOptions("llmservingsim", [str(v0)], "llama-3.1-8b", "h100-sxm", 1,
+                                 out=str(tmp_path / "q.json"), skew="use"))
