@@ -108,7 +108,8 @@ def assemble_llmservingsim(folder: str | Path, model: ModelConfig, hardware: str
     """(assembly, attention rows, skew rows) from an LLMServingSim profile folder at one TP degree.
 
     ``skew_mode``: ``auto`` uses ``skew.csv`` unless meta.yaml switches the skew profile off
-    (``skew_switched_off``), ``use`` always, ``ignore`` never; an unused table is still read and checked."""
+    (``skew_switched_off``), ``use`` always, ``ignore`` never; an unused table is still read, checked and
+    scored (``Assembly.skew_used`` False), so the profile states what mean-context pricing costs there."""
     prof = llmservingsim.read_profile(folder, tp=[tp])
     check_model_matches(prof.model, model, str(folder))
     check_hardware_matches(str(prof.meta.get("hardware") or prof.gpu), hardware, str(folder))
@@ -154,12 +155,12 @@ def assemble_llmservingsim(folder: str | Path, model: ModelConfig, hardware: str
     ]
     skew = t.skew
     off = skew_switched_off(prof.meta)
-    if skew is not None and (skew_mode == "ignore" or (skew_mode == "auto" and off)):
+    unused = skew is not None and (skew_mode == "ignore" or (skew_mode == "auto" and off is not None))
+    if unused:
         why = (f"the source's meta.yaml has {off}, so its own simulator applies no skew correction on this GPU; "
                "--skew use overrides" if skew_mode == "auto" else "--skew ignore")
         notes.append(f"Decode rows of unequal context are priced at their mean context: tp{tp}/skew.csv was read "
-                     f"and checked but not used ({why}).")
-        skew = None
+                     f"and scored (held_out_error.skew) but not used ({why}).")
     elif skew is not None:
         notes.append(f"Decode rows of unequal context: alpha from tp{tp}/skew.csv places the step between its "
                      "mean-context and longest-context attention"
@@ -169,7 +170,8 @@ def assemble_llmservingsim(folder: str | Path, model: ModelConfig, hardware: str
                       seq_ops={k: seq[k].tolist() for k in seq.columns},
                       seq_sources={k: f"LLMServingSim tp{tp}/per_sequence.csv" for k in seq.columns},
                       grid=grid, attention_source=f"LLMServingSim tp{tp}/attention.csv (4-D grid)",
-                      allreduce=allreduce, sources=[p.to_dict() for p in prof.provenance], assembly_notes=notes)
+                      allreduce=allreduce, sources=[p.to_dict() for p in prof.provenance], assembly_notes=notes,
+                      skew_used=not unused)
     return asm, t.attention, skew
 
 
@@ -272,6 +274,9 @@ def format_report(profile: dict[str, Any]) -> str:
         row(f"  {name} ({e['chosen']})", e["table"], e["fit"])
     for name, e in h.get("per_sequence_ops", {}).items():
         row(f"  {name} ({e['chosen']})", e["table"], e["fit"])
+    if h.get("skew_used") is False:
+        lines.append("skew.csv scored but not used: unequal decode contexts are priced at their mean "
+                     "(skew mean context grid is this profile's error on those batches)")
     for name, e in h.get("skew", {}).items():
         row(name.replace("_", " "), e)
     reading = h.get("attention_interpolation")

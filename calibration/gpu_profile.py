@@ -405,6 +405,7 @@ def fit_skew(skew: pd.DataFrame, grid: AttentionGrid, seed: int = SEED) -> tuple
     errors = {"skew_full_model": ape_summary(g_mean + a_row[te] * (g_max - g_mean), meas),
               "skew_alpha_measured_uniform": ape_summary(tm[te] + a_row[te] * dx[te], meas),
               "skew_mean_context_only": ape_summary(tm[te], meas),
+              "skew_mean_context_grid": ape_summary(g_mean, meas),
               "uniform_mean_context_grid": ape_summary(g_mean, tm[te]),
               "uniform_max_context_grid": ape_summary(g_max, df.loc[te, "t_max_s"].to_numpy())}
     section = {"n_edges": list(SKEW_N_EDGES), "ratio_edges": list(SKEW_RATIO_EDGES), "kv_edges": list(SKEW_KV_EDGES),
@@ -434,6 +435,7 @@ class Assembly:
     attention_source: str
     allreduce: dict[str, Any]
     skew: dict[str, Any] | None = None
+    skew_used: bool = True  # False: skew.csv is scored but the profile prices unequal contexts at their mean
     overhead: dict[str, float] = field(default_factory=lambda: {"step_s": 0.0, "per_seq_s": 0.0})
     sources: list[dict[str, Any]] = field(default_factory=list)
     assembly_notes: list[str] = field(default_factory=list)
@@ -490,7 +492,9 @@ def check_tables(asm: Assembly, attention_rows: pd.DataFrame | None, skew: pd.Da
         held["attention"] = asm.attention_check
     table = AttentionGrid(asm.grid.axes, asm.grid.seconds, asm.grid.interpolation, asm.grid.shape)
     if skew is not None and len(skew):
-        asm.skew, held["skew"] = fit_skew(skew, table)
+        section, held["skew"] = fit_skew(skew, table)
+        asm.skew = section if asm.skew_used else None
+        held["skew_used"] = asm.skew_used  # unused: skew_mean_context_grid is the profile's own error there
     asm.held_out = held
 
 

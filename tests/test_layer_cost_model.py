@@ -661,6 +661,8 @@ def test_the_skew_table_is_used_as_the_sources_meta_says_unless_told(tmp_path, m
     profile = run_import(ImportOptions("llmservingsim", [str(folder)], "llama-3.1-8b", "rtx-pro-6000", 1,
                                        out=str(tmp_path / "p.json"), skew=mode))
     assert (profile["skew"] is not None) == kept
+    held = profile["held_out_error"]
+    assert held["skew_used"] is kept and held["skew"]["skew_mean_context_grid"]["n"] > 0  # scored either way
     assembly = " ".join(profile["provenance"]["assembly"])
     assert ("priced at their mean context" in assembly) == (not kept)
     if "enabled: false" in meta_line:
