@@ -66,7 +66,7 @@ def main() -> None:
                 timed.append(timing_row(folder.name, cost, result.step_timing.summary()))
             print(" | ".join(rows[-1]), flush=True)
     head = ["run", "cost model", *(f"{k} ({v:g} %)" for k, v in TARGETS.items())]
-    lines = ["# validate --against: the shipped RTX PRO 6000 runs", "",
+    lines = ["# validate --against: the shipped measured runs", "",
              "Error % of the simulation against the measured vLLM 0.19 run, (LLMServingSim's own error on the same "
              "run, from its summary file), and `ok` when |error| is within the target in the column head and no "
              "larger than LLMServingSim's. `python benchmarks/validate_against_runs.py` regenerates this file.", "",

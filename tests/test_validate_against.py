@@ -366,6 +366,25 @@ def test_shipped_runs_measure_what_llmservingsims_own_summary_says():
         assert not math.isnan(s["request_throughput"])
 
 
+SHIPPED_RUNS = Path(__file__).resolve().parents[1] / "results" / "validation" / "gpu" / "runs"
+
+
+@pytest.mark.parametrize("folder, hardware", [("RTXPRO6000-Llama-3.1-8B", "rtx-pro-6000"),
+                                              ("RTXPRO6000-Qwen3-32B", "rtx-pro-6000"),
+                                              ("llama-3.1-8b-rtx4090-tp1", "rtx-4090")])
+def test_the_runs_the_repository_ships_read_and_agree_with_their_reference_summary(folder, hardware):
+    """The copies under results/validation/gpu/runs (validate_against_runs.py replays them): each reads,
+    names its GPU, and its measured TPOT and queued-TTFT are the 'real' column of the summary beside it."""
+    run = read_run(SHIPPED_RUNS / folder)
+    assert run.hardware == hardware and run.model and len(run.requests) == 300
+    assert run.reference_source and Path(run.reference_source).is_relative_to(SHIPPED_RUNS / folder)
+    s = measured_summary(run)
+    for key in ("median_tpot_ms", "p90_tpot_ms"):
+        assert s[key] == pytest.approx(run.reference[key]["real"], abs=0.06), key
+    q = run.requests["ttft_from_queued"].to_numpy() * 1e3
+    assert float(np.percentile(q, 90)) == pytest.approx(run.reference["p90_ttft_ms"]["real"], abs=0.06)
+
+
 @pytest.mark.parametrize("version, on", [("0.19.0", True), ("0.14.1", True), ("v0.13.0", False), ("0.8.5", False),
                                          (None, False), ("unknown", False)])
 def test_runs_of_recent_vllm_schedule_asynchronously(version, on):
