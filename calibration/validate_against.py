@@ -311,8 +311,15 @@ def peak_kv_blocks(run: MeasuredRun, block_size: int, samples: int = 400) -> int
 
 # ---- the run --------------------------------------------------------------------------------------
 def measured_summary(run: MeasuredRun) -> dict[str, Any]:
-    """The measured run summarised with the simulator's own code (same keys, same percentiles)."""
-    return summarize(run.requests, pd.DataFrame(), run.itl_hist)
+    """The measured run summarised with the simulator's own code (same keys, same percentiles).
+
+    No request file records preemptions: the count is vLLM's own counter where timeseries.csv has it
+    (which requests it hit is never known), else None — not the 0 the empty column would sum to."""
+    s = summarize(run.requests, pd.DataFrame(), run.itl_hist)
+    counted = run.engine_counters.get("preemptions")
+    s["num_preemptions"] = None if counted is None else int(counted)
+    s["preempted_requests"] = None
+    return s
 
 
 def write_trace(run: MeasuredRun, path: Path) -> Path:

@@ -381,6 +381,7 @@ def test_the_runs_the_repository_ships_read_and_agree_with_their_reference_summa
     s = measured_summary(run)
     for key in ("median_tpot_ms", "p90_tpot_ms"):
         assert s[key] == pytest.approx(run.reference[key]["real"], abs=0.06), key
+    assert s["num_preemptions"] is None and s["preempted_requests"] is None  # not recorded: not 0
     q = run.requests["ttft_from_queued"].to_numpy() * 1e3
     assert float(np.percentile(q, 90)) == pytest.approx(run.reference["p90_ttft_ms"]["real"], abs=0.06)
 
@@ -695,7 +696,9 @@ def test_vllms_own_counters_in_timeseries_csv_are_set_beside_the_simulation(tmp_
     assert code == 0, err
     assert "preemptions: 3 in the run (timeseries.csv 'preempted'), 0 simulated" in stdout
     assert "prefix cache: the run served 50 prompt tokens from its cache (16.7 % of its prompt tokens)" in stdout
-    counters = json.loads((out / "validation.json").read_text())["provenance"]["engine_counters"]
+    result = json.loads((out / "validation.json").read_text())
+    assert result["measured_summary"]["num_preemptions"] == 3  # vLLM's counter, not the request file's empty column
+    counters = result["provenance"]["engine_counters"]
     assert counters == {"preemptions": 3.0, "prompt_tokens": 300.0, "cached_prompt_tokens": 50.0,
                         "peak_kv_usage": 0.05}
     assert "KV cache use: at most 5.0 % in the run" in stdout
