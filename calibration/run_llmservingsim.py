@@ -115,10 +115,15 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
     kv_budget = count_field(kwargs.get("kv_cache_memory_bytes"), str(meta_path),
                             "engine_kwargs.kv_cache_memory_bytes", most=2**50)
 
-    rows, unrecorded = _read_jsonl(data / "requests.jsonl")
+    rows, unrecorded, tokenless = _read_jsonl(data / "requests.jsonl")
     if unrecorded:
         notes.append(f"{unrecorded} requests have no timestamps at all (vLLM returned no metrics for them): "
                      "left out of both sides")
+    if tokenless:
+        notes.append(f"{len(tokenless)} requests ended without a first token (first_token_ts null and output_toks 0 "
+                     f"or last_token_ts null: failed or aborted; line {', '.join(map(str, tokenless[:5]))}"
+                     f"{', ...' if len(tokenless) > 5 else ''}): left out of both sides, so the simulation does not "
+                     "carry the engine time they took before they ended")
     cols = {k: np.array([r[k] for r in rows], dtype=np.float64) for k in LLMSERVINGSIM_FIELDS}
     sched = np.array([r.get("scheduled_ts", math.nan) for r in rows], dtype=np.float64)
     order = np.argsort(cols["arrival_time"], kind="stable")
@@ -368,10 +373,13 @@ def _engine_counters(path: Path, tick_s: Any, notes: list[str]) -> dict[str, flo
     return out
 
 
-def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """The request lines, and how many lines had no timestamps at all (a request vLLM kept no metrics for)."""
+def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int, list[int]]:
+    """The request lines; how many lines had no timestamps at all (a request vLLM kept no metrics for); and
+    the line numbers of requests that ended without a token (failed or aborted: ``first_token_ts`` null, with
+    ``output_toks`` 0 or ``last_token_ts`` null). A line with tokens but a null timestamp is an error."""
     rows = []
     unrecorded = 0
+    tokenless: list[int] = []
     seen: dict[str, int] = {}  # request_id -> its line
     for lineno, line in enumerate(read_text(path).splitlines(), 1):
         if not line.strip():
@@ -382,6 +390,10 @@ def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
             raise RunFileError(f"{where}: expected a JSON object per line")
         if all(name in row and row[name] is None for name in LLMSERVINGSIM_FIELDS[2:]):
             unrecorded += 1
+            continue
+        if (all(name in row for name in LLMSERVINGSIM_FIELDS) and row["first_token_ts"] is None
+                and (row["output_toks"] == 0 or row["last_token_ts"] is None)):
+            tokenless.append(lineno)
             continue
         for name in LLMSERVINGSIM_FIELDS:
             if name not in row:
@@ -411,8 +423,9 @@ def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
             seen[rid] = lineno
         rows.append({**row, "_line": lineno})
     if not rows:
-        raise RunFileError(f"{path}: no requests with timestamps")
-    return rows, unrecorded
+        failed = f" ({len(tokenless)} ended without a first token)" if tokenless else ""
+        raise RunFileError(f"{path}: no requests with timestamps{failed}")
+    return rows, unrecorded, tokenless
 
 
 def _layout(root: Path) -> tuple[Path, Path, str]:

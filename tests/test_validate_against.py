@@ -510,6 +510,23 @@ def test_a_request_vllm_kept_no_metrics_for_is_left_out_with_a_note(tmp_path):
         read_run(write_run(tmp_path / "run2", rows))
 
 
+def test_a_request_that_ended_without_a_token_is_left_out_and_counted(tmp_path):
+    """A failed or aborted request (a client's timeout, an HTTP error) has no first token: a run with a few of
+    them was a one-line error; now they are left out of both sides with a note naming their lines."""
+    rows = isolated_requests()
+    arrival, queued = rows[1]["arrival_time"], rows[1]["queued_ts"]
+    rows.insert(1, {"request_id": "timed-out", "input_toks": 50, "output_toks": 0, "arrival_time": arrival,
+                    "queued_ts": queued, "scheduled_ts": queued, "first_token_ts": None, "last_token_ts": queued + 30})
+    rows.insert(3, {"request_id": "aborted", "input_toks": 70, "output_toks": 9, "arrival_time": arrival,
+                    "queued_ts": queued, "scheduled_ts": None, "first_token_ts": None, "last_token_ts": None})
+    run = read_run(write_run(tmp_path / "run", rows))
+    assert len(run.requests) == 4 and not {"timed-out", "aborted"} & set(run.requests["source_id"])
+    assert any("2 requests ended without a first token" in n and "line 2, 4" in n for n in run.notes), run.notes
+    only_failed = [dict(r, first_token_ts=None, output_toks=0) for r in isolated_requests()]
+    with pytest.raises(RunFileError, match=r"no requests with timestamps \(4 ended without a first token\)"):
+        read_run(write_run(tmp_path / "run2", only_failed))
+
+
 def test_data_parallel_engines_become_replicas_behind_vllms_own_dp_balancer(tmp_path):
     folder = write_run(tmp_path / "run", isolated_requests())
     meta = json.loads((folder / "meta.json").read_text())
