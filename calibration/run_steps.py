@@ -12,7 +12,9 @@ so a request taken in runs in the step after that one (``ahead`` = 1), without i
   reaching its input, is read into d: d + e / j, ~1 % at the runs' 0.1 ms), and made its first
   token at ``F - a = (j + ahead) d + m``, m its mixed step (its chunk beside the decode rows). j is
   ``round((queued - a) / d_priced)``; taken in at once after ``a`` (j = 0) with a step ahead, only
-  d + m is known.
+  d + m is known. Because j comes from the price, a decode price off by more than 1 / (2j) moves j
+  instead of the ratio (a price 15 % low reads a gap of 8 steps as 9, and 8/9 / 0.85 = 1.05): the
+  decode figure is also given for j <= 2 alone, which a price 20 % low or 33 % high cannot move.
 - **seat** (``seat_steps``): a request that waited for a seat was scheduled right after the step
   that freed it ended and ran ``ahead`` decode steps later: ``m = F - scheduled - ahead d_priced``,
   kept where no other admission came within 2.5 decode steps.
@@ -162,6 +164,7 @@ class StepTiming:
         r, s = self.ramp, self.seat
         out: dict[str, Any] = {
             "ramp_decode": _quartiles(r["decode_ms"] / r["decode_priced_ms"]),
+            "ramp_decode_j_at_most_2": _quartiles((r["decode_ms"] / r["decode_priced_ms"])[r["j"] <= 2]),
             "ramp_mixed": _quartiles(r["mixed_ms"] / r["mixed_priced_ms"]),
             "ramp_decode_plus_mixed": _quartiles(r["pair_ms"] / (r["decode_priced_ms"] + r["mixed_priced_ms"])),
             "seat_mixed": _quartiles(s["mixed_ms"] / s["mixed_priced_ms"]),
@@ -182,7 +185,10 @@ class StepTiming:
 
     def markdown(self) -> list[str]:
         """One line per figure of ``summary``."""
-        label = {"ramp_decode": "ramp, decode steps", "ramp_mixed": "ramp, mixed steps",
+        label = {"ramp_decode": "ramp, decode steps",
+                 "ramp_decode_j_at_most_2": "  of which taken in 1-2 decode steps after a step end (j <= 2: a "
+                                            "price 20 % low or 33 % high cannot move j)",
+                 "ramp_mixed": "ramp, mixed steps",
                  "ramp_decode_plus_mixed": "ramp, a decode step and the mixed step after it (taken in at a step end)",
                  "seat_mixed": "seats freed in saturation, mixed steps",
                  f"seat_mixed_rows_at_most_{self.long_row}": f"  of which every decode row <= {self.long_row} tokens",

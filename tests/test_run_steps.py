@@ -45,6 +45,37 @@ def test_ramp_steps_read_decode_and_mixed_steps_off_the_async_timestamps():
     assert summary["ramp_mixed"]["median"] == pytest.approx(1.25, abs=0.01) and summary["seat_mixed"] == {"n": 0}
 
 
+class LowDecodeCost(FlatCost):
+    """Prices a decode step at 17 ms, 15 % under the timelines' 20 ms."""
+
+    def iteration_time(self, q, c):  # noqa: ANN001, ANN201
+        return 0.017 + 1e-5 * float(q[q > 1].sum())
+
+
+def gaps_timeline(gaps: list[int]) -> pd.DataFrame:
+    """``async_timeline`` with a 100-token request arriving after each of ``gaps`` decode steps."""
+    d, eps = 0.020, 5e-5
+    reqs = [{"input_toks": 100, "output_toks": 5000, "queued_ts": -0.1, "scheduled_ts": -0.1,
+             "first_token_ts": 0.0, "last_token_ts": 100.0}]
+    end = 0.0
+    for steps in gaps:
+        taken, first = end + steps * d + eps, end + (steps + 1) * d + (d + 1e-3)
+        reqs.append({"input_toks": 100, "output_toks": 5000, "queued_ts": taken, "scheduled_ts": taken,
+                     "first_token_ts": first, "last_token_ts": 100.0})
+        end = first
+    return pd.DataFrame(reqs)
+
+
+def test_a_decode_price_off_by_more_than_half_a_step_in_j_moves_j_so_j_up_to_2_is_reported_alone():
+    """j is read with the priced decode step: long gaps absorb a price error into j, short ones cannot."""
+    ramp = rs.ramp_steps(gaps_timeline([1, 2, 1, 8, 9, 12, 10]), LowDecodeCost(), budget=2048)
+    assert sorted(ramp["j"]) == [1, 1, 2, 9, 11, 12, 14]  # 8, 9, 10 and 12 steps read as more
+    summary = rs.StepTiming(ramp, rs.seat_steps(gaps_timeline([1]), LowDecodeCost(), 2048, 4)).summary()
+    assert summary["ramp_decode_j_at_most_2"]["median"] == pytest.approx(20 / 17, abs=0.01)  # the true ratio
+    assert summary["ramp_decode_j_at_most_2"]["n"] == 3
+    assert summary["ramp_decode"]["median"] < 1.07  # the long gaps pull the whole figure towards 1
+
+
 def sync_timeline(mixed_factor: float) -> pd.DataFrame:
     """As ``async_timeline`` without async scheduling: a request taken in at a step end runs in the
     next step, nothing scheduled ahead of it."""
