@@ -120,8 +120,8 @@ def read_llmservingsim(folder: str | Path) -> MeasuredRun:
         notes.append(f"{unrecorded} requests have no timestamps at all (vLLM returned no metrics for them): "
                      "left out of both sides")
     if tokenless:
-        notes.append(f"{len(tokenless)} requests ended without a first token (first_token_ts null and output_toks 0 "
-                     f"or last_token_ts null: failed or aborted; line {', '.join(map(str, tokenless[:5]))}"
+        notes.append(f"{len(tokenless)} requests ended without a first token (first_token_ts null or vLLM's unset "
+                     f"0.0, and output_toks 0 or no last_token_ts: failed or aborted; line {', '.join(map(str, tokenless[:5]))}"
                      f"{', ...' if len(tokenless) > 5 else ''}): left out of both sides, so the simulation does not "
                      "carry the engine time they took before they ended")
     cols = {k: np.array([r[k] for r in rows], dtype=np.float64) for k in LLMSERVINGSIM_FIELDS}
@@ -391,8 +391,7 @@ def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int, list[int]]:
         if all(name in row and row[name] is None for name in LLMSERVINGSIM_FIELDS[2:]):
             unrecorded += 1
             continue
-        if (all(name in row for name in LLMSERVINGSIM_FIELDS) and row["first_token_ts"] is None
-                and (row["output_toks"] == 0 or row["last_token_ts"] is None)):
+        if all(name in row for name in LLMSERVINGSIM_FIELDS) and _ended_without_a_token(row):
             tokenless.append(lineno)
             continue
         for name in LLMSERVINGSIM_FIELDS:
@@ -426,6 +425,21 @@ def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int, list[int]]:
         failed = f" ({len(tokenless)} ended without a first token)" if tokenless else ""
         raise RunFileError(f"{path}: no requests with timestamps{failed}")
     return rows, unrecorded, tokenless
+
+
+def _unset(row: dict[str, Any], name: str) -> bool:
+    """``row[name]`` was never stamped: null, or the 0.0 vLLM's ``RequestStateStats`` starts every
+    timestamp at, on a line whose ``queued_ts`` is a later time (a real stamp cannot precede it)."""
+    value, queued = row.get(name), row.get("queued_ts")
+    if value is None:
+        return True
+    return (type(value) in (int, float) and value == 0 and type(queued) in (int, float)
+            and math.isfinite(queued) and queued > 0)
+
+
+def _ended_without_a_token(row: dict[str, Any]) -> bool:
+    """A failed or aborted request: no first token, and no tokens or no last token either."""
+    return _unset(row, "first_token_ts") and (row["output_toks"] == 0 or _unset(row, "last_token_ts"))
 
 
 def _layout(root: Path) -> tuple[Path, Path, str]:

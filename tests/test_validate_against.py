@@ -519,9 +519,11 @@ def test_a_request_that_ended_without_a_token_is_left_out_and_counted(tmp_path):
                     "queued_ts": queued, "scheduled_ts": queued, "first_token_ts": None, "last_token_ts": queued + 30})
     rows.insert(3, {"request_id": "aborted", "input_toks": 70, "output_toks": 9, "arrival_time": arrival,
                     "queued_ts": queued, "scheduled_ts": None, "first_token_ts": None, "last_token_ts": None})
+    rows.append({"request_id": "unstamped", "input_toks": 70, "output_toks": 9, "arrival_time": arrival,
+                 "queued_ts": queued, "scheduled_ts": 0.0, "first_token_ts": 0.0, "last_token_ts": 0.0})  # vLLM's 0.0
     run = read_run(write_run(tmp_path / "run", rows))
-    assert len(run.requests) == 4 and not {"timed-out", "aborted"} & set(run.requests["source_id"])
-    assert any("2 requests ended without a first token" in n and "line 2, 4" in n for n in run.notes), run.notes
+    assert len(run.requests) == 4 and not {"timed-out", "aborted", "unstamped"} & set(run.requests["source_id"])
+    assert any("3 requests ended without a first token" in n and "line 2, 4, 7" in n for n in run.notes), run.notes
     only_failed = [dict(r, first_token_ts=None, output_toks=0) for r in isolated_requests()]
     with pytest.raises(RunFileError, match=r"no requests with timestamps \(4 ended without a first token\)"):
         read_run(write_run(tmp_path / "run2", only_failed))
