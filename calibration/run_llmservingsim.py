@@ -375,8 +375,8 @@ def _engine_counters(path: Path, tick_s: Any, notes: list[str]) -> dict[str, flo
 
 def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int, list[int]]:
     """The request lines; how many lines had no timestamps at all (a request vLLM kept no metrics for); and
-    the line numbers of requests that ended without a token (failed or aborted: ``first_token_ts`` null, with
-    ``output_toks`` 0 or ``last_token_ts`` null). A line with tokens but a null timestamp is an error."""
+    the line numbers of requests that ended without a token (failed or aborted, ``_ended_without_a_token``).
+    A line with tokens but a missing timestamp is an error."""
     rows = []
     unrecorded = 0
     tokenless: list[int] = []
