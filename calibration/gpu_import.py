@@ -92,13 +92,24 @@ def fill_between(table: pd.DataFrame) -> pd.DataFrame:
 SKEW_CHOICES = ("auto", "use", "ignore")
 
 
-def skew_switched_off(meta: dict[str, Any]) -> str | None:
+def skew_switched_off(meta: dict[str, Any], where: str = "meta.yaml") -> str | None:
     """Where an LLMServingSim meta.yaml switches its skew profile off (``skew_profile.enabled: false``
-    or ``skew_fit.enabled: false``: its own simulator then prices unequal contexts at their mean), or None."""
+    or ``skew_fit.enabled: false``, or the section itself ``false``: its own simulator then prices
+    unequal contexts at their mean), or None. A switch of another kind (``enabled: "no"``, a list) is a
+    ``SourceError`` naming it: read as on, it would silently undo the source's choice."""
     for key in ("skew_profile", "skew_fit"):
         section = meta.get(key)
-        if isinstance(section, dict) and section.get("enabled") is False:
+        if section is False:
+            return f"{key}: false"
+        if section is None or section is True:
+            continue
+        if not isinstance(section, dict):
+            raise SourceError(f"{where}: field '{key}' must be a mapping (or true/false), got {section!r:.60}")
+        enabled = section.get("enabled")
+        if enabled is False:
             return f"{key}.enabled: false"
+        if enabled is not None and enabled is not True:
+            raise SourceError(f"{where}: field '{key}.enabled' must be true or false, got {enabled!r:.60}")
     return None
 
 
@@ -154,7 +165,7 @@ def assemble_llmservingsim(folder: str | Path, model: ModelConfig, hardware: str
         "corners extended linearly).",
     ]
     skew = t.skew
-    off = skew_switched_off(prof.meta)
+    off = skew_switched_off(prof.meta, f"{folder}/meta.yaml")
     unused = skew is not None and (skew_mode == "ignore" or (skew_mode == "auto" and off is not None))
     if unused:
         why = (f"the source's meta.yaml has {off}, so its own simulator applies no skew correction on this GPU; "

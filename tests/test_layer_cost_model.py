@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 import timeit
 from pathlib import Path
 
@@ -648,6 +649,7 @@ def test_a_mixed_step_costs_about_the_same_whichever_side_of_4096_its_longest_ro
     ("skew_profile: {enabled: false}\n", "auto", False),  # the source switched its skew profile off
     ("skew_fit:\n  enabled: false\n", "auto", False),
     ("skew_profile: {enabled: true}\nskew_fit: {enabled: true}\n", "auto", True),
+    ("skew_profile: false\n", "auto", False),  # the section itself switched off
     ("skew_profile: {enabled: false}\n", "use", True),
     ("", "ignore", False),
 ])
@@ -674,6 +676,21 @@ def test_the_skew_table_is_used_as_the_sources_meta_says_unless_told(tmp_path, m
     even = load_profile(tmp_path / "p.json").iteration_time(q, np.array([160, 160, 160, 160], dtype=I64))
     # the same mean context: dearer only where the skew table is used, else priced exactly alike
     assert skewed > even * 1.001 if kept else skewed == pytest.approx(even, rel=1e-12)
+
+
+@pytest.mark.parametrize("meta_line, field", [
+    ('skew_profile: {enabled: "false"}\n', "skew_profile.enabled"),  # a quoted word is not a switch
+    ("skew_fit: {enabled: 0}\n", "skew_fit.enabled"),
+    ("skew_profile: [enabled]\n", "skew_profile"),
+])
+def test_a_skew_switch_of_another_kind_is_an_error_naming_it(tmp_path, meta_line, field):
+    """Read as 'on', a malformed switch would silently price against the source's own choice."""
+    folder = fabricate_llmservingsim(tmp_path)
+    meta = folder / "meta.yaml"
+    meta.write_text(meta.read_text() + meta_line)
+    with pytest.raises(SourceError, match=rf"meta\.yaml: field '{re.escape(field)}' must be"):
+        run_import(ImportOptions("llmservingsim", [str(folder)], "llama-3.1-8b", "rtx-pro-6000", 1,
+                                 out=str(tmp_path / "p.json")))
 
 
 def test_skew_flags_are_refused_where_there_is_no_skew_table(tmp_path):
