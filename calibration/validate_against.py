@@ -52,11 +52,11 @@ from servesim.calibration.validate import (
     parse_max_error,
     servesim_commit,
 )
-from servesim.sim.cost_model import ProfileError, build_cost_model, resolve_profile_path
+from servesim.sim.cost_model import ProfileError, build_cost_model, read_profile_json, resolve_profile_path
 from servesim.sim.engine_presets.vllm_v1 import vllm_batch_defaults
 from servesim.sim.errors import PresetError, ScenarioError
 from servesim.sim.metrics import summarize, to_json
-from servesim.sim.presets import get_hardware, get_model, kv_block_bytes, num_kv_blocks
+from servesim.sim.presets import HARDWARE, get_hardware, get_model, kv_block_bytes, num_kv_blocks
 from servesim.sim.scenario import (
     Scenario,
     apply_override,
@@ -130,6 +130,19 @@ def shipped_profile(model: str, hardware: str, tensor_parallel: int) -> str | No
     return name
 
 
+def profile_hardware(profile: str | None) -> str | None:
+    """The hardware preset a profile file names (its ``hardware`` field), or None: no profile, one that
+    cannot be read (loading it later says why) or a name that is no preset."""
+    if not profile:
+        return None
+    try:
+        data = read_profile_json(resolve_profile_path(profile))
+    except ProfileError:
+        return None
+    hw = data.get("hardware") if isinstance(data, dict) else None
+    return hw if isinstance(hw, str) and hw in HARDWARE else None
+
+
 def scenario_dict(run: MeasuredRun, base: dict[str, Any] | None = None, profile: str | None = None,
                   overrides: Sequence[str] = ()) -> tuple[dict[str, Any], list[str]]:
     """The raw scenario (before validation) that simulates ``run``, and notes on what was filled in.
@@ -186,8 +199,13 @@ def scenario_dict(run: MeasuredRun, base: dict[str, Any] | None = None, profile:
         raise RunFileError(unknown_model_message(where, run.model_source))
     if run.model is None:
         notes.append(f"model: the run's {run.model_source!r} has no preset; {raw['model']} used")
+    if raw.get("hardware") is None and run.hardware_source is None and (hw := profile_hardware(profile)):
+        raw["hardware"] = hw  # the GPU the profile was measured on, for a run that names none
+        notes.append(f"hardware: the run does not name its GPU; {hw}, the profile's, used (--set hardware=NAME "
+                     "for another)")
     if raw.get("hardware") is None:
-        raise RunFileError(unknown_hardware_message(where, run.hardware_source))
+        hint = "" if run.hardware_source or profile else "; or --profile P: a GPU profile's own GPU is used"
+        raise RunFileError(unknown_hardware_message(where, run.hardware_source) + hint)
     # what the run and --set give is checked before anything is derived from it: a bad value is an
     # error naming its field, not a traceback of the block count's arithmetic
     source = f"{where} (validate --against)"

@@ -546,7 +546,7 @@ def test_data_parallel_engines_become_replicas_behind_vllms_own_dp_balancer(tmp_
 def test_a_vllm_bench_json_needs_its_gpu_and_then_compares_itl_too(tmp_path):
     path = bench_json(tmp_path / "bench.json")
     code, _, err = run_cli("validate", "--against", str(path), "--out", str(tmp_path / "o"), "--no-plots")
-    assert code == 2 and "the run does not name its GPU" in err and "--set hardware=" in err
+    assert code == 2 and "the run does not name its GPU" in err and "--set hardware=" in err and "--profile" in err
     code, out, err = run_cli("validate", "--against", str(path), "--out", str(tmp_path / "o"), "--quiet",
                              "--set", "hardware=h100-sxm", *CONSTANT)
     assert code == 0, err
@@ -555,6 +555,22 @@ def test_a_vllm_bench_json_needs_its_gpu_and_then_compares_itl_too(tmp_path):
     assert report["provenance"]["itl"] == "measured" and rows["mean_itl_ms"]["live"] == pytest.approx(16.0)
     assert rows["mean_itl_ms"]["sim"] == pytest.approx(STEP * 1e3)
     assert (tmp_path / "o" / "cdf_itl.png").is_file()
+
+
+def test_a_run_that_names_no_gpu_takes_the_profiles_own(tmp_path):
+    path = bench_json(tmp_path / "bench.json")
+    profile = "h100-sxm-llama-3.1-8b-tp1.json"
+    code, out, err = run_cli("validate", "--against", str(path), "--out", str(tmp_path / "o"), "--no-plots",
+                             "--quiet", "--profile", profile)
+    assert code == 0, err
+    notes = json.loads((tmp_path / "o" / "validation.json").read_text())["provenance"]["notes"]
+    assert any("the run does not name its GPU; h100-sxm, the profile's, used" in n for n in notes), notes
+    assert load_scenario(tmp_path / "o" / "sim" / "scenario.yaml").hardware == "h100-sxm"
+    # a GPU the run does name is never replaced by the profile's: the mismatch is an error
+    named = bench_json(tmp_path / "named.json", gpu="NVIDIA A100-SXM4-80GB")
+    code, _, err = run_cli("validate", "--against", str(named), "--out", str(tmp_path / "o2"), "--no-plots",
+                           "--quiet", "--profile", profile)
+    assert code == 2 and "h100-sxm" in err and "a100" in err.lower(), err
 
 
 @pytest.mark.parametrize("gpu, model, profile", [
