@@ -86,10 +86,15 @@ class DisaggCluster(Cluster):
         self._held_blocks = 0
         # per transfer: (request id, waited for decode KV s, on the link s incl. NIC queue, bytes)
         self.transfers: list[tuple[int, float, float, float]] = []
-        for rep in prefill:
+        # prefills whose prompt blocks are to be held once the copy's own come back (async scheduling)
+        self._pending_holds: list[list[_Pull]] = [[] for _ in prefill]
+        for p, rep in enumerate(prefill):
             rep.on_done = self._prefill_done
-        for rep in decode:
+            rep.on_released = lambda p=p: self._holds_released(p)
+        for d, rep in enumerate(decode):
             rep.on_done = self._count_done
+            # under async scheduling a finished request's blocks come back after on_done: pull then
+            rep.on_released = lambda d=d: self._try_pulls(d)
         # a decode instance is handed requests when their KV arrives over the link, which the
         # arrival process cannot announce: no replica here fast-forwards (see Replica.next_arrival)
         for rep in self.replicas:
@@ -144,16 +149,29 @@ class DisaggCluster(Cluster):
             self.decode[0].recorder.on_request_done(req)
             self._count_done(req)
             return
-        # the copy's blocks went back when it finished; hold as many again until the KV is sent
-        kv = rep.scheduler.kv
-        holder = Request(-1 - req.request_id, now, req.prompt_len, 1)
-        if kv.allocate(holder, req.prompt_len):
-            self._held_blocks += kv.num_blocks_of(holder)
+        # the copy's blocks went back when it finished (with async scheduling: after the instance's
+        # next schedule, in this same instant); hold as many again until the KV is sent
+        pull = _Pull(req, p, Request(-1 - req.request_id, now, req.prompt_len, 1), now)
+        if rep.scheduler.kv.holds(copy):
+            self._pending_holds[p].append(pull)
         else:
-            holder = None  # shared prefix blocks stayed in use: nothing left to hold
+            self._hold(pull)
         d = self._decode_of[id(self.decode_router.pick(req, now))]
-        self._pulls[d].append(_Pull(req, p, holder, now))
+        self._pulls[d].append(pull)
         self._try_pulls(d)
+
+    def _hold(self, pull: _Pull) -> None:
+        kv = self.prefill[pull.prefill].scheduler.kv
+        if pull.holder is not None and kv.allocate(pull.holder, pull.req.prompt_len):
+            self._held_blocks += kv.num_blocks_of(pull.holder)
+        else:
+            pull.holder = None  # shared prefix blocks stayed in use: nothing left to hold
+
+    def _holds_released(self, p: int) -> None:
+        """Prefill instance ``p`` gave back its finished copies' blocks: hold the prompts still to send."""
+        pending, self._pending_holds[p] = self._pending_holds[p], []
+        for pull in pending:
+            self._hold(pull)
 
     # ---- pull and transfer ---------------------------------------------------------------------
     def _try_pulls(self, d: int) -> None:
@@ -224,7 +242,7 @@ class DisaggCluster(Cluster):
                                      "transfers (expected 1 and 1)")
             if n_pre > 1 or n_xfer > 1:
                 raise AssertionError(f"request {req.request_id} prefilled {n_pre} or transferred {n_xfer} times")
-        if any(self._pulls) or self._held_blocks or self._real or self._upstream:
+        if any(self._pulls) or any(self._pending_holds) or self._held_blocks or self._real or self._upstream:
             raise AssertionError(f"KV left between pools: {sum(map(len, self._pulls))} pulls queued, "
                                  f"{self._held_blocks} blocks held, {self._upstream} requests upstream")
 

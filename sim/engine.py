@@ -171,6 +171,10 @@ class Replica:
         # vLLM's async scheduling: the step after the running one is already scheduled, so a request
         # arriving during a step reaches the scheduler only after the next step has been chosen
         self.async_scheduling = async_scheduling
+        # called when the seats and KV blocks of requests held since they finished come back (async
+        # scheduling: after the next schedule, not when ``on_done`` reports them): a disaggregated
+        # cluster's KV pulls and holds wait for those blocks
+        self.on_released: Callable[[], None] | None = None
         self._in_step = False
         self._arrived: list[Request] = []
         self._wakeup = env.event()
@@ -254,7 +258,9 @@ class Replica:
             if self._arrived and not sched.has_unfinished:  # nothing else to schedule: seen at once
                 self._flush_arrived()
             if not sched.has_unfinished:
-                sched.release_finished()  # (async scheduling) the last step's outputs are processed
+                # (async scheduling) the last step's outputs are processed
+                if sched.release_finished() and self.on_released is not None:
+                    self.on_released()
                 if not self.arrivals_open:
                     return
                 yield self._wakeup
@@ -283,6 +289,8 @@ class Replica:
             # (async scheduling) the outputs of the step that just ended are processed after this
             # schedule: the requests it finished give their seats and blocks back now
             released = sched.release_finished()
+            if released and self.on_released is not None:
+                self.on_released()
             if self._arrived:  # arrivals of the step that just ended, seen from the next schedule on
                 self._flush_arrived()
             if batch.is_empty:
