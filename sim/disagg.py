@@ -183,7 +183,7 @@ class DisaggCluster(Cluster):
             if any(not kv.holds(w) and w.num_preemptions for w in sched.waiting):
                 return  # preempted requests get the freed blocks first
             pull = queue[0]
-            if not kv.allocate(pull.req, pull.req.prompt_len + 1, watermark=True):
+            if not sched.admits_transfer(pull.req) or not kv.allocate(pull.req, pull.req.prompt_len + 1, watermark=True):
                 return
             queue.popleft()
             self.env.process(self._transfer(pull, d))

@@ -228,6 +228,7 @@ class Replica:
 
     def poke(self) -> None:
         """Blocks were freed outside the scheduler (a disaggregated KV transfer ended): look again."""
+        self.scheduler.blocks_returned()
         if not self._wakeup.triggered:
             self._wakeup.succeed()
 
@@ -294,8 +295,11 @@ class Replica:
             if self._arrived:  # arrivals of the step that just ended, seen from the next schedule on
                 self._flush_arrived()
             if batch.is_empty:
-                if released:
-                    continue  # schedule again with the seats and blocks back, at once
+                if released or batch.preempted:
+                    # schedule again at once: with the seats and blocks back, or after a step whose
+                    # preemptions took every row and, as vLLM V1 does, admitted nothing (a
+                    # disaggregated decode instance whose queued transferred requests hold the blocks)
+                    continue
                 wake = sched.next_wakeup(env.now)
                 if wake is not None and wake > env.now:
                     # a batching delay: the policy is waiting for more requests, up to a deadline

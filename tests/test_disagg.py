@@ -89,6 +89,46 @@ def test_async_scheduling_pulls_and_holds_once_the_finished_requests_blocks_come
     assert transfers["count"] == 60 and transfers["p99_wait_for_decode_kv_ms"] > 100  # one at a time
 
 
+def _tight(scheduler, n, **cluster):
+    """A cache of 40 blocks of 32 tokens everywhere, prompts up to 3,000 tokens: the decode instance
+    holds one or two requests, so transferred requests queue holding their blocks."""
+    return scenario_from_dict({
+        "name": "tight", "seed": 377, "model": "llama-3.2-1b", "hardware": "rtx-4090", "cost_model": {"type": "roofline"},
+        "scheduler": scheduler, "kv_cache": {"block_size": 32, "num_blocks": 40},
+        "workload": {"num_requests": n, "arrival": {"process": "constant", "rate": 20.0},
+                     "prompt_len": {"dist": "uniform", "min": 1, "max": 3000},
+                     "output_len": {"dist": "lognormal", "mean": 150, "std": 150, "min": 1, "max": 1500}},
+        "cluster": {"disagg": {"prefill": {"count": 2}, "decode": {"count": 1}, "link": {"preset": "nvlink"}}},
+    })
+
+
+def test_a_preempted_request_queues_behind_transferred_ones_that_hold_their_blocks():
+    # A decode instance preempted its running request while a transferred one waited, holding its
+    # blocks; the victim went first in the queue and could never allocate the blocks that only the
+    # request behind it would free by running: 201 of 300 requests done (found by a randomised
+    # search). Now the victim queues behind such requests, and a schedule whose preemptions took
+    # every row is retried at once.
+    sched = {"type": "chunked", "max_num_seqs": 1, "max_num_batched_tokens": 16384, "preemption_mode": "recompute",
+             "long_prefill_token_threshold": 512}
+    res = simulate(_tight(sched, 100), progress=False)  # conservation across pools is asserted inside
+    states = {r.state for r in res.requests}
+    assert states <= {RequestState.FINISHED, RequestState.REJECTED} and res.summary["num_preemptions"] > 0
+    assert all(r.reject_reason.startswith("decode pool:") for r in res.requests if r.state == RequestState.REJECTED)
+
+
+def test_sglang_pools_neither_stop_admitting_nor_pull_more_than_they_can_start():
+    # Two ways SGLang pools stalled (58 of 100 requests done): its NO_TOKEN (batch_is_full) is
+    # cleared by a finish, and a prefill instance whose blocks were all held for transfers had
+    # nothing running to finish; and a decode instance pulled two requests that each needed the
+    # other's blocks to pass SGLang's admission (outputs to come must fit), so neither started.
+    # Now sending held KV clears NO_TOKEN, and a decode instance pulls only what would fit beside
+    # the reserve of its running and queued requests, as SGLang's decode side reserves room first.
+    res = simulate(_tight({"preset": "sglang", "chunked_prefill_size": -1}, 100), progress=False)
+    assert {r.state for r in res.requests} <= {RequestState.FINISHED, RequestState.REJECTED}
+    rejected = [r for r in res.requests if r.state == RequestState.REJECTED]
+    assert len(rejected) < 60 and all(r.reject_reason.startswith(("decode pool:", "prefill pool:")) for r in rejected)
+
+
 def test_end_of_run_check_catches_a_block_held_on_the_prefill_side(monkeypatch):
     # (both managers: simulation without prefix caching keeps counts, CountingBlockManager)
     for cls in (BlockManager, CountingBlockManager):

@@ -238,7 +238,19 @@ class Scheduler:
             req.num_prompt_tokens = req.num_tokens
         req.num_computed_tokens = 0
         req.state = RequestState.WAITING
-        self.waiting.appendleft(req)
+        self._requeue_front(req)
+
+    def _requeue_front(self, req: Request) -> None:
+        """Queue a preempted request first, as vLLM V1 prepends it, behind only queued requests that
+        already hold their blocks: a disaggregated decode instance's transferred requests
+        (``DisaggCluster._transfer``). Ahead of them, a victim that must allocate could wait for
+        blocks that only they give back, by running (a deadlock a randomised search found). Outside a
+        decode pool no queued request holds blocks, and this is ``appendleft``."""
+        waiting, kv = self.waiting, self.kv
+        k = 0
+        while k < len(waiting) and kv.holds(waiting[k]):
+            k += 1
+        waiting.insert(k, req)
 
     def _grow_rows(self, rows: np.ndarray, new: np.ndarray, protect: int = 0) -> np.ndarray:
         """``RunningTable.grow`` with this policy's preemption; returns the mask of preempted rows."""
@@ -372,6 +384,16 @@ class Scheduler:
             self.max_num_seqs -= 1
         else:
             self.kv.free(req)
+
+    def admits_transfer(self, request: Request) -> bool:
+        """Whether a disaggregated decode instance may pull ``request``'s KV now, blocks apart (the
+        caller allocates its prompt and first token): a policy that grows rows on demand and
+        preempts when short always may."""
+        return True
+
+    def blocks_returned(self) -> None:
+        """KV blocks came back from outside this scheduler (a disaggregated prefill instance's held
+        prompt KV, sent): a policy that stopped trying admissions until a finish tries again."""
 
     def release_finished(self) -> int:
         """Give back the seats and KV blocks of the requests held since they finished (async

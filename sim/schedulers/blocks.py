@@ -103,10 +103,13 @@ def fewest_outputs_longest_prompt(run: RunningTable, candidates: np.ndarray) -> 
 
 # ---- queue --------------------------------------------------------------------------------------
 def move_to_tail(waiting: deque[Request], req: Request) -> None:
-    """Put a request that was just re-queued at the head (``Scheduler._preempt_row``) at the tail instead."""
-    if waiting and waiting[0] is req:
-        waiting.popleft()
-        waiting.append(req)
+    """Put a request that was just re-queued at the head (``Scheduler._preempt_row``: first, or behind
+    queued requests that hold their blocks) at the tail instead."""
+    for k, queued in enumerate(waiting):
+        if queued is req:
+            del waiting[k]
+            waiting.append(req)
+            return
 
 
 def longest_prefix_first(
