@@ -180,8 +180,8 @@ class DisaggCluster(Cluster):
         sched = self.decode[d].scheduler
         kv = sched.kv
         while queue:
-            if any(not kv.holds(w) and w.num_preemptions for w in sched.waiting):
-                return  # preempted requests get the freed blocks first
+            if sched.num_swapped or any(not kv.holds(w) and w.num_preemptions for w in sched.waiting):
+                return  # preempted and swapped requests get the freed blocks first
             pull = queue[0]
             if not sched.admits_transfer(pull.req) or not kv.allocate(pull.req, pull.req.prompt_len + 1, watermark=True):
                 return

@@ -123,8 +123,8 @@ class ChunkedScheduler(Scheduler):
             extra_rows: list[int] = []
             extra_new: list[int] = []
             budget = self._bring_back_swapped(now, budget, threshold, extra_rows, extra_new)
-            if not self.swapped:
-                budget = self._admit_waiting(now, budget, threshold, extra_rows, extra_new)
+            # (still swapped: only queued requests that hold their blocks, which take none)
+            budget = self._admit_waiting(now, budget, threshold, extra_rows, extra_new, holders_only=bool(self.swapped))
             if extra_rows:
                 # extra rows are appended rows, in order; they continue 0..k-1 unless one was skipped
                 if rows is None and len(extra_rows) != run.n - len(new):
@@ -151,10 +151,16 @@ class ChunkedScheduler(Scheduler):
             budget -= chunk
         return budget
 
-    def _admit_waiting(self, now: float, budget: int, threshold: int, rows: list[int], new: list[int]) -> int:
+    def _admit_waiting(self, now: float, budget: int, threshold: int, rows: list[int], new: list[int],
+                       holders_only: bool = False) -> int:
+        """Admit waiting requests in order while budget, seats and blocks last; ``holders_only``: only
+        those at the head that hold their blocks already (a disaggregated decode instance's
+        transferred requests, admitted while a swapped request waits for blocks they hold)."""
         kv = self.kv
         while self.waiting and budget > 0 and self.run.n < self.max_num_seqs:
             req = self.waiting[0]
+            if holders_only and not kv.holds(req):
+                break
             fresh, cached, computed = attach_cached_prefix(kv, req)
             chunk = min(req.num_tokens - computed, budget, threshold)
             if not self.config.chunked_prefill and min(req.num_tokens - computed, threshold) > budget:

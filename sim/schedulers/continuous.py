@@ -57,8 +57,9 @@ class ContinuousScheduler(Scheduler):
         if prefill_first:
             # vLLM v0: requests coming back from swap decode first; otherwise admit prompts, and if
             # any were admitted the step is prefill-only.
-            if self._bring_back_swapped(now) == 0 and not self.swapped:
-                rows, new = self._admit_prompts(now, self.max_num_batched_tokens)
+            if self._bring_back_swapped(now) == 0:
+                # (still swapped: only queued requests that hold their blocks, which take none)
+                rows, new = self._admit_prompts(now, self.max_num_batched_tokens, holders_only=bool(self.swapped))
                 if rows:
                     return self._make_batch(np.asarray(rows, dtype=np.int64), np.asarray(new, dtype=np.int64))
             return self._decode_step(now, admit=False)
@@ -111,7 +112,7 @@ class ContinuousScheduler(Scheduler):
         if admit and not preempted_any and budget > 0:
             # swapped requests come back (they decode from the next step) before any new prompt
             self._bring_back_swapped(now)
-            extra_rows, extra_new = self._admit_prompts(now, budget) if not self.swapped else ([], [])
+            extra_rows, extra_new = self._admit_prompts(now, budget, holders_only=bool(self.swapped))
             if extra_rows:
                 # admitted rows are appended in order; they continue 0..k-1 unless a swap-in came between
                 if rows is None and len(extra_rows) != run.n - len(new):
@@ -121,13 +122,18 @@ class ContinuousScheduler(Scheduler):
                 new = np.concatenate([new, np.asarray(extra_new, dtype=np.int64)])
         return self._make_batch(rows, new, decode_rows)
 
-    def _admit_prompts(self, now: float, budget: int) -> tuple[list[int], list[int]]:
-        """Admit whole prompts, oldest first, while seats, budget and blocks (watermark) allow."""
+    def _admit_prompts(self, now: float, budget: int, holders_only: bool = False) -> tuple[list[int], list[int]]:
+        """Admit whole prompts, oldest first, while seats, budget and blocks (watermark) allow;
+        ``holders_only``: only those at the head that hold their blocks already (a disaggregated
+        decode instance's transferred requests, admitted while a swapped request waits for blocks
+        they hold)."""
         kv = self.kv
         rows: list[int] = []
         new: list[int] = []
         while self.waiting and self.run.n < self.max_num_seqs:
             req = self.waiting[0]
+            if holders_only and not kv.holds(req):
+                break
             fresh, cached, computed = attach_cached_prefix(kv, req)
             tokens = req.num_tokens - computed
             # A preempted request re-prefills prompt + outputs, which may exceed the budget; let it

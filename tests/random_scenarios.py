@@ -1,0 +1,287 @@
+"""Random valid scenarios and the invariants every run must keep, whatever the configuration.
+
+``scenario(seed)`` draws one scenario: a model and GPU (roofline or a shipped GPU profile, TP 1-4),
+a policy or engine preset with its knobs (budgets, seats, preemption mode, async scheduling,
+chunking, thresholds, priority), a KV cache from 40 blocks up, prefix caching, workloads from one
+request to a few hundred (Poisson, bursty gamma, constant; fixed, uniform, lognormal and Zipf
+lengths; shared prefixes; multi-turn sessions), several replicas behind every router, or a
+disaggregated prefill/decode cluster. ``problems(raw)`` simulates it and lists what is wrong:
+
+- every request is reported once, finished with all its tokens or rejected with a reason (the
+  engine's own conservation check raises otherwise: a stall that strands requests is a failure);
+- times are ordered (arrival <= first token <= finish) and finite;
+- the same seed gives the same ``summary.json``;
+- the plain loop (no fast-forward, Python engine) gives the same summary (several replicas: mean and
+  std ITL may differ in the last bits, as the README's Architecture section says);
+- ``iterations`` ``binned`` and ``off`` give the same summary and requests table as ``full``.
+
+``round_trip(seed)`` simulates a random ``vllm-v1`` run, writes it as an LLMServingSim run folder
+(engine clock offset from the client's) and checks that ``validate --against`` reproduces every
+request's TTFT and E2E.
+
+Found with it (``tests/test_disagg.py`` keeps each): a disaggregated cluster under async
+scheduling stalled its KV pulls; a decode instance's preempted request waited for blocks that the
+transferred requests queued behind it held; SGLang pools stopped admitting or pulled more than
+they could start. ``tests/test_random_scenarios.py`` runs a fixed set of seeds (more with ``-m
+slow``); ``python tests/random_scenarios.py --start 0 --count 300`` searches further and prints
+each failing scenario as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from servesim.sim.errors import ScenarioError
+from servesim.sim.scenario import scenario_from_dict
+from servesim.sim.simulate import simulate
+
+GPU_MODELS = [("h100-sxm", "llama-3.1-8b"), ("a100-80g", "llama-3-8b"), ("l40s", "mistral-7b"),
+              ("rtx-4090", "llama-3.2-1b"), ("h200", "qwen2.5-7b"), ("rtx-pro-6000", "qwen3-32b")]
+PROFILES = [("rtx-pro-6000", "llama-3.1-8b", 1), ("rtx-pro-6000", "llama-3.1-8b", 2), ("rtx-pro-6000", "qwen3-32b", 2),
+            ("rtx-4090", "llama-3.1-8b", 1), ("h100-sxm", "llama-3.1-8b", 1), ("a100-80g", "llama-3-8b", 1),
+            ("h100-sxm", "llama-2-7b", 1)]
+PRESETS = ["vllm-v1", "vllm-v0", "hf-transformers", "tensorrt-llm", "triton-dynamic", "sglang"]
+ROUTERS = ["round_robin", "least_outstanding", "kv_aware", "least_kv_usage", "power_of_two_choices", "prefix_aware"]
+
+
+def _scheduler(rng: random.Random) -> dict[str, Any]:
+    kind = rng.choice(["static", "continuous", "chunked", "preset"])
+    if kind == "preset":
+        sch: dict[str, Any] = {"preset": rng.choice(PRESETS)}
+        if sch["preset"] == "sglang" and rng.random() < 0.5:
+            sch["chunked_prefill_size"] = rng.choice([-1, 512, 4096])
+        if sch["preset"] == "hf-transformers" and rng.random() < 0.5:
+            sch["scheduler_type"] = rng.choice(["fifo", "prefill_first"])
+        if sch["preset"] == "vllm-v1":
+            sch.update(max_num_seqs=rng.choice([4, 16, 64, 256]), max_num_batched_tokens=rng.choice([512, 2048, 8192]),
+                       async_scheduling=rng.random() < 0.5)
+        return sch
+    sch = {"type": kind, "max_num_seqs": rng.choice([1, 2, 8, 32, 128]),
+           "max_num_batched_tokens": rng.choice([256, 1024, 4096, 16384])}
+    if kind != "static":
+        sch["preemption_mode"] = rng.choice(["recompute", "soft_reset", "swap"])
+        sch["async_scheduling"] = rng.random() < 0.3
+    if kind == "chunked":
+        sch["long_prefill_token_threshold"] = rng.choice([0, 0, 64, 512])
+        sch["chunked_prefill"] = rng.random() < 0.8
+    if rng.random() < 0.3:
+        sch["max_model_len"] = rng.choice([512, 2048, 8192])
+    if rng.random() < 0.2:
+        sch["policy"] = "priority"
+    return sch
+
+
+def scenario(seed: int) -> dict[str, Any]:
+    """The raw scenario of ``seed`` (valid by construction, though it may be refused with a reason)."""
+    rng = random.Random(seed)
+    hw, model = rng.choice(GPU_MODELS)
+    raw: dict[str, Any] = {"name": "random", "seed": rng.randrange(1000), "model": model, "hardware": hw,
+                           "tensor_parallel": 1, "cost_model": {"type": "roofline"}, "scheduler": _scheduler(rng)}
+    kv: dict[str, Any] = {"block_size": rng.choice([16, 32])}
+    if rng.random() < 0.5:
+        kv["num_blocks"] = rng.choice([40, 100, 400, 3000])
+    kv["enable_prefix_caching"] = rng.random() < 0.4
+    if rng.random() < 0.2:
+        kv["swap_space_gb"] = rng.choice([0.01, 0.5, 4])
+    raw["kv_cache"] = kv
+    num_requests = rng.choice([1, 5, 60, 300])
+    arrival = rng.choice([{"process": "poisson", "rate": rng.choice([0.5, 5.0, 50.0])},
+                          {"process": "gamma", "rate": 10.0, "cv": 3.0}, {"process": "constant", "rate": 20.0}])
+    wl: dict[str, Any] = {
+        "num_requests": num_requests, "arrival": arrival,
+        "prompt_len": rng.choice([{"dist": "lognormal", "mean": 600, "std": 500, "min": 1, "max": 4000},
+                                  {"dist": "fixed", "value": rng.choice([1, 17, 1000])},
+                                  {"dist": "uniform", "min": 1, "max": 3000}]),
+        "output_len": rng.choice([{"dist": "lognormal", "mean": 150, "std": 150, "min": 1, "max": 1500},
+                                  {"dist": "fixed", "value": rng.choice([1, 2, 300])},
+                                  {"dist": "zipf", "a": 1.5, "min": 1, "max": 800}])}
+    if kv["enable_prefix_caching"] and rng.random() < 0.6:
+        wl["prefix"] = {"num_prefixes": rng.choice([1, 3]), "prefix_len": rng.choice([16, 300]), "fraction": 0.7}
+    raw["workload"] = wl
+    if rng.random() < 0.3:
+        raw["cluster"] = {"num_replicas": rng.choice([2, 3]), "router": rng.choice(ROUTERS)}
+    r = rng.random()
+    if r < 0.15:
+        raw["hardware"], raw["model"], raw["tensor_parallel"] = p = rng.choice(PROFILES)
+        raw["cost_model"] = {"type": "profile", "path": f"{p[0]}-{p[1]}-tp{p[2]}.json"}
+    elif r < 0.25:
+        raw.update(hardware="h100-sxm", model="llama-3.1-70b", tensor_parallel=rng.choice([2, 4]))
+    r = rng.random()
+    if r < 0.12 and "prefix" not in wl:
+        wl["sessions"] = {"turns": rng.choice([2, {"dist": "uniform", "min": 1, "max": 5}]),
+                          "think_time_s": rng.choice([0.0, 0.5, 3.0]),
+                          "think_time_dist": rng.choice(["exponential", "fixed"]),
+                          "system_prompt_len": rng.choice([0, 100])}
+        wl["num_requests"] = min(wl["num_requests"], 60)
+    elif r < 0.22:
+        raw["cluster"] = {"disagg": {"prefill": {"count": rng.choice([1, 2])}, "decode": {"count": rng.choice([1, 2])},
+                                     "link": {"preset": rng.choice(["nvlink", "infiniband", "pcie", "ethernet"])}}}
+    if rng.random() < 0.3:
+        raw["slo"] = {"ttft_ms": 500, "tpot_ms": 50}
+    return raw
+
+
+def _summary_json(summary: dict[str, Any]) -> str:
+    return json.dumps(summary, sort_keys=True, default=str)
+
+
+def _differing(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    return [k for k in a.keys() | b.keys() if json.dumps(a.get(k), default=str) != json.dumps(b.get(k), default=str)]
+
+
+def problems(raw: dict[str, Any]) -> list[str] | None:
+    """What is wrong with the run of ``raw`` (empty: nothing); None when the scenario is refused with
+    a ScenarioError (a clear error is a valid answer to a configuration that cannot run)."""
+    def run(**kwargs: Any):
+        return simulate(scenario_from_dict(json.loads(json.dumps(raw))), progress=False, **kwargs)
+
+    try:
+        first = run()
+    except ScenarioError:
+        return None
+    out: list[str] = []
+    df = first.requests_df
+    n = raw["workload"]["num_requests"]
+    if "sessions" not in raw["workload"] and len(df) != n:
+        out.append(f"{len(df)} request rows for {n} requests")
+    finished = df[df["state"] == "finished"]
+    unfinished = df[df["state"] != "finished"]
+    if unfinished["reject_reason"].isna().any():
+        out.append(f"{int(unfinished['reject_reason'].isna().sum())} requests neither finished nor rejected with a reason")
+    if (finished["num_output_tokens"] != finished["output_len"]).any():
+        out.append("a finished request lacks output tokens")
+    if ((finished["first_token_time"] < finished["arrival_time"] - 1e-12)
+            | (finished["finish_time"] < finished["first_token_time"] - 1e-12)).any():
+        out.append("a request's times are out of order")
+    if not np.isfinite(finished[["ttft", "e2e"]].to_numpy(dtype=float)).all():
+        out.append("a finished request's TTFT or E2E is not finite")
+    base = _summary_json(first.summary)
+    if _summary_json(run().summary) != base:
+        out.append("the same seed gave another summary")
+    plain = run(fast_forward=False, compiled=False)
+    several = raw.get("cluster", {}).get("num_replicas", 1) > 1 or "disagg" in raw.get("cluster", {})
+    diff = [k for k in _differing(first.summary, plain.summary) if not (several and k in ("mean_itl_ms", "std_itl_ms"))]
+    if diff:
+        out.append(f"the plain loop's summary differs from the {first.engine} engine's in {sorted(diff)[:6]}")
+    if "disagg" not in raw.get("cluster", {}):  # (a disaggregated cluster needs every step)
+        for mode in ("binned", "off"):
+            other = run(iterations=mode)
+            if _summary_json(other.summary) != base:
+                out.append(f"iterations={mode}: summary differs in {sorted(_differing(first.summary, other.summary))[:6]}")
+            if not other.requests_df.equals(df):
+                out.append(f"iterations={mode}: the requests table differs")
+    return out
+
+
+# ---- validate --against its own simulation --------------------------------------------------------
+RT_GPUS = {"rtx-4090": "RTX4090", "rtx-pro-6000": "RTXPRO6000", "h100-sxm": "H100", "a100-80g": "A100"}
+RT_MODELS = {"llama-3.1-8b": "meta-llama/Llama-3.1-8B", "qwen3-32b": "Qwen/Qwen3-32B",
+             "llama-3-8b": "meta-llama/Meta-Llama-3-8B"}
+RT_SETUPS = [("rtx-4090", "llama-3.1-8b", 1, True), ("rtx-pro-6000", "llama-3.1-8b", 1, True),
+             ("rtx-pro-6000", "llama-3.1-8b", 2, True), ("rtx-pro-6000", "qwen3-32b", 2, True),
+             ("h100-sxm", "llama-3.1-8b", 1, True), ("a100-80g", "llama-3-8b", 1, True),
+             ("h100-sxm", "llama-3.1-8b", 2, False)]
+
+
+def round_trip(seed: int, folder: Path | None = None) -> list[str] | None:
+    """Simulate a random vllm-v1 run, write it as an LLMServingSim run folder and validate against it:
+    the problems (empty: every TTFT and E2E reproduced); None when the run rejected a request (a
+    measured run holds served requests only)."""
+    from servesim.sim.cli import main as cli
+
+    rng = random.Random(seed)
+    hw, model, tp, profile = rng.choice(RT_SETUPS)
+    dp = rng.choice([1, 1, 1, 2, 3])
+    seats = rng.choice([4, 16, 64, 128])
+    budget = rng.choice([max(seats, 256), 512, 2048, 8192])
+    asyn, caching, threshold = rng.random() < 0.7, rng.random() < 0.6, rng.choice([0, 0, 256])
+    blocks = rng.choice([None, 120, 400, 3000])
+    kv: dict[str, Any] = {"block_size": 16, "enable_prefix_caching": caching}
+    if blocks:
+        kv["num_blocks"] = blocks
+    arrival: dict[str, Any] = {"process": rng.choice(["poisson", "gamma"]), "rate": rng.choice([2.0, 20.0, 200.0])}
+    if arrival["process"] == "gamma":
+        arrival["cv"] = 2.0
+    raw = {"name": "rt", "seed": seed, "model": model, "hardware": hw, "tensor_parallel": tp,
+           "cost_model": {"type": "profile", "path": f"{hw}-{model}-tp{tp}.json"} if profile else {"type": "roofline"},
+           "scheduler": {"preset": "vllm-v1", "max_num_seqs": seats, "max_num_batched_tokens": budget,
+                         "async_scheduling": asyn, "long_prefill_token_threshold": threshold},
+           "kv_cache": kv,
+           "workload": {"num_requests": rng.choice([10, 60, 150]), "arrival": arrival,
+                        "prompt_len": {"dist": "uniform", "min": 1, "max": rng.choice([300, 1500])},
+                        "output_len": {"dist": "uniform", "min": 1, "max": rng.choice([50, 400])}}}
+    if dp > 1:
+        raw["cluster"] = {"num_replicas": dp, "router": "vllm_dp", "router_refresh_s": 0.1}
+    res = simulate(scenario_from_dict(raw), progress=False)
+    df = res.requests_df
+    if (df["state"] != "finished").any():
+        return None
+    # the client clock a small offset from the engine's: near 1.7e9 s a float64 resolves 0.24 us, and
+    # the bursts here put requests closer than that, which no measured run could tell apart either
+    rows = [{"request_id": f"q{r.request_id}", "input_toks": r.prompt_len, "output_toks": r.output_len,
+             "arrival_time": 1000.0 + r.arrival_time, "queued_ts": 5000.0 + r.arrival_time,
+             "scheduled_ts": 5000.0 + r.first_scheduled_time, "first_token_ts": 5000.0 + r.first_token_time,
+             "last_token_ts": 5000.0 + r.finish_time} for r in df.itertuples()]
+    folder = Path(folder or tempfile.mkdtemp())
+    run_dir = folder / "run"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    meta_kv: dict[str, Any] = {"block_size": 16, "enable_prefix_caching": caching, "num_gpu_blocks": int(res.kv.num_blocks)}
+    meta = {"model": RT_MODELS[model], "vllm_version": "0.19.0",
+            "engine_kwargs": {"model": RT_MODELS[model], "tensor_parallel_size": tp, "data_parallel_size": dp,
+                              "max_num_seqs": seats, "max_num_batched_tokens": budget, "max_model_len": None,
+                              "async_scheduling": asyn, "long_prefill_token_threshold": threshold},
+            "kv_cache": meta_kv}
+    (run_dir / "meta.json").write_text(json.dumps(meta))
+    (run_dir / "llmservingsim_config.json").write_text(json.dumps(
+        {"nodes": [{"instances": [{"hardware": RT_GPUS[hw], "tp_size": tp}]}]}))
+    (run_dir / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["validate", "--against", str(run_dir), "--out", str(folder / "out"), "--no-plots", "--quiet"]
+    if not profile:
+        argv += ["--set", "cost_model.type=roofline"]
+    code = cli(argv)
+    if code != 0:
+        return [f"validate --against exited {code}"]
+    per = pd.read_csv(folder / "out" / "per_request.csv")
+    out = []
+    for key in ("ttft", "e2e"):
+        gap = (per[f"sim_{key}"] - per[f"measured_{key}"]).abs()
+        bad = gap > 1e-6 + 1e-6 * per[f"measured_{key}"].abs()
+        if bad.any():
+            out.append(f"{key}: {int(bad.sum())} of {len(per)} requests differ, by up to {gap.max():.3g} s")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--start", type=int, default=0)
+    ap.add_argument("--count", type=int, default=100)
+    ap.add_argument("--round-trip", action="store_true", help="check validate --against on its own runs instead")
+    args = ap.parse_args()
+    tally: Counter[str] = Counter()
+    for seed in range(args.start, args.start + args.count):
+        try:
+            found = round_trip(seed) if args.round_trip else problems(scenario(seed))
+        except Exception:  # a crash is a finding: print it with the scenario
+            found = [traceback.format_exc().strip().splitlines()[-1]]
+        status = "refused" if found is None else ("failed" if found else "ok")
+        tally[status] += 1
+        if found:
+            print(f"seed {seed}: {'; '.join(found)}", flush=True)
+            if not args.round_trip:
+                print(f"  {json.dumps(scenario(seed))}", flush=True)
+    print(dict(tally))
+    return 1 if tally["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
