@@ -341,11 +341,15 @@ def measured_summary(run: MeasuredRun) -> dict[str, Any]:
 
 
 def write_trace(run: MeasuredRun, path: Path) -> Path:
-    """The run's arrivals (seconds, engine clock, first = 0) and lengths as a csv-format trace."""
+    """The run's arrivals (seconds, engine clock, first = 0) and lengths as a csv-format trace.
+
+    Arrivals are written to the last bit (shortest round-trip form): rounded to the nanosecond, two
+    requests a few ns apart became one instant, or one landed on the other side of a step's end,
+    and the simulation was no longer of the measured arrivals."""
     path.parent.mkdir(parents=True, exist_ok=True)
     df = run.requests
     pd.DataFrame({"arrival_time": df["arrival_time"], "prompt_len": df["prompt_len"],
-                  "output_len": df["output_len"]}).to_csv(path, index=False, float_format="%.9f")
+                  "output_len": df["output_len"]}).to_csv(path, index=False)
     return path
 
 

@@ -29,7 +29,8 @@ def test_more_random_scenarios_keep_the_invariants(seed):
     _check(seed)
 
 
-@pytest.mark.parametrize("seed", [0, 3, 7])
+# 258 and 285 put two arrivals within a nanosecond, which workload.csv rounded into one instant
+@pytest.mark.parametrize("seed", [0, 3, 7, 258, 285])
 def test_validate_against_reproduces_its_own_random_run(seed, tmp_path):
     assert round_trip(seed, tmp_path) in ([], None)
 
