@@ -241,6 +241,12 @@ class ComposedScheduler(Scheduler):
             available -= need_all
         return rows, new, failed
 
+    def admits_transfer(self, request: Request) -> bool:
+        # TensorRT-LLM's GUARANTEED_NO_EVICT starts a request only with its blocks to completion free
+        if self.comp.admission != "reserve_to_completion":
+            return True
+        return self._fits_to_completion(request, blocks_to_completion(self.run, self.block_size))
+
     # ---- preemption --------------------------------------------------------------------------
     def _pick_victim(self, candidates: np.ndarray) -> int:
         if self.config.policy == "priority":

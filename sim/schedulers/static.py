@@ -52,6 +52,10 @@ class StaticScheduler(Scheduler):
         # still generating (the running rows), with its KV reserved up front
         return self.run.n > 0
 
+    def admits_transfer(self, request: Request) -> bool:
+        # a batch forms only with each member's whole output reserved
+        return self._fits_to_completion(request)
+
     def schedule(self, now: float) -> Batch:
         if self.run.n == 0:
             self._form_batch(now, self.max_num_seqs)
