@@ -417,7 +417,12 @@ class _Seconds:
         try:
             with warnings.catch_warnings():  # pandas warns before it fails on text that is not a date
                 warnings.simplefilter("ignore", UserWarning)
-                ts = pd.to_datetime(series, utc=True)  # naive stamps read as UTC; offsets may differ (DST)
+                try:  # naive stamps read as UTC; offsets may differ (DST)
+                    ts = pd.to_datetime(series, utc=True)
+                except (ValueError, TypeError):
+                    # pandas takes one format from the first stamp; Python's isoformat drops zero
+                    # microseconds, so '... 00:00:01' beside '... 00:00:01.100000' failed: each read alone
+                    ts = pd.to_datetime(series, utc=True, format="mixed")
         except (ValueError, TypeError) as e:  # pandas' advice after the first sentence is about its own API
             why = str(e).splitlines()[0].split(". You might")[0]
             raise WorkloadError(f"{self.src}: neither seconds nor datetimes ({why})") from e
