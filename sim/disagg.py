@@ -84,6 +84,7 @@ class DisaggCluster(Cluster):
         self._upstream = 0  # requests not yet handed to a decode instance (prefill, held, pulled, in flight)
         self._upstream_done: simpy.Event | None = None  # made when the arrivals end and some remain
         self._held_blocks = 0
+        self._held_on = [0] * len(prefill)  # of those, per prefill instance
         # per transfer: (request id, waited for decode KV s, on the link s incl. NIC queue, bytes)
         self.transfers: list[tuple[int, float, float, float]] = []
         # prefills whose prompt blocks are to be held once the copy's own come back (async scheduling)
@@ -91,6 +92,8 @@ class DisaggCluster(Cluster):
         for p, rep in enumerate(prefill):
             rep.on_done = self._prefill_done
             rep.on_released = lambda p=p: self._holds_released(p)
+            # a prefill instance short of blocks while some hold prompts still to send waits for them
+            rep.blocks_due = lambda p=p: self._held_on[p] > 0
         for d, rep in enumerate(decode):
             rep.on_done = self._count_done
             # under async scheduling a finished request's blocks come back after on_done: pull then
@@ -164,6 +167,7 @@ class DisaggCluster(Cluster):
         kv = self.prefill[pull.prefill].scheduler.kv
         if pull.holder is not None and kv.allocate(pull.holder, pull.req.prompt_len):
             self._held_blocks += kv.num_blocks_of(pull.holder)
+            self._held_on[pull.prefill] += kv.num_blocks_of(pull.holder)
         else:
             pull.holder = None  # shared prefix blocks stayed in use: nothing left to hold
 
@@ -199,6 +203,7 @@ class DisaggCluster(Cluster):
         if pull.holder is not None:
             kv = self.prefill[pull.prefill].scheduler.kv
             self._held_blocks -= kv.num_blocks_of(pull.holder)
+            self._held_on[pull.prefill] -= kv.num_blocks_of(pull.holder)
             kv.free(pull.holder)
             self.prefill[pull.prefill].poke()  # a prefill waiting for blocks can start now
         self.num_transfers[req.request_id] = self.num_transfers.get(req.request_id, 0) + 1

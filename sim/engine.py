@@ -175,6 +175,10 @@ class Replica:
         # scheduling: after the next schedule, not when ``on_done`` reports them): a disaggregated
         # cluster's KV pulls and holds wait for those blocks
         self.on_released: Callable[[], None] | None = None
+        # whether KV blocks held outside the scheduler are due back (a disaggregated prefill instance's
+        # prompts held for their transfer, freed with a poke): with none free, the replica waits for
+        # them instead of reporting that its scheduler made no progress
+        self.blocks_due: Callable[[], bool] | None = None
         self._in_step = False
         self._arrived: list[Request] = []
         self._wakeup = env.event()
@@ -307,8 +311,10 @@ class Replica:
                     if self._wakeup.triggered:
                         self._wakeup = env.event()
                     continue
-                if sched.num_running == 0 and sched.num_swapped == 0 and self.arrivals_open:
-                    # only an arrival can change anything (e.g. a batching delay); wait for one
+                if ((sched.num_running == 0 and sched.num_swapped == 0 and self.arrivals_open)
+                        or (self.blocks_due is not None and self.blocks_due())):
+                    # only an arrival (e.g. after a batching delay) or blocks coming back from
+                    # outside the scheduler can change anything; wait for one
                     yield self._wakeup
                     self._wakeup = env.event()
                     continue

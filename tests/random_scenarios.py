@@ -15,6 +15,9 @@ disaggregated prefill/decode cluster. ``problems(raw)`` simulates it and lists w
   std ITL may differ in the last bits, as the README's Architecture section says);
 - ``iterations`` ``binned`` and ``off`` give the same summary and requests table as ``full``.
 
+``trace_scenario(seed, folder)`` runs the same engines on a random trace file (csv, Azure,
+BurstGPT, Mooncake) with unsorted rows, tied times and zero lengths.
+
 ``round_trip(seed)`` simulates a random ``vllm-v1`` run, writes it as an LLMServingSim run folder
 (engine clock offset from the client's) and checks that ``validate --against`` reproduces every
 request's TTFT and E2E.
@@ -22,7 +25,8 @@ request's TTFT and E2E.
 Found with it (``tests/test_disagg.py`` keeps each): a disaggregated cluster under async
 scheduling stalled its KV pulls; a decode instance's preempted request waited for blocks that the
 transferred requests queued behind it held; SGLang pools stopped admitting or pulled more than
-they could start. ``tests/test_random_scenarios.py`` runs a fixed set of seeds (more with ``-m
+they could start; an Azure trace whose datetimes Python's isoformat wrote (some without
+fractions) was refused. ``tests/test_random_scenarios.py`` runs a fixed set of seeds (more with ``-m
 slow``); ``python tests/random_scenarios.py --start 0 --count 300`` searches further and prints
 each failing scenario as JSON.
 """
@@ -151,8 +155,8 @@ def problems(raw: dict[str, Any]) -> list[str] | None:
         return None
     out: list[str] = []
     df = first.requests_df
-    n = raw["workload"]["num_requests"]
-    if "sessions" not in raw["workload"] and len(df) != n:
+    n = raw["workload"].get("num_requests")  # (a trace: every row it keeps)
+    if n is not None and "sessions" not in raw["workload"] and len(df) != n:
         out.append(f"{len(df)} request rows for {n} requests")
     finished = df[df["state"] == "finished"]
     unfinished = df[df["state"] != "finished"]
@@ -181,6 +185,52 @@ def problems(raw: dict[str, Any]) -> list[str] | None:
             if not other.requests_df.equals(df):
                 out.append(f"iterations={mode}: the requests table differs")
     return out
+
+
+# ---- trace workloads -------------------------------------------------------------------------------
+def trace_scenario(seed: int, folder: Path) -> dict[str, Any]:
+    """``scenario(seed)``'s engine on a random trace written under ``folder``: csv, Azure (datetimes,
+    some with fractions, some without, as Python's isoformat writes them), BurstGPT or Mooncake
+    (shared block hashes), unsorted rows, tied times, zero lengths, a time scale."""
+    import datetime as dt
+
+    rng = random.Random(seed)
+    np_rng = np.random.default_rng(seed)
+    raw = scenario(seed)
+    raw["workload"] = {}
+    n = rng.choice([1, 3, 50, 200])
+    t = np.cumsum(np_rng.exponential(rng.choice([0.001, 0.1, 1.0]), n))
+    if rng.random() < 0.3:
+        t = t[np_rng.permutation(n)]
+    if rng.random() < 0.3:
+        t = np.round(t, 1)
+    prompt, output = np_rng.integers(0, 3000, n), np_rng.integers(0, 500, n)
+    fmt = rng.choice(["csv", "azure", "burstgpt", "mooncake"])
+    path = folder / ("trace.jsonl" if fmt == "mooncake" else "trace.csv")
+    trace: dict[str, Any] = {"format": fmt, "path": str(path)}
+    if fmt == "csv":
+        lines = ["t,prompt,out", *(f"{a!r},{b},{c}" for a, b, c in zip(t.tolist(), prompt, output, strict=True))]
+        trace.update(time_column="t", prompt_column="prompt", output_column="out")
+    elif fmt == "azure":
+        start = dt.datetime(2024, 5, 1)
+        lines = ["TIMESTAMP,ContextTokens,GeneratedTokens",
+                 *(f"{(start + dt.timedelta(seconds=a)).isoformat(sep=' ')},{b},{c}"
+                   for a, b, c in zip(t.tolist(), prompt, output, strict=True))]
+    elif fmt == "burstgpt":  # (rows with 0 response tokens are failed requests: dropped and counted)
+        lines = ["Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type",
+                 *(f"{a!r},ChatGPT,{b},{c},{b + c},Conversation log" for a, b, c in zip(t.tolist(), prompt, output, strict=True))]
+    else:
+        lines = []
+        for a, b, c in zip(t.tolist(), prompt, output, strict=True):
+            length = max(int(b), 1)
+            shared = [int(h) for h in np_rng.integers(0, 4, rng.randrange(0, -(-length // 512) + 1))]
+            lines.append(json.dumps({"timestamp": 1000 * a, "input_length": length, "output_length": max(int(c), 1),
+                                     "hash_ids": shared}))
+    path.write_text("\n".join(lines) + "\n")
+    if rng.random() < 0.3:
+        trace["time_scale"] = rng.choice([0.1, 10.0])
+    raw["workload"] = {"trace": trace}
+    return raw
 
 
 # ---- validate --against its own simulation --------------------------------------------------------
@@ -266,11 +316,17 @@ def main() -> int:
     ap.add_argument("--start", type=int, default=0)
     ap.add_argument("--count", type=int, default=100)
     ap.add_argument("--round-trip", action="store_true", help="check validate --against on its own runs instead")
+    ap.add_argument("--traces", action="store_true", help="random trace workloads (csv, azure, burstgpt, mooncake)")
     args = ap.parse_args()
     tally: Counter[str] = Counter()
     for seed in range(args.start, args.start + args.count):
         try:
-            found = round_trip(seed) if args.round_trip else problems(scenario(seed))
+            if args.round_trip:
+                found = round_trip(seed)
+            elif args.traces:
+                found = problems(trace_scenario(seed, Path(tempfile.mkdtemp())))
+            else:
+                found = problems(scenario(seed))
         except Exception:  # a crash is a finding: print it with the scenario
             found = [traceback.format_exc().strip().splitlines()[-1]]
         status = "refused" if found is None else ("failed" if found else "ok")
@@ -278,7 +334,8 @@ def main() -> int:
         if found:
             print(f"seed {seed}: {'; '.join(found)}", flush=True)
             if not args.round_trip:
-                print(f"  {json.dumps(scenario(seed))}", flush=True)
+                shown = trace_scenario(seed, Path(tempfile.mkdtemp())) if args.traces else scenario(seed)
+                print(f"  {json.dumps(shown)}", flush=True)
     print(dict(tally))
     return 1 if tally["failed"] else 0
 

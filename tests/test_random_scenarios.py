@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from random_scenarios import problems, round_trip, scenario
+from random_scenarios import problems, round_trip, scenario, trace_scenario
 
 # seeds whose scenarios stalled a disaggregated cluster before their fixes (a swapped-out request
 # waiting for blocks that queued transferred requests held: 32; a preempted one queued ahead of
@@ -39,3 +39,23 @@ def test_validate_against_reproduces_its_own_random_run(seed, tmp_path):
 @pytest.mark.parametrize("seed", range(8, 48))
 def test_validate_against_reproduces_more_of_its_own_random_runs(seed, tmp_path):
     assert round_trip(seed, tmp_path) in ([], None)
+
+
+# 52: an HF prefill instance short of blocks while its prompts waited for their transfer reported
+# that it made no progress; 71: an Azure trace with stamps with and without fractions was refused
+TRACE_SEEDS = [52, 71] + list(range(0, 100, 10))
+
+
+@pytest.mark.parametrize("seed", TRACE_SEEDS)
+def test_random_trace_workload_keeps_the_invariants(seed, tmp_path):
+    raw = trace_scenario(seed, tmp_path)
+    found = problems(raw)
+    assert not found, f"seed {seed}: {found}\n{raw}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [s for s in range(100) if s not in TRACE_SEEDS])
+def test_more_random_trace_workloads_keep_the_invariants(seed, tmp_path):
+    raw = trace_scenario(seed, tmp_path)
+    found = problems(raw)
+    assert not found, f"seed {seed}: {found}\n{raw}"
