@@ -149,7 +149,11 @@ class Cluster:
         self.num_done += 1
         self._answered(req)
         if req.next_turn is not None:
-            self._asking[req.replica].pop(rid, None)
+            # (replica -1: answered or refused outside any replica, e.g. a disaggregated cluster's
+            # one-token turn finished in the prefill pool)
+            asking = self._asking.get(req.replica)
+            if asking is not None:
+                asking.pop(rid, None)
             if self.on_turn is not None:
                 self.on_turn(req, req.next_turn)
             think = req.think_time_s

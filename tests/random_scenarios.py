@@ -15,7 +15,8 @@ disaggregated prefill/decode cluster. ``problems(raw)`` simulates it and lists w
   std ITL may differ in the last bits, as the README's Architecture section says);
 - ``iterations`` ``binned`` and ``off`` give the same summary and requests table as ``full``.
 
-``trace_scenario(seed, folder)`` runs the same engines on a random trace file (csv, Azure,
+``session_scenario(seed)`` puts multi-turn sessions on the scenario's engine and cluster (a
+disaggregated one too). ``trace_scenario(seed, folder)`` runs the same engines on a random trace file (csv, Azure,
 BurstGPT, Mooncake) with unsorted rows, tied times and zero lengths.
 
 ``round_trip(seed)`` simulates a random ``vllm-v1`` run, writes it as an LLMServingSim run folder
@@ -26,7 +27,8 @@ Found with it (``tests/test_disagg.py`` keeps each): a disaggregated cluster und
 scheduling stalled its KV pulls; a decode instance's preempted request waited for blocks that the
 transferred requests queued behind it held; SGLang pools stopped admitting or pulled more than
 they could start; an Azure trace whose datetimes Python's isoformat wrote (some without
-fractions) was refused. ``tests/test_random_scenarios.py`` runs a fixed set of seeds (more with ``-m
+fractions) was refused; sessions on a disaggregated cluster crashed when a one-token turn was
+answered in the prefill pool. ``tests/test_random_scenarios.py`` runs a fixed set of seeds (more with ``-m
 slow``); ``python tests/random_scenarios.py --start 0 --count 300`` searches further and prints
 each failing scenario as JSON.
 """
@@ -187,6 +189,23 @@ def problems(raw: dict[str, Any]) -> list[str] | None:
     return out
 
 
+# ---- multi-turn sessions on every engine and cluster ------------------------------------------------
+def session_scenario(seed: int) -> dict[str, Any]:
+    """``scenario(seed)`` with multi-turn sessions in place of its traffic's shape, on whatever engine
+    and cluster it drew, disaggregated ones included (``scenario`` keeps the two apart)."""
+    rng = random.Random(seed + 777)
+    raw = scenario(seed)
+    wl = raw["workload"]
+    wl.pop("prefix", None)
+    wl["sessions"] = {"turns": rng.choice([1, 3, {"dist": "uniform", "min": 1, "max": 6}]),
+                      "think_time_s": rng.choice([0.0, 0.2, 2.0]), "think_time_dist": rng.choice(["exponential", "fixed"]),
+                      "system_prompt_len": rng.choice([0, 50, 600])}
+    wl["num_requests"] = min(wl["num_requests"], 40)
+    if rng.random() < 0.5:
+        raw["kv_cache"]["enable_prefix_caching"] = True
+    return raw
+
+
 # ---- trace workloads -------------------------------------------------------------------------------
 def trace_scenario(seed: int, folder: Path) -> dict[str, Any]:
     """``scenario(seed)``'s engine on a random trace written under ``folder``: csv, Azure (datetimes,
@@ -317,6 +336,7 @@ def main() -> int:
     ap.add_argument("--count", type=int, default=100)
     ap.add_argument("--round-trip", action="store_true", help="check validate --against on its own runs instead")
     ap.add_argument("--traces", action="store_true", help="random trace workloads (csv, azure, burstgpt, mooncake)")
+    ap.add_argument("--sessions", action="store_true", help="multi-turn sessions on every engine and cluster")
     args = ap.parse_args()
     tally: Counter[str] = Counter()
     for seed in range(args.start, args.start + args.count):
@@ -325,6 +345,8 @@ def main() -> int:
                 found = round_trip(seed)
             elif args.traces:
                 found = problems(trace_scenario(seed, Path(tempfile.mkdtemp())))
+            elif args.sessions:
+                found = problems(session_scenario(seed))
             else:
                 found = problems(scenario(seed))
         except Exception:  # a crash is a finding: print it with the scenario
@@ -334,7 +356,8 @@ def main() -> int:
         if found:
             print(f"seed {seed}: {'; '.join(found)}", flush=True)
             if not args.round_trip:
-                shown = trace_scenario(seed, Path(tempfile.mkdtemp())) if args.traces else scenario(seed)
+                shown = (trace_scenario(seed, Path(tempfile.mkdtemp())) if args.traces
+                         else session_scenario(seed) if args.sessions else scenario(seed))
                 print(f"  {json.dumps(shown)}", flush=True)
     print(dict(tally))
     return 1 if tally["failed"] else 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from random_scenarios import problems, round_trip, scenario, trace_scenario
+from random_scenarios import problems, round_trip, scenario, session_scenario, trace_scenario
 
 # seeds whose scenarios stalled a disaggregated cluster before their fixes (a swapped-out request
 # waiting for blocks that queued transferred requests held: 32; a preempted one queued ahead of
@@ -57,5 +57,25 @@ def test_random_trace_workload_keeps_the_invariants(seed, tmp_path):
 @pytest.mark.parametrize("seed", [s for s in range(100) if s not in TRACE_SEEDS])
 def test_more_random_trace_workloads_keep_the_invariants(seed, tmp_path):
     raw = trace_scenario(seed, tmp_path)
+    found = problems(raw)
+    assert not found, f"seed {seed}: {found}\n{raw}"
+
+
+# 187: a disaggregated cluster's one-token turn, answered in the prefill pool (replica -1), crashed
+# the release of the conversation's next turn (KeyError)
+SESSION_SEEDS = [187] + list(range(0, 100, 10))
+
+
+@pytest.mark.parametrize("seed", SESSION_SEEDS)
+def test_random_sessions_keep_the_invariants(seed):
+    raw = session_scenario(seed)
+    found = problems(raw)
+    assert not found, f"seed {seed}: {found}\n{raw}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [s for s in range(100) if s not in SESSION_SEEDS])
+def test_more_random_sessions_keep_the_invariants(seed):
+    raw = session_scenario(seed)
     found = problems(raw)
     assert not found, f"seed {seed}: {found}\n{raw}"
