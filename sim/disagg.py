@@ -212,13 +212,9 @@ class DisaggCluster(Cluster):
         req.num_output_tokens = 1
         req.first_token_time = req.last_token_time = env.now
         self._upstream_left()
-        rep = self.decode[d]
-        rep.submit(req)
-        waiting = rep.scheduler.waiting
-        if waiting and waiting[-1] is req:
-            # it holds every block it needs to start: ahead of preempted requests that must allocate
-            waiting.pop()
-            waiting.appendleft(req)
+        # (holding every block it needs to start, it is queued ahead of requests that must allocate:
+        # Scheduler.add)
+        self.decode[d].submit(req)
 
     def _upstream_left(self) -> None:
         self._upstream -= 1

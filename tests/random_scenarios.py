@@ -15,7 +15,8 @@ disaggregated prefill/decode cluster. ``problems(raw)`` simulates it and lists w
   std ITL may differ in the last bits, as the README's Architecture section says);
 - ``iterations`` ``binned`` and ``off`` give the same summary and requests table as ``full``.
 
-``session_scenario(seed)`` puts multi-turn sessions on the scenario's engine and cluster (a
+``knobs_scenario(seed)`` turns rarer knobs (watermark, memory share, a disaggregated pool's own
+scheduler and KV, scraping routers). ``session_scenario(seed)`` puts multi-turn sessions on the scenario's engine and cluster (a
 disaggregated one too). ``trace_scenario(seed, folder)`` runs the same engines on a random trace file (csv, Azure,
 BurstGPT, Mooncake) with unsorted rows, tied times and zero lengths.
 
@@ -28,7 +29,8 @@ scheduling stalled its KV pulls; a decode instance's preempted request waited fo
 transferred requests queued behind it held; SGLang pools stopped admitting or pulled more than
 they could start; an Azure trace whose datetimes Python's isoformat wrote (some without
 fractions) was refused; sessions on a disaggregated cluster crashed when a one-token turn was
-answered in the prefill pool. ``tests/test_random_scenarios.py`` runs a fixed set of seeds (more with ``-m
+answered in the prefill pool; with async scheduling a transferred request reached the decode
+queue behind a preempted one. ``tests/test_random_scenarios.py`` runs a fixed set of seeds (more with ``-m
 slow``); ``python tests/random_scenarios.py --start 0 --count 300`` searches further and prints
 each failing scenario as JSON.
 """
@@ -206,6 +208,38 @@ def session_scenario(seed: int) -> dict[str, Any]:
     return raw
 
 
+# ---- rarer knobs --------------------------------------------------------------------------------------
+def knobs_scenario(seed: int) -> dict[str, Any]:
+    """``scenario(seed)`` with rarer knobs turned: what a preempted request finds of its KV, vLLM v0's
+    step order, the watermark, the memory share, a disaggregated pool's own scheduler, KV and
+    routers, the scraping routers and their refresh."""
+    rng = random.Random(seed + 99)
+    raw = scenario(seed)
+    sch, kv, cl = raw["scheduler"], raw["kv_cache"], raw.get("cluster", {})
+    if sch.get("type") in ("continuous", "chunked") and rng.random() < 0.5:
+        sch["cache_preempted_blocks"] = rng.choice(["all", "prompt", "none"])
+    if sch.get("type") == "continuous" and rng.random() < 0.5:
+        sch["schedule_order"] = rng.choice(["prefill_first", "decode_first"])
+    if rng.random() < 0.3:
+        kv["watermark"] = rng.choice([0.0, 0.05, 0.2])
+    if rng.random() < 0.2 and "num_blocks" not in kv:
+        kv["gpu_memory_utilization"] = rng.choice([0.3, 0.5, 0.95])
+    if "disagg" in cl and rng.random() < 0.6:
+        pool = rng.choice(["prefill", "decode"])
+        cl["disagg"][pool]["scheduler"] = rng.choice([
+            {"type": "chunked", "max_num_seqs": 4, "max_num_batched_tokens": 512},
+            {"preset": "vllm-v1", "async_scheduling": True},
+            {"type": "continuous", "max_num_seqs": 2, "max_num_batched_tokens": 4096, "preemption_mode": "swap"}])
+        if rng.random() < 0.5:
+            cl["disagg"][pool]["kv_cache"] = {"num_blocks": rng.choice([60, 300])}
+        cl["disagg"]["prefill_router"] = rng.choice(["round_robin", "least_outstanding", "least_kv_usage"])
+        cl["disagg"]["decode_router"] = rng.choice(["round_robin", "least_kv_usage", "kv_aware"])
+    elif cl.get("num_replicas", 1) > 1 and rng.random() < 0.5:
+        cl["router"] = rng.choice(["vllm_dp", "prefix_aware", "kv_aware"])
+        cl["router_refresh_s"] = rng.choice([0.0, 0.1, 1.0])
+    return raw
+
+
 # ---- trace workloads -------------------------------------------------------------------------------
 def trace_scenario(seed: int, folder: Path) -> dict[str, Any]:
     """``scenario(seed)``'s engine on a random trace written under ``folder``: csv, Azure (datetimes,
@@ -337,6 +371,7 @@ def main() -> int:
     ap.add_argument("--round-trip", action="store_true", help="check validate --against on its own runs instead")
     ap.add_argument("--traces", action="store_true", help="random trace workloads (csv, azure, burstgpt, mooncake)")
     ap.add_argument("--sessions", action="store_true", help="multi-turn sessions on every engine and cluster")
+    ap.add_argument("--knobs", action="store_true", help="rarer knobs (watermark, pools' own schedulers, routers)")
     args = ap.parse_args()
     tally: Counter[str] = Counter()
     for seed in range(args.start, args.start + args.count):
@@ -347,6 +382,8 @@ def main() -> int:
                 found = problems(trace_scenario(seed, Path(tempfile.mkdtemp())))
             elif args.sessions:
                 found = problems(session_scenario(seed))
+            elif args.knobs:
+                found = problems(knobs_scenario(seed))
             else:
                 found = problems(scenario(seed))
         except Exception:  # a crash is a finding: print it with the scenario
@@ -357,7 +394,8 @@ def main() -> int:
             print(f"seed {seed}: {'; '.join(found)}", flush=True)
             if not args.round_trip:
                 shown = (trace_scenario(seed, Path(tempfile.mkdtemp())) if args.traces
-                         else session_scenario(seed) if args.sessions else scenario(seed))
+                         else session_scenario(seed) if args.sessions
+                         else knobs_scenario(seed) if args.knobs else scenario(seed))
                 print(f"  {json.dumps(shown)}", flush=True)
     print(dict(tally))
     return 1 if tally["failed"] else 0

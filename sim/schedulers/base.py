@@ -130,7 +130,13 @@ class Scheduler:
             request.reject_reason = reason
             return False
         request.state = RequestState.WAITING
-        self.waiting.append(request)
+        if self.kv.holds(request):
+            # it arrives holding every block it needs to start (a disaggregated decode instance's
+            # transferred request): ahead of queued ones that must allocate, which could otherwise
+            # wait for its blocks (with async scheduling it reaches the queue after a preemption)
+            self.waiting.appendleft(request)
+        else:
+            self.waiting.append(request)
         return True
 
     def schedule(self, now: float) -> Batch:  # pragma: no cover - abstract
