@@ -83,8 +83,7 @@ class DisaggCluster(Cluster):
         self.num_transfers: dict[int, int] = {}
         self._upstream = 0  # requests not yet handed to a decode instance (prefill, held, pulled, in flight)
         self._upstream_done: simpy.Event | None = None  # made when the arrivals end and some remain
-        self._held_blocks = 0
-        self._held_on = [0] * len(prefill)  # of those, per prefill instance
+        self._held_on = [0] * len(prefill)  # blocks held for transfers, per prefill instance
         # per transfer: (request id, waited for decode KV s, on the link s incl. NIC queue, bytes)
         self.transfers: list[tuple[int, float, float, float]] = []
         # prefills whose prompt blocks are to be held once the copy's own come back (async scheduling)
@@ -166,7 +165,6 @@ class DisaggCluster(Cluster):
     def _hold(self, pull: _Pull) -> None:
         kv = self.prefill[pull.prefill].scheduler.kv
         if pull.holder is not None and kv.allocate(pull.holder, pull.req.prompt_len):
-            self._held_blocks += kv.num_blocks_of(pull.holder)
             self._held_on[pull.prefill] += kv.num_blocks_of(pull.holder)
         else:
             pull.holder = None  # shared prefix blocks stayed in use: nothing left to hold
@@ -202,7 +200,6 @@ class DisaggCluster(Cluster):
             yield env.timeout(self.cfg.link.transfer_seconds(nbytes, self.link_ranks))
         if pull.holder is not None:
             kv = self.prefill[pull.prefill].scheduler.kv
-            self._held_blocks -= kv.num_blocks_of(pull.holder)
             self._held_on[pull.prefill] -= kv.num_blocks_of(pull.holder)
             kv.free(pull.holder)
             self.prefill[pull.prefill].poke()  # a prefill waiting for blocks can start now
@@ -243,9 +240,10 @@ class DisaggCluster(Cluster):
                                      "transfers (expected 1 and 1)")
             if n_pre > 1 or n_xfer > 1:
                 raise AssertionError(f"request {req.request_id} prefilled {n_pre} or transferred {n_xfer} times")
-        if any(self._pulls) or any(self._pending_holds) or self._held_blocks or self._real or self._upstream:
+        held = sum(self._held_on)
+        if any(self._pulls) or any(self._pending_holds) or held or self._real or self._upstream:
             raise AssertionError(f"KV left between pools: {sum(map(len, self._pulls))} pulls queued, "
-                                 f"{self._held_blocks} blocks held, {self._upstream} requests upstream")
+                                 f"{held} blocks held, {self._upstream} requests upstream")
 
     def pool_summary(self, iterations: Any, makespan_s: float) -> dict[str, Any]:
         """Per pool: instances, busy share, mean queue, peak KV use; and the KV transfers."""

@@ -232,9 +232,16 @@ class Replica:
 
     def poke(self) -> None:
         """Blocks were freed outside the scheduler (a disaggregated KV transfer ended): look again."""
-        self.scheduler.blocks_returned()
         if not self._wakeup.triggered:
             self._wakeup.succeed()
+
+    def _release_finished(self) -> int:
+        """The scheduler gives back what finished requests held (async scheduling); ``on_released``
+        hears of it. Returns how many requests."""
+        released = self.scheduler.release_finished()
+        if released and self.on_released is not None:
+            self.on_released()
+        return released
 
     def _done(self, req: Request) -> None:
         self.recorder.on_request_done(req)
@@ -263,9 +270,7 @@ class Replica:
             if self._arrived and not sched.has_unfinished:  # nothing else to schedule: seen at once
                 self._flush_arrived()
             if not sched.has_unfinished:
-                # (async scheduling) the last step's outputs are processed
-                if sched.release_finished() and self.on_released is not None:
-                    self.on_released()
+                self._release_finished()  # (async scheduling) the last step's outputs are processed
                 if not self.arrivals_open:
                     return
                 yield self._wakeup
@@ -293,9 +298,7 @@ class Replica:
             batch = sched.schedule(env.now)
             # (async scheduling) the outputs of the step that just ended are processed after this
             # schedule: the requests it finished give their seats and blocks back now
-            released = sched.release_finished()
-            if released and self.on_released is not None:
-                self.on_released()
+            released = self._release_finished()
             if self._arrived:  # arrivals of the step that just ended, seen from the next schedule on
                 self._flush_arrived()
             if batch.is_empty:

@@ -301,6 +301,7 @@ def round_trip(seed: int, folder: Path | None = None) -> list[str] | None:
     the problems (empty: every TTFT and E2E reproduced); None when the run rejected a request (a
     measured run holds served requests only)."""
     from servesim.sim.cli import main as cli
+    from test_validate_against import write_run
 
     rng = random.Random(seed)
     hw, model, tp, profile = rng.choice(RT_SETUPS)
@@ -336,18 +337,11 @@ def round_trip(seed: int, folder: Path | None = None) -> list[str] | None:
              "scheduled_ts": 5000.0 + r.first_scheduled_time, "first_token_ts": 5000.0 + r.first_token_time,
              "last_token_ts": 5000.0 + r.finish_time} for r in df.itertuples()]
     folder = Path(folder or tempfile.mkdtemp())
-    run_dir = folder / "run"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    meta_kv: dict[str, Any] = {"block_size": 16, "enable_prefix_caching": caching, "num_gpu_blocks": int(res.kv.num_blocks)}
-    meta = {"model": RT_MODELS[model], "vllm_version": "0.19.0",
-            "engine_kwargs": {"model": RT_MODELS[model], "tensor_parallel_size": tp, "data_parallel_size": dp,
-                              "max_num_seqs": seats, "max_num_batched_tokens": budget, "max_model_len": None,
-                              "async_scheduling": asyn, "long_prefill_token_threshold": threshold},
-            "kv_cache": meta_kv}
-    (run_dir / "meta.json").write_text(json.dumps(meta))
-    (run_dir / "llmservingsim_config.json").write_text(json.dumps(
-        {"nodes": [{"instances": [{"hardware": RT_GPUS[hw], "tp_size": tp}]}]}))
-    (run_dir / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run_dir = write_run(folder / "run", rows, model=RT_MODELS[model], gpu=RT_GPUS[hw], tp=tp, meta_extra={
+        "engine_kwargs": {"model": RT_MODELS[model], "tensor_parallel_size": tp, "data_parallel_size": dp,
+                          "max_num_seqs": seats, "max_num_batched_tokens": budget, "max_model_len": None,
+                          "async_scheduling": asyn, "long_prefill_token_threshold": threshold},
+        "kv_cache": {"block_size": 16, "enable_prefix_caching": caching, "num_gpu_blocks": int(res.kv.num_blocks)}})
     argv = ["validate", "--against", str(run_dir), "--out", str(folder / "out"), "--no-plots", "--quiet"]
     if not profile:
         argv += ["--set", "cost_model.type=roofline"]

@@ -31,7 +31,7 @@ SHARED_RUNS = Path(__file__).resolve().parents[2] / "shared" / "data" / "gpu" / 
 
 
 def write_run(folder: Path, requests: list[dict], model: str = "meta-llama/Llama-3.1-8B", gpu: str = "RTXPRO6000",
-              meta_extra: dict | None = None) -> Path:
+              meta_extra: dict | None = None, tp: int = 1) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     meta = {"model": model, "vllm_version": "0.19.0",
             "engine_kwargs": {"model": model, "tensor_parallel_size": 1, "data_parallel_size": 1,
@@ -39,7 +39,7 @@ def write_run(folder: Path, requests: list[dict], model: str = "meta-llama/Llama
     meta.update(meta_extra or {})
     (folder / "meta.json").write_text(json.dumps(meta))
     (folder / "llmservingsim_config.json").write_text(json.dumps(
-        {"nodes": [{"instances": [{"hardware": gpu, "tp_size": 1}]}]}))
+        {"nodes": [{"instances": [{"hardware": gpu, "tp_size": tp}]}]}))
     (folder / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in requests))
     return folder
 

@@ -26,6 +26,7 @@ from ..batch import Batch
 from ..config_model import ConfigModel
 from ..kv_cache import BlockManager
 from ..request import Request, RequestState
+from .blocks import request_blocks_to_completion
 from .running import RunningTable, StepRows, _readonly
 
 PreemptionMode = Literal["recompute", "soft_reset", "swap"]
@@ -404,13 +405,8 @@ class Scheduler:
         past that held blocks that none of them could start without (a disaggregated decode
         instance: 16 of 60 requests stuck under static batching, found by a randomised search)."""
         kv = self.kv
-        queued = sum(max(kv.blocks_for(self.max_kv_tokens(w)) - kv.num_blocks_of(w), 0)
-                     for w in self.waiting if kv.holds(w))
-        return kv.blocks_for(self.max_kv_tokens(request)) + queued + reserved <= kv.num_free_blocks
-
-    def blocks_returned(self) -> None:
-        """KV blocks came back from outside this scheduler (a disaggregated prefill instance's held
-        prompt KV, sent): a policy that stopped trying admissions until a finish tries again."""
+        queued = sum(request_blocks_to_completion(kv, w) for w in self.waiting if kv.holds(w))
+        return request_blocks_to_completion(kv, request) + queued + reserved <= kv.num_free_blocks
 
     def release_finished(self) -> int:
         """Give back the seats and KV blocks of the requests held since they finished (async

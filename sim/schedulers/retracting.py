@@ -127,8 +127,9 @@ class RetractingScheduler(Scheduler):
     def schedule(self, now: float) -> Batch:
         if self.run.n == 0:
             self.new_token_ratio = self.init_ratio  # SGLang resets the estimate whenever it idles
-            # nothing runs, so no finish would clear NO_TOKEN (only a disaggregated decode instance,
-            # whose queued requests arrive holding their blocks, gets here with it set)
+            # nothing runs, so no finish would clear NO_TOKEN: a disaggregated prefill instance whose
+            # blocks were all held for transfers, or a decode instance whose queued requests arrive
+            # holding their blocks, got here with it set and never tried again
             self.batch_is_full = False
         rows, new = self._prefill_step(now)
         if not rows:
@@ -185,13 +186,11 @@ class RetractingScheduler(Scheduler):
                 break
             fresh, cached, computed = attach_cached_prefix(kv, req)
             extend = req.num_tokens - computed
-            # the outputs still to come, then clipped (add_one_req: max(max_new_tokens - len(output_ids),
-            # 0) before CLIP_MAX_NEW_TOKENS): a retracted request keeps what it generated
-            max_new = min(max(req.output_len - req.num_output_tokens, 0), CLIP_MAX_NEW_TOKENS)
+            max_new = _outputs_to_come(req)
             # a request queued holding its blocks (a disaggregated decode instance's transferred one;
             # SGLang reserves its room at the transfer) has their unused tokens besides the free ones:
             # without them one that nearly fills an idle instance was never admitted
-            slack = 0 if fresh else kv.num_blocks_of(req) * bs - computed
+            slack = 0 if fresh else self._unused_held_tokens(req)
             last = rem_chunk is None or extend <= rem_chunk
             tokens = extend if last else rem_chunk
             stop = extend + max_new >= rem_total + slack or (extend > rem_input and rows) or tokens <= 0
@@ -294,17 +293,19 @@ class RetractingScheduler(Scheduler):
         fit the free tokens beside the reserve of the running requests and the outputs still to come
         of those queued holding their blocks. Two pulled requests that each needed the other's
         blocks to start never started (26 of 100 requests stuck, found by a randomised search)."""
-        kv, bs = self.kv, self.block_size
-        queued = 0
-        for w in self.waiting:
-            if kv.holds(w):
-                left = min(max(w.output_len - w.num_output_tokens, 0), CLIP_MAX_NEW_TOKENS)
-                queued += max(left - (kv.num_blocks_of(w) * bs - w.num_computed_tokens), 0)
-        room = kv.num_free_blocks * bs - estimated_future_tokens(self.run, self.new_token_ratio, CLIP_MAX_NEW_TOKENS)
+        kv = self.kv
+        queued = sum(max(_outputs_to_come(w) - self._unused_held_tokens(w), 0) for w in self.waiting if kv.holds(w))
+        room = kv.num_free_blocks * self.block_size - estimated_future_tokens(self.run, self.new_token_ratio,
+                                                                            CLIP_MAX_NEW_TOKENS)
         need = request.prompt_len + 1 + min(max(request.output_len - 1, 0), CLIP_MAX_NEW_TOKENS)
         return need < room - queued
 
-    def blocks_returned(self) -> None:
-        # (a prefill instance whose blocks were all held for transfers set NO_TOKEN and, with
-        # nothing running to finish, never tried again: 259 of 300 requests stuck)
-        self.batch_is_full = False
+    def _unused_held_tokens(self, req: Request) -> int:
+        """Tokens of room in the blocks a queued request holds beyond what it has computed."""
+        return self.kv.num_blocks_of(req) * self.block_size - req.num_computed_tokens
+
+
+def _outputs_to_come(req: Request) -> int:
+    """A request's outputs still to come, clipped (``add_one_req``: ``max(max_new_tokens -
+    len(output_ids), 0)`` before CLIP_MAX_NEW_TOKENS): a retracted request keeps what it generated."""
+    return min(max(req.output_len - req.num_output_tokens, 0), CLIP_MAX_NEW_TOKENS)
