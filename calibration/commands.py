@@ -73,7 +73,7 @@ def default_profile_path(opts: CalibrateOptions) -> Path:
 
         tag = re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
     suffix = "" if opts.backend == "torch" and opts.device == "cpu" else f"-{opts.backend}"
-    return Path("calibration/profiles") / f"{tag}-{opts.model}{suffix}.json"
+    return Path("calibration/profiles") / f"{tag}-{get_model(opts.model).name}{suffix}.json"
 
 
 def _check(opts: CalibrateOptions) -> None:

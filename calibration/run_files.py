@@ -84,12 +84,14 @@ def model_preset(name: str) -> str | None:
 
 def unknown_model_message(where: str, name: str) -> str:
     return (f"{where}: model {name!r} has no servesim preset{did_you_mean(model_preset(name) or name, MODELS)}; "
-            f"give one with --set model=NAME ({', '.join(MODELS)})")
+            f"give one with --set model=NAME ({', '.join(MODELS)}) or --set model=PATH, the model's Hugging Face "
+            "config.json")
 
 
 def unknown_hardware_message(where: str, name: str | None) -> str:
     what = f"GPU {name!r} has no servesim hardware preset" if name else "the run does not name its GPU"
-    return f"{where}: {what}; give one with --set hardware=NAME ({', '.join(HARDWARE)})"
+    return (f"{where}: {what}; give one with --set hardware=NAME ({', '.join(HARDWARE)}) or --set hardware=PATH, "
+            "a hardware file of its figures")
 
 
 # ---- shared helpers -------------------------------------------------------------------------------

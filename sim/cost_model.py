@@ -97,7 +97,15 @@ from .batch import step_sums as _step_sums
 from .config_model import ConfigModel
 from .errors import PresetError, ProfileError
 from .layer_cost_model import GPU_PROFILE_FORMAT, LayerCostModel, whole_number
-from .presets import HardwareConfig, ModelConfig, get_hardware, get_model, hardware_preset, kv_heads_per_rank
+from .presets import (
+    MODELS,
+    HardwareConfig,
+    ModelConfig,
+    get_hardware,
+    get_model,
+    hardware_preset,
+    kv_heads_per_rank,
+)
 from .varlen_attention import FA2VarlenAttention
 
 PROFILE_FORMAT = "servesim-profile/2"
@@ -893,6 +901,17 @@ def reading_attention_shape(model: ModelConfig, hardware: HardwareConfig, tp: in
     return RooflineCostModel(model, dataclasses.replace(hardware, l2_bytes=math.inf), tp).attention_layer_s
 
 
+def same_shapes(preset: Any, model: ModelConfig) -> bool:
+    """Whether ``model``, read from a config.json rather than a preset, has every priced shape of the
+    preset named ``preset`` (a profile measured for that preset then prices it); False for a preset
+    ``model`` (two presets are two models) or a name that is no preset."""
+    theirs = MODELS.get(preset) if isinstance(preset, str) else None
+    if theirs is None or model.name in MODELS and MODELS[model.name] is model:
+        return False
+    return dataclasses.replace(theirs, name=model.name, rope_theta=model.rope_theta, rms_norm_eps=model.rms_norm_eps,
+                               max_position_embeddings=model.max_position_embeddings) == model
+
+
 def check_profile_matches(cost: Any, path: str | Path, model: ModelConfig, hardware: HardwareConfig,
                           tensor_parallel: int, block_size: int | None = None) -> None:
     """A profile measured for another model, hardware, TP degree or KV block size than the
@@ -915,6 +934,8 @@ def check_profile_matches(cost: Any, path: str | Path, model: ModelConfig, hardw
             raise ProfileError(f"profile {path} was measured on a CPU ({prov.get('cpu_model') or 'cpu'}) but the "
                                f"scenario runs {hardware.name!r}; use a profile measured on {hardware.name!r} or a "
                                "cpu hardware preset")
+        if key == "model" and value is not None and value != ours[key] and same_shapes(value, model):
+            continue  # a config.json model (sim/hf_config.py) with the shapes of the profile's preset
         if value is not None and value != ours[key]:
             raise ProfileError(f"profile {path} is for {key} {value!r} but the scenario runs {ours[key]!r}; "
                                f"use a profile for {ours[key]!r} or change the scenario's {key}")

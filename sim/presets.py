@@ -11,11 +11,14 @@ timings and cited next to ``HARDWARE``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
 
 from .errors import PresetError
+from .hardware_file import hardware_fields, is_hardware_file
+from .hf_config import is_config_path, model_fields
 from .hints import did_you_mean
 
 GiB = 1024**3
@@ -110,6 +113,9 @@ MODELS: dict[str, ModelConfig] = {
     # huggingface.co/meta-llama/Llama-3.2-1B/blob/main/config.json: 1.236 B params, tied lm head.
     "llama-3.2-1b": _llama("llama-3.2-1b", 16, 2048, 32, 8, 8192, head_dim=64, tie_word_embeddings=True,
                            max_position_embeddings=131072),
+    # huggingface.co/meta-llama/Llama-3.2-3B/blob/main/config.json: 3.213 B params, tied lm head.
+    "llama-3.2-3b": _llama("llama-3.2-3b", 28, 3072, 24, 8, 8192, head_dim=128, tie_word_embeddings=True,
+                           max_position_embeddings=131072),
     # huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json: 8.030 B params.
     "llama-3.1-8b": _llama("llama-3.1-8b", 32, 4096, 32, 8, 14336, max_position_embeddings=131072),
     # huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json: as 3.1-8B (8.030 B params),
@@ -131,6 +137,9 @@ MODELS: dict[str, ModelConfig] = {
     # heads (q width 8192 > hidden 5120), q/k RMSNorm, no qkv bias, untied lm head.
     "qwen3-32b": _llama("qwen3-32b", 64, 5120, 64, 8, 25600, head_dim=128, vocab_size=151936,
                         rope_theta=1e6, rms_norm_eps=1e-6, qk_norm=True, max_position_embeddings=40960),
+    # huggingface.co/Qwen/Qwen3-8B/blob/main/config.json: 8.191 B params; q/k RMSNorm, untied lm head.
+    "qwen3-8b": _llama("qwen3-8b", 36, 4096, 32, 8, 12288, head_dim=128, vocab_size=151936, rope_theta=1e6,
+                       rms_norm_eps=1e-6, qk_norm=True, max_position_embeddings=40960),
     # Live mode on the 2-core CPU: small enough for ~100 tokens/s in fp32 PyTorch.
     "tiny": ModelConfig("tiny", num_layers=4, hidden_size=256, num_heads=8, num_kv_heads=2, head_dim=32,
                         intermediate_size=768, vocab_size=4096, tie_word_embeddings=False,
@@ -363,13 +372,41 @@ def _lookup(table: dict, name: str, what: str):
 
 
 def get_model(name: str) -> ModelConfig:
-    """The model preset called ``name``; ``PresetError`` lists the names if there is none."""
+    """The model preset called ``name``, or the model of the Hugging Face ``config.json`` a path
+    names (``sim/hf_config.py``); ``PresetError`` lists the names if it is neither."""
+    if isinstance(name, str) and name not in MODELS:
+        if is_config_path(name):
+            return ModelConfig(**model_fields(name))
+        raise PresetError(f"unknown model {name!r}{did_you_mean(name, MODELS)}; choose one of: "
+                          f"{', '.join(sorted(MODELS))}, or give the path of a Hugging Face config.json")
     return _lookup(MODELS, name, "model")
 
 
+def _field_kinds(cls: type) -> dict[str, tuple[str, bool]]:
+    """(``float`` / ``int`` / ``str``, None allowed) of each field of a config dataclass."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        text = str(f.type)
+        out[f.name] = (next(t for t in ("float", "int", "str") if t in text), "None" in text)
+    return out
+
+
+HARDWARE_FIELDS = _field_kinds(HardwareConfig)
+
+
 def get_hardware(name: str) -> HardwareConfig:
-    """The hardware preset called ``name``; ``PresetError`` lists the names if there is none."""
+    """The hardware preset called ``name``, or the GPU a hardware file at that path describes
+    (``sim/hardware_file.py``); ``PresetError`` lists the names if it is neither."""
+    if isinstance(name, str) and name not in HARDWARE:
+        if is_hardware_file(name):
+            return _hardware_from_file(name)
+        raise PresetError(f"unknown hardware {name!r}{did_you_mean(name, HARDWARE)}; choose one of: "
+                          f"{', '.join(sorted(HARDWARE))}, or give the path of a hardware file (.yaml)")
     return _lookup(HARDWARE, name, "hardware")
+
+
+def _hardware_from_file(name: str) -> HardwareConfig:
+    return HardwareConfig(**hardware_fields(name, HARDWARE_FIELDS, HARDWARE))
 
 
 def kv_heads_per_rank(model: ModelConfig, tensor_parallel: int) -> int:

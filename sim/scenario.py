@@ -28,7 +28,9 @@ from .engine_presets import (
     scheduler_section,
 )
 from .engine_presets.vllm_v1 import vllm_batch_defaults
-from .errors import ScenarioError, not_a_file
+from .errors import PresetError, ScenarioError, not_a_file
+from .hardware_file import is_hardware_file
+from .hf_config import is_config_path
 from .hints import did_you_mean
 from .host_memory import (
     BLOCK_BYTES,
@@ -113,9 +115,16 @@ class Scenario(ConfigModel):
     @field_validator("model")
     @classmethod
     def _known_model(cls, v: str) -> str:
-        if v not in MODELS:
-            raise ValueError(f"unknown model preset '{v}'{did_you_mean(v, MODELS)}; allowed: {', '.join(MODELS)}")
-        return v
+        if v in MODELS:
+            return v
+        if not is_config_path(v):
+            raise ValueError(f"unknown model preset '{v}'{did_you_mean(v, MODELS)}; allowed: {', '.join(MODELS)}, "
+                             "or the path of a Hugging Face config.json")
+        try:
+            get_model(v)
+        except PresetError as e:
+            raise ValueError(str(e)) from None
+        return str(Path(v).expanduser().absolute())  # a run folder's scenario.yaml then runs from anywhere
 
     @field_validator("name")
     @classmethod
@@ -129,10 +138,16 @@ class Scenario(ConfigModel):
     @field_validator("hardware")
     @classmethod
     def _known_hardware(cls, v: str) -> str:
-        if v not in HARDWARE:
+        if v in HARDWARE:
+            return v
+        if not is_hardware_file(v):
             raise ValueError(f"unknown hardware preset '{v}'{did_you_mean(v, HARDWARE)}; allowed: "
-                             f"{', '.join(HARDWARE)}")
-        return v
+                             f"{', '.join(HARDWARE)}, or the path of a hardware file (.yaml)")
+        try:
+            get_hardware(v)
+        except PresetError as e:
+            raise ValueError(str(e)) from None
+        return str(Path(v).expanduser().absolute())
 
     @model_validator(mode="before")
     @classmethod
@@ -373,6 +388,13 @@ def read_scenario_file(path: str | Path, overrides: list[str] | None = None) -> 
         raise ScenarioError(f"{p}: a scenario is a mapping of fields (name, model, scheduler, workload, ...)")
     for item in overrides or []:
         apply_override(raw, item)
+    # a model config or hardware file is relative to the scenario file too (else to the working directory)
+    for key, presets, is_path in (("model", MODELS, is_config_path), ("hardware", HARDWARE, is_hardware_file)):
+        value = raw.get(key)
+        if isinstance(value, str) and value not in presets and is_path(value):
+            here = Path(value).expanduser()
+            if not here.is_absolute() and (p.parent / here).exists():
+                raw[key] = str(p.parent / here)
     return raw
 
 

@@ -269,6 +269,41 @@ def _data_files(b: _Builder) -> None:
         b.scenario("bad_data_file", QUICKSTART, ["cost_model.type=profile", f"cost_model.path={path}"], (name,))
     b.scenario("bad_data_file", QUICKSTART, ["cost_model.type=profile", f"cost_model.path={b.tmp / 'nope.json'}"],
                ("nope.json",))
+    # a model's Hugging Face config.json (sim/hf_config.py): broken, or a model servesim cannot price
+    llama = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+             "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256}
+    configs = {
+        "config-not-json.json": (b'{"model_type": "llama",', ("config-not-json.json", "not valid JSON")),
+        "config-utf16.json": (json.dumps(llama).encode("utf-16"), ("config-utf16.json", "UTF-8")),
+        "config-list.json": (b"[1]", ("config-list.json", "JSON object")),
+        "config-moe.json": (json.dumps({**llama, "model_type": "mixtral", "num_local_experts": 8}).encode(),
+                            ("config-moe.json", "mixture-of-experts")),
+        "config-gemma.json": (json.dumps({**llama, "model_type": "gemma2"}).encode(), ("config-gemma.json", "gemma2")),
+        "config-no-layers.json": (json.dumps({k: v for k, v in llama.items() if k != "num_hidden_layers"}).encode(),
+                                  ("config-no-layers.json", "num_hidden_layers")),
+        "config-text-width.json": (json.dumps({**llama, "hidden_size": "4096"}).encode(), ("hidden_size",)),
+        "config-awq.json": (json.dumps({**llama, "quantization_config": {"quant_method": "awq"}}).encode(),
+                            ("quantised",)),
+    }
+    for name, (data, names) in configs.items():
+        b.scenario("bad_data_file", QUICKSTART, [f"model={b.file(name, data)}"], names)
+    b.scenario("bad_data_file", QUICKSTART, [f"model={folder}"], ("trace-folder", "config.json"))
+    # a hardware file (sim/hardware_file.py): broken, or a figure of the wrong kind
+    gpus = {
+        "gpu-not-yaml.yaml": (b"base: [l40s\n", ("gpu-not-yaml.yaml", "not valid YAML")),
+        "gpu-list.yaml": (b"- l40s\n", ("gpu-list.yaml", "mapping")),
+        "gpu-binary.yaml": (b"\xff\xfe\x00base", ("gpu-binary.yaml", "UTF-8")),
+        "gpu-no-peaks.yaml": (b"hbm_bandwidth: 300 GB/s\n", ("gpu-no-peaks.yaml", "peak_flops", "missing")),
+        "gpu-bad-base.yaml": (b"base: h101\n", ("gpu-bad-base.yaml", "base", "h100-sxm")),
+        "gpu-typo.yaml": (b"base: l40s\npeak_flop: 1e14\n", ("gpu-typo.yaml", "peak_flop", "peak_flops")),
+        "gpu-wrong-unit.yaml": (b"base: l40s\nmemory_bytes: 48 TFLOPS\n", ("memory_bytes", "flop/s")),
+        "gpu-negative.yaml": (b"base: l40s\nhbm_bandwidth: -3\n", ("hbm_bandwidth", "> 0")),
+        "gpu-fraction.yaml": (b"base: l40s\ngemm_flops_fraction: 75\n", ("gemm_flops_fraction", "(0, 2]")),
+        "gpu-text.yaml": (b"base: l40s\npeak_flops: fast\n", ("peak_flops", "number")),
+    }
+    for name, (data, names) in gpus.items():
+        b.scenario("bad_data_file", QUICKSTART, [f"hardware={b.file(name, data)}"], names)
+    b.scenario("bad_data_file", QUICKSTART, [f"hardware={b.tmp / 'no-gpu.yaml'}"], ("no-gpu.yaml", "no such file"))
 
 
 def _set_syntax(b: _Builder) -> None:

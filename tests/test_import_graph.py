@@ -15,7 +15,7 @@ PACKAGES = {"sim": "servesim.sim", "kernels": "servesim.kernels", "calibration":
 
 # Lowest first. A name covers the module and everything under it.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("core types", ["sim", "sim.request", "sim.prefix_keys", "sim.errors", "sim.outputs", "sim.hints", "sim.presets", "sim.config_model", "sim.host_memory", "kernels", "calibration"]),
+    ("core types", ["sim", "sim.request", "sim.prefix_keys", "sim.errors", "sim.outputs", "sim.hints", "sim.hf_config", "sim.hardware_file", "sim.presets", "sim.config_model", "sim.host_memory", "kernels", "calibration"]),
     ("KV cache, batch, workload", ["sim.kv_cache", "sim.batch", "sim.workload", "sim.sessions", "sim.mooncake",
                                    "sim.disagg_config"]),
     ("policies, cost model, metrics, kernels", ["sim.schedulers", "sim.allreduce", "sim.cost_model", "sim.varlen_attention",

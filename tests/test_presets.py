@@ -19,6 +19,10 @@ from servesim.sim.presets import (
 @pytest.mark.parametrize("name, published", [
     # Parameter counts from the models' safetensors metadata on Hugging Face.
     ("llama-3.2-1b", 1_235_814_400),
+    ("llama-3.2-3b", 3_212_749_824),
+    # Qwen3-8B's model card: 8.2 B parameters, 6.95 B without the two embedding tables (both agree
+    # with this count from its config's shapes).
+    ("qwen3-8b", 8_190_735_360),
     ("llama-3.1-8b", 8_030_261_248),
     ("llama-3.1-70b", 70_553_706_496),
     ("mistral-7b", 7_248_023_552),

@@ -317,10 +317,32 @@ def test_an_unknown_model_asks_for_a_preset_and_set_model_supplies_it(tmp_path):
     assert "has no preset; llama-3.1-8b used" in out
 
 
+def test_a_model_without_a_preset_is_read_from_its_config_json(tmp_path):
+    config = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22,
+              "num_attention_heads": 32, "num_key_value_heads": 4, "vocab_size": 32000,
+              "max_position_embeddings": 2048}
+    (tmp_path / "TinyLlama-1.1B").mkdir()
+    (tmp_path / "TinyLlama-1.1B" / "config.json").write_text(json.dumps(config))
+    folder = write_run(tmp_path / "run", isolated_requests(), model="TinyLlama/TinyLlama-1.1B")
+    code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots")
+    assert code == 2 and "--set model=PATH" in err and "config.json" in err
+    code, out, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots",
+                             "--quiet", "--set", f"model={tmp_path / 'TinyLlama-1.1B'}", *CONSTANT)
+    assert code == 0, err
+    assert "has no preset;" in out and "(its config.json names it tinyllama-1.1b) used" in out
+    # vLLM served a local checkout that is on this machine too: its config.json is read without a --set
+    local = write_run(tmp_path / "local", isolated_requests(), model=str(tmp_path / "TinyLlama-1.1B"))
+    code, out, err = run_cli("validate", "--against", str(local), "--out", str(tmp_path / "o2"), "--no-plots",
+                             "--quiet", *CONSTANT)
+    assert code == 0, err
+    assert json.loads((tmp_path / "o2" / "validation.json").read_text())["provenance"]["model"] == \
+        str(tmp_path / "TinyLlama-1.1B")
+
+
 def test_an_unknown_gpu_needs_hardware_and_a_scenario_can_supply_it(tmp_path):
     folder = write_run(tmp_path / "run", isolated_requests(), gpu="TPUv5e")
     code, _, err = run_cli("validate", "--against", str(folder), "--out", str(tmp_path / "o"), "--no-plots")
-    assert code == 2 and "GPU 'TPUv5e' has no servesim hardware preset" in err
+    assert code == 2 and "GPU 'TPUv5e' has no servesim hardware preset" in err and "--set hardware=PATH" in err
     scenario = tmp_path / "hw.yaml"
     scenario.write_text(yaml.safe_dump({"hardware": "h100-sxm", "workload": {"num_requests": 1, "arrival": {
         "process": "poisson", "rate": 1}, "prompt_len": 1, "output_len": 1},
@@ -329,6 +351,15 @@ def test_an_unknown_gpu_needs_hardware_and_a_scenario_can_supply_it(tmp_path):
                            "--no-plots", "--quiet")
     assert code == 0, err
     assert json.loads((tmp_path / "o" / "validation.json").read_text())["provenance"]["hardware"] == "h100-sxm"
+    # or a hardware file, relative to the scenario that names it
+    (tmp_path / "gpus").mkdir()
+    (tmp_path / "gpus" / "tpu.yaml").write_text("peak_flops: 197 TFLOPS\nhbm_bandwidth: 819 GB/s\nmemory_bytes: 32 GiB\n")
+    scenario.write_text(yaml.safe_dump({**yaml.safe_load(scenario.read_text()), "hardware": "gpus/tpu.yaml"}))
+    code, _, err = run_cli("validate", str(scenario), "--against", str(folder), "--out", str(tmp_path / "o"),
+                           "--no-plots", "--quiet")
+    assert code == 0, err
+    assert json.loads((tmp_path / "o" / "validation.json").read_text())["provenance"]["hardware"] == \
+        str(tmp_path / "gpus" / "tpu.yaml")
 
 
 def test_validate_needs_a_scenario_or_a_run(tmp_path):

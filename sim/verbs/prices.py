@@ -15,7 +15,7 @@ import yaml
 
 from ..errors import ScenarioError
 from ..hints import did_you_mean
-from ..presets import HARDWARE
+from ..presets import HARDWARE, get_hardware
 
 
 def default_prices() -> dict[str, float]:
@@ -68,8 +68,13 @@ def _price(name: str, value: object, where: str) -> float:
 def prices_for(hardware: Iterable[str], overrides: Mapping[str, float]) -> dict[str, float]:
     """The price of each hardware the search will use; a missing one is a one-line error."""
     table = {**default_prices(), **overrides}
+    for h in hardware:  # a hardware file's own price_per_gpu_hour (sim/hardware_file.py)
+        if h not in table and h not in HARDWARE and (price := get_hardware(h).price_per_gpu_hour) is not None:
+            table[h] = price
     missing = sorted({h for h in hardware if h not in table})
     if missing:
+        if missing[0] not in HARDWARE:
+            raise ScenarioError(f"no $/GPU-hour for {missing[0]}: give its price_per_gpu_hour in that hardware file")
         raise ScenarioError(f"no $/GPU-hour for {', '.join(missing)}: give one with --gpu-cost "
                             f"{missing[0]}=PRICE (or a YAML file of hardware: price)")
     return {h: table[h] for h in hardware}
