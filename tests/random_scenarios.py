@@ -13,7 +13,9 @@ disaggregated prefill/decode cluster. ``problems(raw)`` simulates it and lists w
 - the same seed gives the same ``summary.json``;
 - the plain loop (no fast-forward, Python engine) gives the same summary (several replicas: mean and
   std ITL may differ in the last bits, as the README's Architecture section says);
-- ``iterations`` ``binned`` and ``off`` give the same summary and requests table as ``full``.
+- ``iterations`` ``binned`` and ``off`` give the same summary and requests table as ``full``;
+- the model as a Hugging Face config.json (under another name) and the GPU as a hardware file of
+  ``base: PRESET`` give the same requests table and summary as the presets.
 
 ``knobs_scenario(seed)`` turns rarer knobs (watermark, memory share, a disaggregated pool's own
 scheduler and KV, scraping routers). ``session_scenario(seed)`` puts multi-turn sessions on the scenario's engine and cluster (a
@@ -188,7 +190,53 @@ def problems(raw: dict[str, Any]) -> list[str] | None:
                 out.append(f"iterations={mode}: summary differs in {sorted(_differing(first.summary, other.summary))[:6]}")
             if not other.requests_df.equals(df):
                 out.append(f"iterations={mode}: the requests table differs")
+    if (copied := _as_files(raw)) is not None:  # the model and GPU as files (config.json, base: preset)
+        with copied as files:
+            twin = simulate(scenario_from_dict(files), progress=False)
+        if _summary_json({**twin.summary, **SAME}) != _summary_json({**first.summary, **SAME}) or \
+                not twin.requests_df.equals(df):
+            out.append(f"the model and GPU as files simulate otherwise, in "
+                       f"{sorted(_differing(first.summary, twin.summary))[:6]}")
     return out
+
+
+SAME = {"model": None, "hardware": None}  # summary keys that name the model and GPU as given
+
+
+class _Files:
+    """``raw`` with its model written as a Hugging Face config.json (named otherwise, the preset's
+    shapes) and its GPU as a hardware file of ``base: PRESET``, in a folder that lives as long as
+    the ``with``."""
+
+    def __init__(self, raw: dict[str, Any], model: Any) -> None:
+        self.raw, self.model = raw, model
+
+    def __enter__(self) -> dict[str, Any]:
+        self._dir = tempfile.TemporaryDirectory()
+        folder = Path(self._dir.name)
+        m = self.model
+        kind = "qwen3" if m.qk_norm else "qwen2" if m.qkv_bias else "llama"
+        config = {"_name_or_path": f"copies/{m.name}-copy", "model_type": kind, "hidden_size": m.hidden_size,
+                  "intermediate_size": m.intermediate_size, "num_hidden_layers": m.num_layers,
+                  "num_attention_heads": m.num_heads, "num_key_value_heads": m.num_kv_heads, "head_dim": m.head_dim,
+                  "vocab_size": m.vocab_size, "tie_word_embeddings": m.tie_word_embeddings, "rope_theta": m.rope_theta,
+                  "rms_norm_eps": m.rms_norm_eps, "max_position_embeddings": m.max_position_embeddings}
+        (folder / "config.json").write_text(json.dumps(config))
+        hw = self.raw.get("hardware", "h100-sxm")
+        (folder / f"{hw}.yaml").write_text(f"base: {hw}\n")  # the preset's name: vLLM's defaults read it
+        return {**json.loads(json.dumps(self.raw)), "model": str(folder / "config.json"),
+                "hardware": str(folder / f"{hw}.yaml")}
+
+    def __exit__(self, *exc: Any) -> None:
+        self._dir.cleanup()
+
+
+def _as_files(raw: dict[str, Any]) -> _Files | None:
+    """The files twin of ``raw``, or None for a model 16-bit weights cannot copy (``tiny``, fp32)."""
+    from servesim.sim.presets import get_model
+
+    model = get_model(raw.get("model", "llama-3.1-8b"))
+    return None if model.dtype_bytes != 2 else _Files(raw, model)
 
 
 # ---- multi-turn sessions on every engine and cluster ------------------------------------------------
