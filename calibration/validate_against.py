@@ -55,9 +55,9 @@ from servesim.calibration.validate import (
 from servesim.sim.cost_model import ProfileError, build_cost_model, read_profile_json, resolve_profile_path
 from servesim.sim.engine_presets.vllm_v1 import vllm_batch_defaults
 from servesim.sim.errors import PresetError, ScenarioError
-from servesim.sim.hf_config import is_config_path
+from servesim.sim.hf_config import config_file
 from servesim.sim.metrics import summarize, to_json
-from servesim.sim.presets import HARDWARE, MODELS, get_hardware, get_model, kv_block_bytes, num_kv_blocks
+from servesim.sim.presets import HARDWARE, get_hardware, get_model, kv_block_bytes, num_kv_blocks
 from servesim.sim.scenario import (
     Scenario,
     apply_override,
@@ -118,6 +118,15 @@ def async_by_default(vllm_version: str | None) -> bool:
     """
     m = re.match(r"^v?(\d+)\.(\d+)", str(vllm_version or ""))
     return m is not None and (int(m[1]), int(m[2])) >= ASYNC_DEFAULT_SINCE
+
+
+def local_config(path: str) -> bool:
+    """Whether ``path`` is a model checkout (or its config.json) on this machine."""
+    try:
+        config_file(path)
+    except PresetError:
+        return False
+    return True
 
 
 def shipped_profile(model: str, hardware: str, tensor_parallel: int) -> str | None:
@@ -196,15 +205,10 @@ def scenario_dict(run: MeasuredRun, base: dict[str, Any] | None = None, profile:
                                 "the engine as it ran, so leave it out (for a what-if: servesim run OUT/sim/scenario.yaml "
                                 f"--set {key}=...)")
     where = str(run.path)
-    if raw.get("model") is None and is_config_path(run.model_source) and \
-            (Path(run.model_source).expanduser() / "config.json").is_file():
+    if raw.get("model") is None and local_config(run.model_source):
         raw["model"] = run.model_source  # vLLM served a local checkout that is here too: its config.json
     if raw.get("model") is None:
         raise RunFileError(unknown_model_message(where, run.model_source))
-    if run.model is None:
-        named = f" (its config.json names it {get_model(raw['model']).name})" if isinstance(raw["model"], str) \
-            and raw["model"] not in MODELS and is_config_path(raw["model"]) else ""
-        notes.append(f"model: the run's {run.model_source!r} has no preset; {raw['model']}{named} used")
     if raw.get("hardware") is None and run.hardware_source is None and (hw := profile_hardware(profile)):
         raw["hardware"] = hw  # the GPU the profile was measured on, for a run that names none
         notes.append(f"hardware: the run does not name its GPU; {hw}, the profile's, used (--set hardware=NAME "
@@ -218,6 +222,10 @@ def scenario_dict(run: MeasuredRun, base: dict[str, Any] | None = None, profile:
     sc = scenario_from_dict(raw, source=source)
     if why := sc.scheduler.batch_refusal():  # a run vLLM could not have served, or a --set that makes one
         raise RunFileError(f"{where}: {why.replace('this server', 'the engine the run and --set describe')}")
+    if run.model is None:
+        named = get_model(sc.model).name
+        notes.append(f"model: the run's {run.model_source!r} has no preset; {sc.model}"
+                     f"{f' (its config.json names it {named})' if named != sc.model else ''} used")
     if "cost_model" not in raw:
         shipped = shipped_profile(get_model(sc.model).name, get_hardware(sc.hardware).name, sc.tensor_parallel)
         if shipped is not None:

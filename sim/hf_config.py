@@ -96,9 +96,7 @@ def _model_name(cfg: dict[str, Any], path: Path) -> str:
 
 
 def _whole(cfg: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
-    value = cfg.get(key, default)
-    if value is None and default is not None:
-        value = default
+    value = default if cfg.get(key) is None else cfg[key]
     if value is None:
         raise PresetError(f"{where}: field {key!r} is missing (a Llama-style config.json has it)")
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
@@ -108,18 +106,14 @@ def _whole(cfg: dict[str, Any], key: str, where: str, default: int | None = None
 
 
 def _positive(cfg: dict[str, Any], key: str, where: str, default: float) -> float:
-    value = cfg.get(key, default)
-    if value is None:
-        value = default
+    value = default if cfg.get(key) is None else cfg[key]
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
         raise PresetError(f"{where}: field {key!r} is {value!r}; it must be a number > 0")
     return float(value)
 
 
 def _flag(cfg: dict[str, Any], key: str, where: str, default: bool) -> bool:
-    value = cfg.get(key, default)
-    if value is None:
-        return default
+    value = default if cfg.get(key) is None else cfg[key]
     if not isinstance(value, bool):
         raise PresetError(f"{where}: field {key!r} is {value!r}; it must be true or false")
     return value

@@ -363,23 +363,21 @@ HARDWARE: dict[str, HardwareConfig] = {
 }
 
 
-def _lookup(table: dict, name: str, what: str):
+def _lookup(table: dict, name: str, what: str, other: str = ""):
+    """``table[name]``; else a ``PresetError`` listing the names (and ``other``: what else ``name`` may be)."""
     try:
         return table[name]
     except (KeyError, TypeError):
         raise PresetError(f"unknown {what} {name!r}{did_you_mean(name, table)}; choose one of: "
-                          f"{', '.join(sorted(table))}") from None
+                          f"{', '.join(sorted(table))}{other}") from None
 
 
 def get_model(name: str) -> ModelConfig:
     """The model preset called ``name``, or the model of the Hugging Face ``config.json`` a path
     names (``sim/hf_config.py``); ``PresetError`` lists the names if it is neither."""
-    if isinstance(name, str) and name not in MODELS:
-        if is_config_path(name):
-            return ModelConfig(**model_fields(name))
-        raise PresetError(f"unknown model {name!r}{did_you_mean(name, MODELS)}; choose one of: "
-                          f"{', '.join(sorted(MODELS))}, or give the path of a Hugging Face config.json")
-    return _lookup(MODELS, name, "model")
+    if isinstance(name, str) and name not in MODELS and is_config_path(name):
+        return ModelConfig(**model_fields(name))
+    return _lookup(MODELS, name, "model", ", or give the path of a Hugging Face config.json")
 
 
 def _field_kinds(cls: type) -> dict[str, tuple[str, bool]]:
@@ -397,16 +395,9 @@ HARDWARE_FIELDS = _field_kinds(HardwareConfig)
 def get_hardware(name: str) -> HardwareConfig:
     """The hardware preset called ``name``, or the GPU a hardware file at that path describes
     (``sim/hardware_file.py``); ``PresetError`` lists the names if it is neither."""
-    if isinstance(name, str) and name not in HARDWARE:
-        if is_hardware_file(name):
-            return _hardware_from_file(name)
-        raise PresetError(f"unknown hardware {name!r}{did_you_mean(name, HARDWARE)}; choose one of: "
-                          f"{', '.join(sorted(HARDWARE))}, or give the path of a hardware file (.yaml)")
-    return _lookup(HARDWARE, name, "hardware")
-
-
-def _hardware_from_file(name: str) -> HardwareConfig:
-    return HardwareConfig(**hardware_fields(name, HARDWARE_FIELDS, HARDWARE))
+    if isinstance(name, str) and name not in HARDWARE and is_hardware_file(name):
+        return HardwareConfig(**hardware_fields(name, HARDWARE_FIELDS, HARDWARE))
+    return _lookup(HARDWARE, name, "hardware", ", or give the path of a hardware file (.yaml)")
 
 
 def kv_heads_per_rank(model: ModelConfig, tensor_parallel: int) -> int:

@@ -46,12 +46,15 @@ import sys
 import tempfile
 import traceback
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from servesim.sim.errors import ScenarioError
+from servesim.sim.presets import get_model
 from servesim.sim.scenario import scenario_from_dict
 from servesim.sim.simulate import simulate
 
@@ -190,8 +193,8 @@ def problems(raw: dict[str, Any]) -> list[str] | None:
                 out.append(f"iterations={mode}: summary differs in {sorted(_differing(first.summary, other.summary))[:6]}")
             if not other.requests_df.equals(df):
                 out.append(f"iterations={mode}: the requests table differs")
-    if (copied := _as_files(raw)) is not None:  # the model and GPU as files (config.json, base: preset)
-        with copied as files:
+    if _copyable(raw):  # the model and GPU as files (config.json, base: preset)
+        with _as_files(raw) as files:
             twin = simulate(scenario_from_dict(files), progress=False)
         if _summary_json({**twin.summary, **SAME}) != _summary_json({**first.summary, **SAME}) or \
                 not twin.requests_df.equals(df):
@@ -203,18 +206,20 @@ def problems(raw: dict[str, Any]) -> list[str] | None:
 SAME = {"model": None, "hardware": None}  # summary keys that name the model and GPU as given
 
 
-class _Files:
+def _copyable(raw: dict[str, Any]) -> bool:
+    """Whether a config.json can copy the model: not one of 4-byte weights (``tiny``, fp32)."""
+    return get_model(raw.get("model", "llama-3.1-8b")).dtype_bytes == 2
+
+
+@contextmanager
+def _as_files(raw: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """``raw`` with its model written as a Hugging Face config.json (named otherwise, the preset's
     shapes) and its GPU as a hardware file of ``base: PRESET``, in a folder that lives as long as
     the ``with``."""
-
-    def __init__(self, raw: dict[str, Any], model: Any) -> None:
-        self.raw, self.model = raw, model
-
-    def __enter__(self) -> dict[str, Any]:
-        self._dir = tempfile.TemporaryDirectory()
-        folder = Path(self._dir.name)
-        m = self.model
+    m = get_model(raw.get("model", "llama-3.1-8b"))
+    hw = raw.get("hardware", "h100-sxm")
+    with tempfile.TemporaryDirectory() as name:
+        folder = Path(name)
         kind = "qwen3" if m.qk_norm else "qwen2" if m.qkv_bias else "llama"
         config = {"_name_or_path": f"copies/{m.name}-copy", "model_type": kind, "hidden_size": m.hidden_size,
                   "intermediate_size": m.intermediate_size, "num_hidden_layers": m.num_layers,
@@ -222,21 +227,8 @@ class _Files:
                   "vocab_size": m.vocab_size, "tie_word_embeddings": m.tie_word_embeddings, "rope_theta": m.rope_theta,
                   "rms_norm_eps": m.rms_norm_eps, "max_position_embeddings": m.max_position_embeddings}
         (folder / "config.json").write_text(json.dumps(config))
-        hw = self.raw.get("hardware", "h100-sxm")
         (folder / f"{hw}.yaml").write_text(f"base: {hw}\n")  # the preset's name: vLLM's defaults read it
-        return {**json.loads(json.dumps(self.raw)), "model": str(folder / "config.json"),
-                "hardware": str(folder / f"{hw}.yaml")}
-
-    def __exit__(self, *exc: Any) -> None:
-        self._dir.cleanup()
-
-
-def _as_files(raw: dict[str, Any]) -> _Files | None:
-    """The files twin of ``raw``, or None for a model 16-bit weights cannot copy (``tiny``, fp32)."""
-    from servesim.sim.presets import get_model
-
-    model = get_model(raw.get("model", "llama-3.1-8b"))
-    return None if model.dtype_bytes != 2 else _Files(raw, model)
+        yield {**json.loads(json.dumps(raw)), "model": str(folder / "config.json"), "hardware": str(folder / f"{hw}.yaml")}
 
 
 # ---- multi-turn sessions on every engine and cluster ------------------------------------------------
