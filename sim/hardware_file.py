@@ -22,18 +22,15 @@ fraction outside (0, 2] is a one-line ``PresetError`` naming the file and the fi
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .errors import PresetError
 from .hints import did_you_mean
+from .mapping_file import cached_on_file, read_mapping
 
 SUFFIXES = (".yaml", ".yml", ".json")
 _BYTES = {"b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
@@ -72,8 +69,7 @@ def hardware_fields(name: str, kinds: Mapping[str, tuple[str, bool]], presets: M
         what = "a folder" if p.is_dir() else "no such file" if not p.exists() else "not a regular file"
         raise PresetError(f"hardware file {name!r}: {what}; give a hardware preset name or the path of a YAML "
                           "file of HardwareConfig fields (README: A GPU without a preset)")
-    st = p.resolve().stat()
-    raw = dict(_read(str(p.resolve()), st.st_mtime_ns, st.st_size))
+    raw = dict(_read(p))
     where = f"hardware file {p}"
     base = raw.pop("base", None)
     fields: dict[str, Any] = {}
@@ -96,6 +92,10 @@ def hardware_fields(name: str, kinds: Mapping[str, tuple[str, bool]], presets: M
     if "memory_bytes" in raw and "cuda_memory_bytes" not in raw:
         # CUDA's total is not the base's (nor nvidia-smi's): the driver's share, as for the presets
         # nobody measured, is taken to be 512 MiB
+        if fields["memory_bytes"] <= DRIVER_RESERVE_BYTES:
+            raise PresetError(f"{where}: memory_bytes ({fields['memory_bytes'] / 2**20:.1f} MiB) is no more than "
+                              "the 512 MiB the driver is taken to keep of it; give nvidia-smi's total in "
+                              "memory_bytes, or CUDA's own total in cuda_memory_bytes as well")
         fields["cuda_memory_bytes"] = fields["memory_bytes"] - DRIVER_RESERVE_BYTES
     cuda, total = fields.get("cuda_memory_bytes"), fields.get("memory_bytes")
     if cuda is not None and total is not None and cuda > total:
@@ -104,23 +104,10 @@ def hardware_fields(name: str, kinds: Mapping[str, tuple[str, bool]], presets: M
     return fields
 
 
-@lru_cache(maxsize=64)
-def _read(path: str, _mtime_ns: int, _size: int) -> tuple[tuple[str, Any], ...]:
-    where = f"hardware file {path}"
-    data = Path(path).read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise PresetError(f"{where}: not UTF-8 text") from None
-    try:
-        raw = json.loads(text) if path.lower().endswith(".json") else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise PresetError(f"{where}: not valid {'JSON' if path.lower().endswith('.json') else 'YAML'}: "
-                          f"{str(e).splitlines()[0]}") from None
-    except RecursionError:
-        raise PresetError(f"{where}: nested too deeply for a hardware file") from None
-    if not isinstance(raw, dict) or not raw:
-        raise PresetError(f"{where}: a hardware file is a mapping of fields (base, peak_flops, hbm_bandwidth, ...)")
+@cached_on_file
+def _read(path: str) -> tuple[tuple[str, Any], ...]:
+    raw = read_mapping(path, f"hardware file {path}",
+                       "a hardware file is a mapping of fields (base, peak_flops, hbm_bandwidth, ...)")
     return tuple((str(k), v) for k, v in raw.items())
 
 

@@ -204,6 +204,9 @@ class HardwareConfig:
     # attention stays a KV read plus launch floors.
     fa2_decode_tile_s: float | None = None
     fa2_decode_merge_s: float = 0.0
+    # What CUDA calls the device (torch.cuda.get_device_name(), nvidia-smi's name), which vLLM's
+    # batch defaults read (sim/engine_presets/vllm_v1.py); None: take ``name``.
+    device_name: str | None = None
 
     @property
     def cuda_total_bytes(self) -> float:
@@ -311,7 +314,8 @@ H100_LINK = dict(interconnect="nvlink4", allreduce_efficiency=0.727, allreduce_l
 H100_FRACTIONS = dict(weight_bandwidth_fraction=0.89, stream_bandwidth_fraction=0.87, gemm_flops_fraction=0.76,
                       attention_flops_fraction=0.73, kernel_floor_s=4e-6)
 HARDWARE: dict[str, HardwareConfig] = {
-    "a100-80g": HardwareConfig("a100-80g", peak_flops=312e12, hbm_bandwidth=2.039e12,
+    "a100-80g": HardwareConfig("a100-80g", device_name="NVIDIA A100-SXM4-80GB",
+                               peak_flops=312e12, hbm_bandwidth=2.039e12,
                                memory_bytes=81920 * MiB, cuda_memory_bytes=(81920 - 512) * MiB,
                                pcie_bandwidth=25e9, interconnect_bandwidth=300e9,
                                interconnect="nvlink3", allreduce_efficiency=0.514, allreduce_latency_s=31.1e-6,
@@ -319,22 +323,26 @@ HARDWARE: dict[str, HardwareConfig] = {
                                weight_bandwidth_fraction=0.82, stream_bandwidth_fraction=0.88,
                                gemm_flops_fraction=0.70, attention_flops_fraction=0.6, kernel_floor_s=4.5e-6,
                                sm_count=108, l2_bytes=40 * MiB, flash_attention=2),
-    "h100-sxm": HardwareConfig("h100-sxm", peak_flops=989e12, hbm_bandwidth=3.35e12,
+    "h100-sxm": HardwareConfig("h100-sxm", device_name="NVIDIA H100 80GB HBM3",
+                               peak_flops=989e12, hbm_bandwidth=3.35e12,
                                memory_bytes=81559 * MiB, cuda_memory_bytes=79.19 * GiB,
                                tp_non_torch_bytes=1.85 * GiB, pcie_bandwidth=50e9, interconnect_bandwidth=450e9,
                                price_per_gpu_hour=2.99, sm_count=132, flash_attention=3, **H100_LINK,
                                **H100_FRACTIONS),
-    "h200": HardwareConfig("h200", peak_flops=989e12, hbm_bandwidth=4.8e12,
+    "h200": HardwareConfig("h200", device_name="NVIDIA H200",
+                           peak_flops=989e12, hbm_bandwidth=4.8e12,
                            memory_bytes=143771 * MiB, cuda_memory_bytes=(143771 - 512) * MiB,
                            tp_non_torch_bytes=1.85 * GiB, pcie_bandwidth=50e9, interconnect_bandwidth=450e9,
                            price_per_gpu_hour=3.59, sm_count=132, flash_attention=3, **H100_LINK,
                            **H100_FRACTIONS),
-    "l40s": HardwareConfig("l40s", peak_flops=362e12, hbm_bandwidth=864e9,
+    "l40s": HardwareConfig("l40s", device_name="NVIDIA L40S",
+                           peak_flops=362e12, hbm_bandwidth=864e9,
                            memory_bytes=46068 * MiB, cuda_memory_bytes=44.43 * GiB,
                            pcie_bandwidth=25e9, interconnect_bandwidth=25e9,
                            interconnect="pcie4", price_per_gpu_hour=0.86, sm_count=142,
                            l2_bytes=96 * MiB, flash_attention=2),
-    "rtx-pro-6000": HardwareConfig("rtx-pro-6000", peak_flops=503.8e12, hbm_bandwidth=1.792e12,
+    "rtx-pro-6000": HardwareConfig("rtx-pro-6000", device_name="NVIDIA RTX PRO 6000 Blackwell Server Edition",
+                                   peak_flops=503.8e12, hbm_bandwidth=1.792e12,
                                    memory_bytes=97887 * MiB, cuda_memory_bytes=94.97 * GiB,
                                    pcie_bandwidth=50e9, interconnect_bandwidth=50e9,
                                    interconnect="pcie5", price_per_gpu_hour=1.79, allreduce_efficiency=0.32,
@@ -342,7 +350,8 @@ HARDWARE: dict[str, HardwareConfig] = {
                                    gemm_flops_fraction=0.78, attention_flops_fraction=0.43, kernel_floor_s=3e-6,
                                    sm_count=188, l2_bytes=128 * MiB, flash_attention=2,
                                    fa2_decode_tile_s=6.25e-6, fa2_decode_merge_s=5.0e-6),
-    "rtx-4090": HardwareConfig("rtx-4090", peak_flops=165.2e12, hbm_bandwidth=1.008e12,
+    "rtx-4090": HardwareConfig("rtx-4090", device_name="NVIDIA GeForce RTX 4090",
+                               peak_flops=165.2e12, hbm_bandwidth=1.008e12,
                                memory_bytes=24564 * MiB, cuda_memory_bytes=23.64 * GiB,
                                pcie_bandwidth=25e9, interconnect_bandwidth=25e9,
                                interconnect="pcie4", price_per_gpu_hour=0.69,

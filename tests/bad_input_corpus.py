@@ -300,6 +300,7 @@ def _data_files(b: _Builder) -> None:
         "gpu-negative.yaml": (b"base: l40s\nhbm_bandwidth: -3\n", ("hbm_bandwidth", "> 0")),
         "gpu-fraction.yaml": (b"base: l40s\ngemm_flops_fraction: 75\n", ("gemm_flops_fraction", "(0, 2]")),
         "gpu-text.yaml": (b"base: l40s\npeak_flops: fast\n", ("peak_flops", "number")),
+        "gpu-tiny-memory.yaml": (b"base: l40s\nmemory_bytes: 300 MiB\n", ("memory_bytes", "cuda_memory_bytes")),
     }
     for name, (data, names) in gpus.items():
         b.scenario("bad_data_file", QUICKSTART, [f"hardware={b.file(name, data)}"], names)

@@ -93,6 +93,18 @@ def test_vllm_v1_batch_defaults_follow_the_hardware_class(hardware: str, tokens:
     assert sc.kv_cache.enable_prefix_caching and sc.kv_cache.block_size == 16
 
 
+def test_vllm_v1_batch_defaults_read_the_cuda_device_name_not_the_file_name(tmp_path: Path):
+    # vLLM reads torch's device name: an A100 described by a file called otherwise is still an A100
+    a100 = tmp_path / "my-gpu.yaml"
+    a100.write_text("base: a100-80g\nmemory_bytes: 80 GiB\n")
+    sc = scenario_from_dict(small_scenario({"preset": "vllm-v1"}, hardware=str(a100)))
+    assert (sc.scheduler.max_num_batched_tokens, sc.scheduler.max_num_seqs) == (2048, 256)
+    renamed = tmp_path / "big.yaml"  # its own device name overrides the base's
+    renamed.write_text("base: a100-80g\ndevice_name: NVIDIA B200\n")
+    sc = scenario_from_dict(small_scenario({"preset": "vllm-v1"}, hardware=str(renamed)))
+    assert (sc.scheduler.max_num_batched_tokens, sc.scheduler.max_num_seqs) == (8192, 1024)
+
+
 def test_a_preset_fills_only_what_the_user_left_unset():
     d = small_scenario({"preset": "hf-transformers", "max_batch_tokens": 512})
     d["kv_cache"] = {"block_size": 64, "num_blocks": 100}

@@ -65,6 +65,7 @@ def test_a_file_without_a_base_takes_the_unprofiled_defaults_and_plain_si_number
     ("base: l40s\ninterconnect: 5\n", ("interconnect", "text")),
     ("base: l40s\npeak_flops: null\n", ("peak_flops", "null")),
     ("base: l40s\ncuda_memory_bytes: 50 GiB\n", ("cuda_memory_bytes", "more than memory_bytes")),
+    ("base: l40s\nmemory_bytes: 256 MiB\n", ("memory_bytes", "512 MiB", "cuda_memory_bytes")),
     ("[1, 2]\n", ("mapping",)),
     ("base: [l40s\n", ("not valid YAML",)),
 ])

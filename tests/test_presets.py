@@ -9,6 +9,7 @@ from servesim.sim.presets import (
     default_activation_reserve_bytes,
     get_hardware,
     get_model,
+    hardware_preset,
     kv_block_bytes,
     kv_heads_per_rank,
     non_torch_reserve_bytes,
@@ -225,3 +226,10 @@ def test_shipped_sizing_constants_are_the_fit_of_the_logged_vllm_rows():
     assert fitted["hidden"] == pytest.approx(FORWARD_HIDDEN_BUFFERS, abs=0.05)
     assert fitted["non_torch"] == pytest.approx(h100.non_torch_bytes, abs=0.01 * GiB)
     assert fitted["tp_extra"] == pytest.approx(h100.tp_non_torch_bytes, abs=0.01 * GiB)
+
+
+def test_each_gpu_presets_cuda_device_name_names_that_preset():
+    # the name CUDA reports (what vLLM reads, and what calibrate's provenance records) maps back
+    for name, hw in HARDWARE.items():
+        if not name.startswith("cpu"):
+            assert hw.device_name and hardware_preset(hw.device_name) == name, name

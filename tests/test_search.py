@@ -113,6 +113,7 @@ def test_nothing_meets_the_slo_exits_1_with_the_closest_miss(tmp_path, capsys):
 
 @pytest.mark.parametrize("extra,message", [
     (["--space", "hardware=h100-sxm,h100-sx"], "--space hardware: unknown hardware 'h100-sx'"),
+    (["--space", "hardware=l40s,gone.yaml"], "--space hardware: hardware file 'gone.yaml': no such file"),
     (["--space", "tensor_parallel=1", "--gpu-cost", "b200=4"], "--gpu-cost: unknown hardware 'b200'"),
     (["--space", "tensor_parallel=1", "--gpu-cost", "h100-sxm=free"], "price of h100-sxm must be a number"),
     (["--space", "tensor_parallel=1", "--gpu-cost", "h100-sxm=-1"], "must be > 0"),
@@ -205,3 +206,17 @@ def test_a_disaggregated_scenario_is_refused_not_priced_as_one_gpu(tmp_path, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "cluster.disagg: search prices one replica" in err[0]
     assert "servesim plan" in err[0] and not (tmp_path / "d" / "search.json").exists()
+
+
+def test_the_space_takes_a_hardware_file_priced_at_its_own_price(tmp_path, monkeypatch, capsys):
+    # a file based on l40s at half its price: the same closed form, so the file's GPU wins at $0.5 each
+    monkeypatch.chdir(tmp_path)
+    Path("cheap.yaml").write_text("base: l40s\nprice_per_gpu_hour: 0.5\n")
+    out = tmp_path / "s"
+    assert main(["search", str(closed_form(tmp_path)), *ARGS, "--space", "hardware=l40s,cheap.yaml",
+                 "--space", "scheduler.max_num_seqs=8", "--out", str(out)]) == 0
+    b = pd.read_parquet(out / "search.parquet").query("status == 'best'").iloc[0]
+    assert b["hardware"] == str(tmp_path / "cheap.yaml") and b["replicas"] == 2
+    assert b["cost_per_hour"] == pytest.approx(1.0)
+    assert "cheapest: hardware=cheap.yaml" in capsys.readouterr().out
+    assert load_scenario(out / "winner.yaml").hardware == str(tmp_path / "cheap.yaml")

@@ -15,9 +15,12 @@ def vllm_batch_defaults(hardware: HardwareConfig) -> tuple[int, int]:
     """vLLM's (max_num_batched_tokens, max_num_seqs) for the OpenAI server on this hardware class.
 
     ``EngineArgs.get_batch_defaults``: devices with >= 70 GiB that are not A100s get 8192 / 1024,
-    the rest 2048 / 256 (vLLM measured large budgets to lose throughput on A100, PR #17885).
+    the rest 2048 / 256 (vLLM measured large budgets to lose throughput on A100, PR #17885). vLLM
+    reads the CUDA device name, so a hardware file based on ``a100-80g`` is an A100 whatever it is
+    called (it keeps the base's ``device_name`` unless it gives its own).
     """
-    if hardware.memory_bytes >= 70 * GiB and "a100" not in hardware.name:
+    device = (hardware.device_name or hardware.name).lower()
+    if hardware.memory_bytes >= 70 * GiB and "a100" not in device:
         return 8192, 1024
     return 2048, 256
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from ..errors import PresetError, UserError
+from ..hardware_file import is_hardware_file
 from ..hints import did_you_mean
 from ..presets import HARDWARE, get_hardware
 from ..scenario import Scenario, ScenarioError, apply_override, scenario_from_dict
@@ -70,17 +71,23 @@ def parse_space(items: Sequence[str]) -> list[GridAxis]:
             raise ScenarioError(f"--space {a.key}: {chosen}")
         if a.key == "hardware":
             for v in a.values:
-                if v not in HARDWARE:
+                if isinstance(v, str) and v not in HARDWARE and is_hardware_file(v):
+                    try:
+                        get_hardware(v)  # a hardware file (relative to the working directory, like --set)
+                    except PresetError as e:
+                        raise ScenarioError(f"--space hardware: {e}") from None
+                elif v not in HARDWARE:
                     raise ScenarioError(f"--space hardware: unknown hardware {v!r}{did_you_mean(str(v), HARDWARE)}; "
-                                        f"choose from: {', '.join(HARDWARE)}")
+                                        f"choose from: {', '.join(HARDWARE)}, or the path of a hardware file (.yaml)")
     return axes
 
 
 def space_hardware(base: Scenario, axes: Sequence[GridAxis]) -> list[str]:
-    """Every hardware name the space uses (the base scenario's when no axis varies it)."""
+    """Every hardware the space uses (the base scenario's when no axis varies it), as a scenario
+    holds it: a preset name, or a hardware file's absolute path."""
     for a in axes:
         if a.key == "hardware":
-            return [str(v) for v in a.values]
+            return [v if v in HARDWARE else str(Path(v).expanduser().absolute()) for v in map(str, a.values)]
     return [base.hardware]
 
 
