@@ -14,14 +14,13 @@ The fields read and their defaults are those of the ``transformers`` config clas
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from .errors import PresetError
+from .mapping_file import cached_on_file, read_mapping
 
 # model_type -> (max_position_embeddings, rms_norm_eps, rope_theta) when the file omits them: the
 # defaults of transformers' config class for that type
@@ -57,25 +56,14 @@ def model_fields(name: str | Path) -> dict[str, Any]:
     """The ``ModelConfig`` fields (``sim/presets.py``) of the ``config.json`` at ``name`` (a file or
     its folder); re-read when the file changes. ``PresetError`` names the field that is missing,
     malformed or not modelled."""
-    p = config_file(name).resolve()
-    st = p.stat()
-    return dict(_load(str(p), st.st_mtime_ns, st.st_size))
+    return dict(_load(config_file(name)))
 
 
-@lru_cache(maxsize=64)
-def _load(path: str, _mtime_ns: int, _size: int) -> tuple[tuple[str, Any], ...]:
+@cached_on_file
+def _load(path: str) -> tuple[tuple[str, Any], ...]:
     where = f"model config {path}"
-    raw = Path(path).read_bytes()
-    try:
-        cfg = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise PresetError(f"{where}: not UTF-8 text; a Hugging Face config.json is UTF-8 JSON") from None
-    except json.JSONDecodeError as e:
-        raise PresetError(f"{where}: not valid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    except RecursionError:
-        raise PresetError(f"{where}: not valid JSON: nested too deeply for a model config") from None
-    if not isinstance(cfg, dict):
-        raise PresetError(f"{where}: a config.json is a JSON object of fields (model_type, hidden_size, ...)")
+    cfg = read_mapping(path, where, "a Hugging Face config.json is a JSON object of fields (model_type, "
+                       "hidden_size, ...)", yaml_ok=False)
     return tuple(fields_from_config(cfg, where, name=_model_name(cfg, Path(path))).items())
 
 
