@@ -7,6 +7,7 @@ live mode calls it too, so the two modes cannot drift apart in policy.
 from __future__ import annotations
 
 import gc
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -163,19 +164,21 @@ def run_replicas(
 # other, and hold the run's tables). Frozen at the start of the next run and merged back into the
 # oldest generation after it, that garbage never met CPython's rule for a full pass, so a process
 # that ran many simulations (plan, sweep and search workers, compare) grew by every run: 3.2 GiB
-# RSS after 300 random scenarios. A full pass now runs before a run when one is due: the heap has
-# grown by a quarter in objects since the last pass (CPython's own proportion), or the runs since
-# took FULL_PASS_EVERY times as long as that pass did (few objects can hold large arrays; the
-# pass then costs at most ~2 % of the runs' time).
+# RSS after 300 random scenarios. A full pass now runs before a run when one is due: the runs
+# since the last pass took FULL_PASS_EVERY times as long as that pass did (so passes cost at most
+# ~2 % of the runs' time), or the heap has doubled since (counted in pymalloc's blocks:
+# sys.getallocatedblocks is cheap where gc.get_freeze_count walks the heap, 10 % of a short run;
+# CPython's own quarter ran 57 passes, 7 % of the time, in a minute of engine tests).
 FULL_PASS_EVERY = 50.0
-_full_pass = {"cost_s": -1.0, "runs_s": 0.0, "heap": 0}  # last pass: seconds (-1: none yet), run seconds since, objects kept
+# the last pass: its seconds (-1: none yet), run seconds since, the allocator's blocks it kept
+_full_pass = {"cost_s": -1.0, "runs_s": 0.0, "heap": 0}
 
 
-def full_pass_due(objects: int, objects_kept: int, runs_s: float, pass_s: float) -> bool:
+def full_pass_due(blocks: int, blocks_kept: int, runs_s: float, pass_s: float) -> bool:
     """Whether to collect the earlier runs' garbage before a run: none collected yet (``pass_s``
-    < 0), the heap's ``objects`` a quarter above what the last pass kept, or the runs since it took
+    < 0), the heap's allocated ``blocks`` twice what the last pass kept, or the runs since it took
     ``FULL_PASS_EVERY`` times the ``pass_s`` it cost."""
-    return pass_s < 0 or objects > 1.25 * objects_kept or runs_s >= FULL_PASS_EVERY * pass_s
+    return pass_s < 0 or blocks > 2 * blocks_kept or runs_s >= FULL_PASS_EVERY * pass_s
 
 
 @contextmanager
@@ -188,13 +191,13 @@ def _young_gc_only() -> Iterator[None]:
     threshold = gc.get_threshold()
     gc.freeze()
     last = _full_pass
-    if full_pass_due(gc.get_freeze_count(), last["heap"], last["runs_s"], last["cost_s"]):
+    if full_pass_due(sys.getallocatedblocks(), last["heap"], last["runs_s"], last["cost_s"]):
         gc.unfreeze()
         t = time.perf_counter()
         gc.collect()
         last["cost_s"], last["runs_s"] = time.perf_counter() - t, 0.0
         gc.freeze()
-        last["heap"] = gc.get_freeze_count()
+        last["heap"] = sys.getallocatedblocks()
     gc.set_threshold(10_000, 10, 10)
     t0 = time.perf_counter()
     try:

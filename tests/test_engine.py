@@ -241,5 +241,5 @@ def test_many_runs_in_one_process_do_not_pile_up_their_garbage(monkeypatch):
 def test_a_full_pass_is_due_on_heap_growth_or_run_time():
     due = sys.modules[simulate.__module__].full_pass_due
     assert due(10, 0, 0.0, -1.0)  # none yet
-    assert not due(1200, 1000, 0.1, 0.01) and due(1300, 1000, 0.1, 0.01)  # a quarter more objects
+    assert not due(2000, 1000, 0.1, 0.01) and due(2001, 1000, 0.1, 0.01)  # the heap doubled
     assert not due(1000, 1000, 0.49, 0.01) and due(1000, 1000, 0.5, 0.01)  # 50 x the pass's cost
