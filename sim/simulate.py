@@ -189,15 +189,12 @@ def _young_gc_only() -> Iterator[None]:
     collector's passes (~3 % of a long run); settings are restored afterwards. Earlier runs'
     garbage is collected first when a full pass is due (above)."""
     threshold = gc.get_threshold()
-    gc.freeze()
     last = _full_pass
     if full_pass_due(sys.getallocatedblocks(), last["heap"], last["runs_s"], last["cost_s"]):
-        gc.unfreeze()
         t = time.perf_counter()
         gc.collect()
-        last["cost_s"], last["runs_s"] = time.perf_counter() - t, 0.0
-        gc.freeze()
-        last["heap"] = sys.getallocatedblocks()
+        last["cost_s"], last["runs_s"], last["heap"] = time.perf_counter() - t, 0.0, sys.getallocatedblocks()
+    gc.freeze()
     gc.set_threshold(10_000, 10, 10)
     t0 = time.perf_counter()
     try:
