@@ -2,9 +2,10 @@
 
 At a million requests the Python engine (``engine.py`` driving ``schedulers/chunked.py``) costs
 ~50-80 µs a step in objects, SimPy events and small numpy calls. For the configuration most
-large runs use — the ``chunked`` policy (preemption by recompute, no async scheduling),
-prefix caching off, one replica or several behind ``round_robin`` or ``least_outstanding``, a
-generated or trace workload held as columns (``RequestArrays``) — this module runs the same
+large runs use — the ``chunked`` policy (preemption by recompute, no async scheduling; the
+``vllm-v1`` preset's), one replica or several behind ``round_robin`` or ``least_outstanding``, a
+generated or trace workload held as columns (``RequestArrays``) without shared prompt prefixes
+or token ids, prefix caching on or off — this module runs the same
 engine as one numba function over arrays: requests are columns (no ``Request`` objects), each
 replica's running table, waiting queue (a linked list through the request columns) and KV block
 counts are arrays, and Python is left with one call per step to the executor's price
@@ -23,6 +24,17 @@ Any change to the chunked policy, the KV accounting, the routers or the engine l
 both: that test fails otherwise. ``simulate`` uses it by itself when the compiled step loops are
 on (``row_kernels``, runs of 20,000 requests or more) and the scenario is in its class
 (``reason_not_compiled`` says why not); ``simulate(compiled=False)`` forces the Python engine.
+
+The prefix cache (``kv_cache.py``) of such a workload holds only blocks no other request can
+find: a request preempted by recompute publishes its computed blocks (all, or the prompt's:
+``cache_preempted_blocks``) and finds those not evicted when it is admitted again, and a request
+that finished after such a comeback leaves the blocks it recomputed cached, where nobody looks
+them up. So the cache is kept as counts, not block ids: a request's keyed blocks are its first
+``REG`` table blocks, and the evictable ones form an LRU queue of segments, one per free (the
+blocks one request gave back at once, evicted from its highest block down, so what its owner
+finds again is always the segment's whole count). Never-used blocks are handed out before any
+cached one is evicted, as ``BlockManager`` does. The cache's hit counters stay 0, as the Python
+engine's do for such a workload (they count only lookups of requests never preempted).
 
 Event order (SimPy): an event runs at its time, and events of one instant in the order they were
 queued, which each event here keeps as a stamp from one counter. The arrival process sends
@@ -55,22 +67,25 @@ ITL_CAP = MetricsRecorder._ITL_BUFFER  # the recorder's ITL staging buffer: flus
 ROW_BLOCK = 4096  # iteration rows handed to the recorder at a time
 
 # request columns (int): prompt, output, outputs so far, preemptions, state, rejected, sent by a
-# timeout, replica, next in its replica's waiting queue
-_QI = 9
-P_LEN, O_LEN, OUT, PREEMPTS, STATE, REJECT, YIELDED, REPLICA, NEXT_WAITING = range(_QI)
+# timeout, replica, next in its replica's waiting queue; the prefix cache's (below): blocks of its
+# table keyed in the cache, whether a preemption published its own blocks (it looks them up when
+# admitted again), how many keys its table may publish, its segment in the LRU queue + 1 (0: none)
+_QI = 13
+P_LEN, O_LEN, OUT, PREEMPTS, STATE, REJECT, YIELDED, REPLICA, NEXT_WAITING, REG, REHIT, KEYS, SEG = range(_QI)
 # request columns (float): arrival (recorded), first scheduled, first token, last token, finish, sent at
 _QF = 6
 ARRIVAL, FIRST_SCHED, FIRST_TOK, LAST_TOK, FINISH, SENT = range(_QF)
 # global scalars
 (N_REQ, MAX_SEQS, BUDGET, THRESHOLD, BLOCK, NUM_BLOCKS, WATERMARK, NREP, ROUTER, RR_NEXT, NEXT, A_STAMP, STAMPS,
- AWAIT, ITL_N, ROWS_N, DONE, STEPS, PREEMPTIONS, STARTED) = range(20)
+ AWAIT, ITL_N, ROWS_N, DONE, STEPS, PREEMPTIONS, STARTED, CACHE_MODE) = range(21)
 _NS = 24
 # per-replica scalars: running rows, waiting queue (head, tail, length), free KV blocks, phase, the
 # stamp of its pending event, the step's rows and preemptions, requests outstanding (the router's
-# count), the step's sums
+# count), the step's sums; the prefix cache's evictable blocks (counted in R_FREE too), its LRU
+# queue of segments (head, tail) and the first unused segment node
 (R_RUN, R_HEAD, R_TAIL, R_COUNT, R_FREE, R_PHASE, R_STAMP, R_K, R_NPRE, R_OUT, S_SEQS, S_DEC, S_TOKENS, S_PAIRS,
- S_DKV, S_PKV, S_LONGEST, S_PLAIN, S_SAMPLES) = range(19)
-_NRS = 20
+ S_DKV, S_PKV, S_LONGEST, S_PLAIN, S_SAMPLES, R_EVICT, R_LRU_HEAD, R_LRU_TAIL, R_NODE_FREE) = range(23)
+_NRS = 24
 # per-replica floats: when its pending event happens, when its step started, the step's duration
 R_TIME, R_START, R_DT = range(3)
 # replica phases: idle (waiting for a request), woken (a request came: it resumes at R_TIME),
@@ -79,7 +94,13 @@ IDLE, WOKEN, STEPPING, PRICING = range(4)
 ROUND_ROBIN, LEAST_OUTSTANDING = range(2)
 ROUTERS = {"round_robin": ROUND_ROBIN, "least_outstanding": LEAST_OUTSTANDING}
 # return codes
-DONE_RC, STEP_RC, FLUSH_ITL_RC, ROWS_FULL_RC, NO_PROGRESS_RC, BROKEN_RC = range(6)
+DONE_RC, STEP_RC, FLUSH_ITL_RC, ROWS_FULL_RC, NO_PROGRESS_RC, BROKEN_RC, CACHE_RC = range(7)
+# what a request preempted by recompute leaves in the prefix cache (``cache_preempted_blocks``):
+# nothing (or prefix caching off), every fully computed block, the prompt's
+KEEP_NONE, KEEP_ALL, KEEP_PROMPT = range(3)
+# a segment node of the LRU queue: its owner (a request waiting to come back; -1: a finished
+# request's, which nobody looks up), its blocks, the nodes before and after it
+SEG_OWNER, SEG_COUNT, SEG_PREV, SEG_NEXT = range(4)
 
 _WAITING, _RUNNING, _FINISHED, _REJECTED = (int(RequestState.WAITING), int(RequestState.RUNNING),
                                             int(RequestState.FINISHED), int(RequestState.REJECTED))
@@ -156,12 +177,83 @@ def _close_rows(rt: np.ndarray, rl: np.ndarray, gone: np.ndarray, m: int, n: int
     return dst
 
 
+def _seg_push(seg: np.ndarray, rsr: np.ndarray, qi: np.ndarray, owner: int, count: int) -> None:
+    """``count`` keyed blocks of ``owner`` (-1: a finished request) become evictable, at the
+    queue's recently used end (``BlockManager.free``: its blocks in reverse, the tail evicted first)."""
+    node = rsr[R_NODE_FREE]
+    rsr[R_NODE_FREE] = seg[SEG_NEXT, node]
+    seg[SEG_OWNER, node] = owner
+    seg[SEG_COUNT, node] = count
+    seg[SEG_NEXT, node] = -1
+    tail = rsr[R_LRU_TAIL]
+    seg[SEG_PREV, node] = tail
+    if tail < 0:
+        rsr[R_LRU_HEAD] = node
+    else:
+        seg[SEG_NEXT, tail] = node
+    rsr[R_LRU_TAIL] = node
+    rsr[R_EVICT] += count
+    if owner >= 0:
+        qi[SEG, owner] = node + 1
+
+
+def _seg_unlink(seg: np.ndarray, rsr: np.ndarray, qi: np.ndarray, node: int) -> None:
+    """Take a segment out of the queue (its blocks evicted, or found again by their owner)."""
+    prev, nxt = seg[SEG_PREV, node], seg[SEG_NEXT, node]
+    if prev < 0:
+        rsr[R_LRU_HEAD] = nxt
+    else:
+        seg[SEG_NEXT, prev] = nxt
+    if nxt < 0:
+        rsr[R_LRU_TAIL] = prev
+    else:
+        seg[SEG_PREV, nxt] = prev
+    owner = seg[SEG_OWNER, node]
+    if owner >= 0:
+        qi[SEG, owner] = 0
+    rsr[R_EVICT] -= seg[SEG_COUNT, node]
+    seg[SEG_NEXT, node] = rsr[R_NODE_FREE]
+    rsr[R_NODE_FREE] = node
+
+
+def _take(seg: np.ndarray, rsr: np.ndarray, qi: np.ndarray, need: int) -> None:
+    """``need`` (<= the free ones) blocks: never-used ones first, then cached ones evicted, least
+    recently used first (``BlockManager.allocate``); a segment loses its highest blocks first."""
+    if rsr[R_EVICT] == 0:  # (prefix caching off, or nothing cached)
+        rsr[R_FREE] -= need
+        return
+    short = need - (rsr[R_FREE] - rsr[R_EVICT])
+    while short > 0:
+        node = rsr[R_LRU_HEAD]
+        c = seg[SEG_COUNT, node]
+        if c <= short:
+            short -= c
+            _seg_unlink(seg, rsr, qi, node)
+        else:
+            seg[SEG_COUNT, node] = c - short
+            rsr[R_EVICT] -= short
+            short = 0
+    rsr[R_FREE] -= need
+
+
+def _give_back(seg: np.ndarray, rsr: np.ndarray, qi: np.ndarray, q: int, blocks: int, owner: int) -> None:
+    """Request ``q`` frees its ``blocks``: the ones it keyed in the cache (``qi[REG]``, its first)
+    stay cached as ``owner``'s (``q`` when it is to come back, -1 when finished), the rest are free."""
+    rsr[R_FREE] += blocks
+    reg = qi[REG, q]
+    if reg > 0:
+        _seg_push(seg, rsr, qi, owner, reg)
+        qi[REG, q] = 0
+
+
 def _schedule(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, st: np.ndarray, s: np.ndarray,
-              rsr: np.ndarray, now: float) -> int:
+              rsr: np.ndarray, seg: np.ndarray, now: float) -> int:
     """``ChunkedScheduler.schedule`` at ``now`` for one replica (its table ``rt``/``rl``, scratch
-    ``st``, scalars ``rsr``): the step's rows (table rows, tokens) into ``st`` rows 0-1, its
-    context and sample flags into rows 2-3, its sums into ``rsr``; returns its rows (-1: an
-    allocation failed after preemption, which the Python engine raises on)."""
+    ``st``, scalars ``rsr``, prefix cache ``seg``): the step's rows (table rows, tokens) into
+    ``st`` rows 0-1, its context and sample flags into rows 2-3, its sums into ``rsr``; returns its
+    rows (-1: an allocation failed after preemption, which the Python engine raises on; -2: a
+    request would find more of its cached blocks than it may look up, a state the prefix cache
+    here assumes away)."""
     n = rsr[R_RUN]
     budget = s[BUDGET]
     thr = s[THRESHOLD]
@@ -220,7 +312,15 @@ def _schedule(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, st
                 qi[STATE, q] = _WAITING
                 s[PREEMPTIONS] += 1
                 npre += 1
-                rsr[R_FREE] += rt[4, v]
+                mode = s[CACHE_MODE]
+                if mode != KEEP_NONE:  # (``BlockManager.cache_preempted``: its computed blocks published)
+                    c = rt[0, v]
+                    if mode == KEEP_PROMPT and c > qi[P_LEN, q]:
+                        c = qi[P_LEN, q]
+                    if c // bs > qi[REG, q]:
+                        qi[REG, q] = c // bs
+                    qi[REHIT, q] = 1
+                _give_back(seg, rsr, qi, q, rt[4, v], q)
                 budget += new[v]
                 # back to the front of the waiting queue
                 qi[NEXT_WAITING, q] = rsr[R_HEAD] if rsr[R_COUNT] else -1
@@ -233,7 +333,7 @@ def _schedule(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, st
                 if want[i] > 0:
                     if want[i] > rsr[R_FREE]:
                         return -1
-                    rsr[R_FREE] -= want[i]
+                    _take(seg, rsr, qi, want[i])
                     rt[4, i] += want[i]
             n = top
             rsr[R_RUN] = n
@@ -241,7 +341,7 @@ def _schedule(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, st
             for i in range(n):
                 if want[i] > 0:
                     rt[4, i] += want[i]
-            rsr[R_FREE] -= total
+            _take(seg, rsr, qi, total)
     k = 0
     for i in range(n):
         if new[i] > 0:
@@ -253,22 +353,40 @@ def _schedule(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, st
         while rsr[R_COUNT] > 0 and budget > 0 and rsr[R_RUN] < s[MAX_SEQS]:
             q = rsr[R_HEAD]
             tokens = qi[P_LEN, q] + qi[OUT, q]
-            chunk = min(tokens, budget, thr)
-            need = (chunk + bs - 1) // bs
+            # a request preempted by recompute finds what is left of its published blocks
+            # (``BlockManager.lookup_prefix``: its own keys, to one token short of its tokens)
+            found = 0
+            if qi[REHIT, q]:
+                keys = (tokens - 1) // bs if s[CACHE_MODE] == KEEP_ALL else qi[P_LEN, q] // bs
+                qi[KEYS, q] = keys
+                node = qi[SEG, q] - 1
+                if node >= 0:
+                    found = seg[SEG_COUNT, node]
+                    if found > min(keys, (tokens - 1) // bs):
+                        return -2
+                    _seg_unlink(seg, rsr, qi, node)
+                    rsr[R_FREE] -= found
+            computed = found * bs
+            chunk = min(tokens - computed, budget, thr)
+            need = (computed + chunk + bs - 1) // bs - found
             if need > 0 and rsr[R_FREE] - need < s[WATERMARK]:
+                if found:  # (``blocks.drop_cached_prefix``: back at the recently used end)
+                    rsr[R_FREE] += found
+                    _seg_push(seg, rsr, qi, q, found)
                 break
             rsr[R_HEAD] = qi[NEXT_WAITING, q]
             rsr[R_COUNT] -= 1
-            rsr[R_FREE] -= need
+            qi[REG, q] = found
+            _take(seg, rsr, qi, need)
             if qf[FIRST_SCHED, q] != qf[FIRST_SCHED, q]:
                 qf[FIRST_SCHED, q] = now
             qi[STATE, q] = _RUNNING
             i = rsr[R_RUN]
-            rt[0, i] = 0
+            rt[0, i] = computed
             rt[1, i] = tokens
             rt[2, i] = qi[OUT, q]
             rt[3, i] = qi[O_LEN, q]
-            rt[4, i] = need
+            rt[4, i] = found + need
             rt[5, i] = q
             rl[i] = qf[LAST_TOK, q]
             rsr[R_RUN] = i + 1
@@ -313,7 +431,7 @@ def _schedule(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, st
 
 
 def engine_step(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, st: np.ndarray, s: np.ndarray,
-                rs: np.ndarray, rf: np.ndarray, itl: np.ndarray, rows: np.ndarray, dt: float) -> int:
+                rs: np.ndarray, rf: np.ndarray, seg: np.ndarray, itl: np.ndarray, rows: np.ndarray, dt: float) -> int:
     """Run the replicas' events in SimPy's order — by time, then by when each was queued (its
     stamp): the arrival process's timeout, a replica's step end, an idle replica's wakeup — until
     a replica schedules a step; return ``STEP_RC`` with that replica in ``s[AWAIT]`` and its sums
@@ -360,6 +478,7 @@ def engine_step(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, 
         rtr = rt[r]
         rlr = rl[r]
         str_ = st[r]
+        segr = seg[r]
         if rsr[R_PHASE] == STEPPING:
             k = rsr[R_K]
             cnt = 0
@@ -373,9 +492,17 @@ def engine_step(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, 
             ni = s[ITL_N]
             done = str_[6]
             nd = 0
+            bs = s[BLOCK]
             for j in range(k):
                 i = str_[0, j]
                 rtr[0, i] += str_[1, j]
+                if str_[1, j] > 1:  # a chunk: the blocks it filled are published (``cache_computed_blocks``)
+                    q = rtr[5, i]
+                    keys = qi[KEYS, q]
+                    if keys > 0:
+                        v = min(keys, rtr[0, i] // bs)
+                        if v > qi[REG, q]:
+                            qi[REG, q] = v
                 if str_[3, j]:
                     o = rtr[2, i]
                     if o > 0:
@@ -400,7 +527,7 @@ def engine_step(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, 
                 qf[LAST_TOK, q] = rlr[i]
                 qi[STATE, q] = _FINISHED
                 qf[FINISH, q] = now
-                rsr[R_FREE] += rtr[4, i]
+                _give_back(segr, rsr, qi, q, rtr[4, i], -1)
                 rsr[R_OUT] -= 1
                 s[DONE] += 1
             rsr[R_RUN] = _close_rows(rtr, rlr, done, nd, rsr[R_RUN])
@@ -426,7 +553,9 @@ def engine_step(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, 
         if rsr[R_COUNT] == 0 and rsr[R_RUN] == 0:
             rsr[R_PHASE] = IDLE
             continue
-        k = _schedule(qi, qf, rtr, rlr, str_, s, rsr, now)
+        k = _schedule(qi, qf, rtr, rlr, str_, s, rsr, segr, now)
+        if k == -2:
+            return CACHE_RC
         if k < 0:
             return BROKEN_RC
         if k == 0:
@@ -451,7 +580,8 @@ def send_times(arrival: np.ndarray, sent: np.ndarray, yielded: np.ndarray) -> No
         sent[k] = now
 
 
-_PLAIN = {"_send": _send, "_arrivals": _arrivals, "_close_rows": _close_rows, "_schedule": _schedule,
+_PLAIN = {"_send": _send, "_arrivals": _arrivals, "_close_rows": _close_rows, "_seg_push": _seg_push,
+          "_seg_unlink": _seg_unlink, "_take": _take, "_give_back": _give_back, "_schedule": _schedule,
           "engine_step": engine_step, "send_times": send_times}
 _loaded: bool | None = None  # None: not tried yet; False: numba could not build it
 
@@ -474,7 +604,8 @@ def _load() -> bool:
             s[NREP], s[AWAIT] = 1, -1
             g["engine_step"](empty_i, empty_f, np.zeros((1, 6, 1), dtype=np.int64), np.zeros((1, 1)),
                              np.zeros((1, 7, 1), dtype=np.int64), s, np.zeros((1, _NRS), dtype=np.int64),
-                             np.zeros((1, 3)), np.zeros(1), np.zeros((1, len(ITERATION_COLUMNS))), 0.0)
+                             np.zeros((1, 3)), np.zeros((1, 4, 1), dtype=np.int64), np.zeros(1),
+                             np.zeros((1, len(ITERATION_COLUMNS))), 0.0)
             _loaded = True
         except Exception as e:  # noqa: BLE001 - the optional fast path falls back
             g.update(_PLAIN)
@@ -505,10 +636,11 @@ def reason_not_compiled(sc: Any, requests: Any, scheduler: Any, executor: Any) -
         return "chunked_prefill off"
     if cfg.async_scheduling:
         return "async_scheduling"
-    if scheduler.kv.enable_prefix_caching:
-        return "prefix caching"
     if not isinstance(requests, RequestArrays):
         return "the workload is request objects (sessions or a trace with content hashes)"
+    if scheduler.kv.enable_prefix_caching and (requests.token_ids is not None or (requests.prefix_id >= 0).any()):
+        # (without them a request's only cached blocks are its own, published when preempted)
+        return "prefix caching over shared prompt prefixes or token ids"
     if not hasattr(executor, "price"):
         return "an executor that is not the cost model's (SimExecutor)"
     if scheduler.max_num_seqs > ITL_CAP:
@@ -572,6 +704,15 @@ def run_compiled(requests: RequestArrays, scheduler: Any, executor: Any, recorde
     s[AWAIT] = -1
     rs = np.zeros((nrep, _NRS), dtype=np.int64)
     rs[:, R_FREE] = kv.num_blocks
+    keep = {"none": KEEP_NONE, "all": KEEP_ALL, "prompt": KEEP_PROMPT}[scheduler.cache_preempted]
+    s[CACHE_MODE] = keep if kv.enable_prefix_caching else KEEP_NONE
+    # the LRU queue's segment nodes, one per block at most (a segment holds one block or more),
+    # chained into a free list through SEG_NEXT
+    nodes = kv.num_blocks + 1 if s[CACHE_MODE] != KEEP_NONE else 1
+    seg = np.zeros((nrep, 4, nodes), dtype=np.int64)
+    seg[:, SEG_NEXT] = np.arange(1, nodes + 1)
+    seg[:, SEG_NEXT, nodes - 1] = -1
+    rs[:, R_LRU_HEAD] = rs[:, R_LRU_TAIL] = -1
     rf = np.zeros((nrep, 3))
     itl = np.empty(ITL_CAP)
     rows = np.empty((ROW_BLOCK, len(ITERATION_COLUMNS)))
@@ -581,7 +722,7 @@ def run_compiled(requests: RequestArrays, scheduler: Any, executor: Any, recorde
     done_seen = 0
     dt = 0.0
     while True:
-        rc = step(qi, qf, rt, rl, st, s, rs, rf, itl, rows, dt)
+        rc = step(qi, qf, rt, rl, st, s, rs, rf, seg, itl, rows, dt)
         if rc == STEP_RC:
             r = int(s[AWAIT])
             n_seqs, n_dec, tokens, pairs, dkv, pkv, longest = rs[r, S_SEQS:S_LONGEST + 1].tolist()
@@ -604,6 +745,8 @@ def run_compiled(requests: RequestArrays, scheduler: Any, executor: Any, recorde
                 done_seen = done
             continue
         break
+    if rc == CACHE_RC:
+        raise AssertionError("compiled engine: a request would find more of its cached blocks than it may look up")
     if rc != DONE_RC:
         raise RuntimeError(f"compiled engine: {'no progress' if rc == NO_PROGRESS_RC else 'allocation failed'} "
                            f"with {rs[:, R_COUNT].sum()} waiting, {rs[:, R_RUN].sum()} running and "

@@ -61,8 +61,10 @@ def _scenario(seed: int, n: int, *, hardware: str, block_size: int, num_blocks: 
     })
 
 
-def random_case(seed: int):
-    """A scenario and its requests as columns: lengths, arrival pattern, KV size and knobs drawn."""
+def random_case(seed: int, prefix_caching: bool = False):
+    """A scenario and its requests as columns: lengths, arrival pattern, KV size and knobs drawn;
+    ``prefix_caching``: on, with a random ``cache_preempted_blocks`` (no prompt shares a prefix,
+    so what is cached is each victim's own blocks)."""
     rng = np.random.default_rng(seed)
     n = int(rng.choice([1, 3, 40, 300]))
     bs = int(rng.choice([1, 4, 16]))
@@ -94,6 +96,12 @@ def random_case(seed: int):
     sc = _scenario(seed, n, hardware=str(rng.choice(["h100-sxm", "a100-80g"])), block_size=bs,
                    num_blocks=num_blocks, watermark=float(rng.choice([0.0, 0.01, 0.1])), scheduler=scheduler,
                    cost=cost)
+    if prefix_caching:
+        keep = ["all", "prompt", "none"][seed % 3]
+        sc = sc.model_copy(update={
+            "kv_cache": sc.kv_cache.model_copy(update={"enable_prefix_caching": True}),
+            "scheduler": sc.scheduler.model_copy(update={"cache_preempted_blocks": keep})})
+        assert sc.kv_cache.enable_prefix_caching and sc.policy.cache_preempted_blocks == keep
     requests = RequestArrays(arrival.astype(np.float64), prompt, output, np.full(n, -1), np.zeros(n, dtype=np.int64))
     return sc, requests
 
@@ -102,6 +110,30 @@ def random_case(seed: int):
 def test_random_scenario_is_the_python_engines_run(seed: int):
     sc, requests = random_case(seed)
     assert_identical(sc, requests, iterations=["full", "binned", "off", "auto"][seed % 4])
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_prefix_caching_is_the_python_engines_run(seed: int):
+    """Prefix caching on without shared prefixes: a request preempted by recompute leaves its
+    computed blocks (all, or the prompt's) in the cache and finds what was not evicted when it is
+    admitted again; finished requests' published blocks stay evictable, least recently used first."""
+    sc, requests = random_case(seed, prefix_caching=True)
+    assert_identical(sc, requests, iterations=["full", "binned", "off", "auto"][seed % 4])
+
+
+def test_the_prefix_caching_cases_re_hit_their_own_blocks():
+    """Some victims above find blocks of their own again (the compiled engine's LRU queue is used),
+    so the runs differ from the same runs with prefix caching off."""
+    differ = 0
+    for seed in range(60):
+        sc, requests = random_case(seed, prefix_caching=True)
+        if sc.policy.cache_preempted_blocks == "none":
+            continue
+        on = simulate(sc, requests=requests, progress=False, compiled=True)
+        off_sc = sc.model_copy(update={"kv_cache": sc.kv_cache.model_copy(update={"enable_prefix_caching": False})})
+        off = simulate(off_sc, requests=requests, progress=False, compiled=True)
+        differ += int(not on.requests_df["finish_time"].equals(off.requests_df["finish_time"]))
+    assert differ >= 4, differ
 
 
 @pytest.mark.parametrize("seed", [1, 5, 9, 13, 17, 21])
@@ -123,8 +155,9 @@ def test_several_replicas_are_the_python_engines_plain_loop(seed: int):
     """Replicas behind round robin or least outstanding: the compiled engine orders every arrival,
     step end and wakeup as SimPy does (time, then when it was queued), so the ITLs reach the
     histogram in the plain loop's order too (the Python fast-forward's order differs in the last
-    bits of mean and std ITL with several replicas, ``ORDER_ONLY``)."""
-    sc, requests = random_case(seed)
+    bits of mean and std ITL with several replicas, ``ORDER_ONLY``). Odd seeds with prefix caching
+    on: each replica keeps its own cache."""
+    sc, requests = random_case(seed, prefix_caching=seed % 2 == 1)
     rng = np.random.default_rng(seed + 1000)
     sc = with_replicas(sc, int(rng.choice([2, 3, 5])), str(rng.choice(["round_robin", "least_outstanding"])))
     assert_identical(sc, requests, iterations=["full", "binned", "off", "auto"][seed % 4])
@@ -219,7 +252,9 @@ BASE = {"name": "class", "seed": 1, "model": "llama-3.1-8b", "hardware": "h100-s
     ({"scheduler": {"type": "continuous"}}, "scheduler continuous"),
     ({"scheduler": {"type": "chunked", "preemption_mode": "swap"}}, "preemption_mode swap"),
     ({"scheduler": {"type": "chunked", "async_scheduling": True}}, "async_scheduling"),
-    ({"kv_cache": {"enable_prefix_caching": True}}, "prefix caching"),
+    ({"kv_cache": {"enable_prefix_caching": True},
+      "workload": {**BASE["workload"], "prefix": {"num_prefixes": 2, "prefix_len": 32, "fraction": 0.5}}},
+     "prefix caching over shared prompt prefixes"),
     ({"workload": {**BASE["workload"], "sessions": {"turns": 3}}}, "request objects"),
 ])
 def test_what_it_does_not_run_is_named_and_runs_on_the_python_engine(change, reason):
