@@ -23,12 +23,13 @@ and CPU seconds (simulate + write; on a shared machine the CPU seconds move less
 KV block size and prefix caching: SGLang's page size 1, Transformers' 256-token blocks), the same
 traffic otherwise. ``--replicas N`` puts N such replicas behind ``--router`` (default
 round_robin); ``--rate`` is then the cluster's (give N times a replica's rate for the same load
-per replica).
+per replica). ``--async-scheduling`` turns vLLM V1's async scheduling on (the scheduler's or
+the preset's ``async_scheduling``).
 
     python benchmarks/sim_speed.py --workload sharegpt|conv [--requests 100000] [--rate R] [--profile]
         [--iterations auto|full|binned|off] [--plain] [--engine auto|python|compiled]
         [--preset vllm-v1|sglang|tensorrt-llm|...]
-        [--replicas N] [--router round_robin|least_outstanding|...]
+        [--replicas N] [--router round_robin|least_outstanding|...] [--async-scheduling]
 """
 
 from __future__ import annotations
@@ -63,15 +64,18 @@ WORKLOADS = {
 
 
 def scenario(workload: str, n: int, rate: float | None, preset: str | None = None, replicas: int = 1,
-             router: str = "round_robin"):
+             router: str = "round_robin", async_scheduling: bool = False):
     w = WORKLOADS[workload]
+    sched = {"preset": preset} if preset else dict(w["scheduler"])
+    if async_scheduling:
+        sched["async_scheduling"] = True
     return scenario_from_dict({
         "cluster": {"num_replicas": replicas, "router": router},
         "name": f"sim-speed-{workload}",
         "seed": 0,
         "model": "llama-3.1-8b",
         "hardware": w["hardware"],
-        "scheduler": {"preset": preset} if preset else w["scheduler"],
+        "scheduler": sched,
         "workload": {
             "num_requests": n,
             "arrival": {"process": "poisson", "rate": rate or w["rate"]},
@@ -96,9 +100,12 @@ def main() -> None:
     ap.add_argument("--preset", default=None, help="an engine preset at its defaults instead of the chunked scheduler")
     ap.add_argument("--replicas", type=int, default=1, help="replicas behind the router (--rate is the cluster's)")
     ap.add_argument("--router", default="round_robin", help="the cluster's router (with --replicas)")
+    ap.add_argument("--async-scheduling", action="store_true",
+                    help="vLLM V1's async scheduling on (the chunked scheduler's or the preset's knob)")
     args = ap.parse_args()
     try:
-        sc = scenario(args.workload, args.requests, args.rate, args.preset, args.replicas, args.router)
+        sc = scenario(args.workload, args.requests, args.rate, args.preset, args.replicas, args.router,
+                      args.async_scheduling)
     except ValueError as e:  # a ScenarioError: an unknown preset, a bad rate
         raise SystemExit(f"sim_speed.py: {e}") from None
     if args.plain and args.engine == "compiled":

@@ -2,8 +2,8 @@
 
 At a million requests the Python engine (``engine.py`` driving ``schedulers/chunked.py``) costs
 ~50-80 µs a step in objects, SimPy events and small numpy calls. For the configuration most
-large runs use — the ``chunked`` policy (preemption by recompute, no async scheduling; the
-``vllm-v1`` preset's), one replica or several behind ``round_robin`` or ``least_outstanding``, a
+large runs use — the ``chunked`` policy (preemption by recompute; the ``vllm-v1`` preset's),
+async scheduling on or off, one replica or several behind ``round_robin`` or ``least_outstanding``, a
 generated or trace workload held as columns (``RequestArrays``) without shared prompt prefixes
 or token ids, prefix caching on or off — this module runs the same
 engine as one numba function over arrays: requests are columns (no ``Request`` objects), each
@@ -35,6 +35,13 @@ blocks one request gave back at once, evicted from its highest block down, so wh
 finds again is always the segment's whole count). Never-used blocks are handed out before any
 cached one is evicted, as ``BlockManager`` does. The cache's hit counters stay 0, as the Python
 engine's do for such a workload (they count only lookups of requests never preempted).
+
+Async scheduling (``Replica``'s ``async_scheduling``: the next step is chosen while this one
+runs) is ``Replica._loop``'s: a request sent to a replica during its step waits in the replica's
+arrived list and joins the waiting queue after the next schedule (at once when nothing else is
+left to schedule), a request that finishes keeps its seat and KV blocks through that schedule,
+and a schedule that came out empty is tried again at once when it gave seats and blocks back or
+preempted; each step's price overlaps the host term (``SimExecutor.price``).
 
 Event order (SimPy): an event runs at its time, and events of one instant in the order they were
 queued, which each event here keeps as a stamp from one counter. The arrival process sends
@@ -69,23 +76,30 @@ ROW_BLOCK = 4096  # iteration rows handed to the recorder at a time
 # request columns (int): prompt, output, outputs so far, preemptions, state, rejected, sent by a
 # timeout, replica, next in its replica's waiting queue; the prefix cache's (below): blocks of its
 # table keyed in the cache, whether a preemption published its own blocks (it looks them up when
-# admitted again), how many keys its table may publish, its segment in the LRU queue + 1 (0: none)
-_QI = 13
-P_LEN, O_LEN, OUT, PREEMPTS, STATE, REJECT, YIELDED, REPLICA, NEXT_WAITING, REG, REHIT, KEYS, SEG = range(_QI)
+# admitted again), how many keys its table may publish, its segment in the LRU queue + 1 (0: none);
+# under async scheduling the blocks a finished request holds until the next schedule
+_QI = 14
+P_LEN, O_LEN, OUT, PREEMPTS, STATE, REJECT, YIELDED, REPLICA, NEXT_WAITING, REG, REHIT, KEYS, SEG, HELD_BLOCKS = range(_QI)
 # request columns (float): arrival (recorded), first scheduled, first token, last token, finish, sent at
 _QF = 6
 ARRIVAL, FIRST_SCHED, FIRST_TOK, LAST_TOK, FINISH, SENT = range(_QF)
 # global scalars
 (N_REQ, MAX_SEQS, BUDGET, THRESHOLD, BLOCK, NUM_BLOCKS, WATERMARK, NREP, ROUTER, RR_NEXT, NEXT, A_STAMP, STAMPS,
- AWAIT, ITL_N, ROWS_N, DONE, STEPS, PREEMPTIONS, STARTED, CACHE_MODE) = range(21)
+ AWAIT, ITL_N, ROWS_N, DONE, STEPS, PREEMPTIONS, STARTED, CACHE_MODE, ASYNC) = range(22)
 _NS = 24
 # per-replica scalars: running rows, waiting queue (head, tail, length), free KV blocks, phase, the
 # stamp of its pending event, the step's rows and preemptions, requests outstanding (the router's
 # count), the step's sums; the prefix cache's evictable blocks (counted in R_FREE too), its LRU
-# queue of segments (head, tail) and the first unused segment node
+# queue of segments (head, tail) and the first unused segment node; under async scheduling the
+# requests that arrived during its step (head, tail, length: they reach the waiting queue after
+# the next schedule) and the finished ones holding seats and blocks until then (head, tail, length)
 (R_RUN, R_HEAD, R_TAIL, R_COUNT, R_FREE, R_PHASE, R_STAMP, R_K, R_NPRE, R_OUT, S_SEQS, S_DEC, S_TOKENS, S_PAIRS,
- S_DKV, S_PKV, S_LONGEST, S_PLAIN, S_SAMPLES, R_EVICT, R_LRU_HEAD, R_LRU_TAIL, R_NODE_FREE) = range(23)
-_NRS = 24
+ S_DKV, S_PKV, S_LONGEST, S_PLAIN, S_SAMPLES, R_EVICT, R_LRU_HEAD, R_LRU_TAIL, R_NODE_FREE, R_ARR_HEAD, R_ARR_TAIL,
+ R_ARR_COUNT, R_HELD_HEAD, R_HELD_TAIL, R_HELD_COUNT) = range(29)
+_NRS = 32
+assert R_TAIL == R_HEAD + 1 and R_COUNT == R_HEAD + 2  # (``_append``'s list layout)
+assert R_ARR_TAIL == R_ARR_HEAD + 1 and R_ARR_COUNT == R_ARR_HEAD + 2
+assert R_HELD_TAIL == R_HELD_HEAD + 1 and R_HELD_COUNT == R_HELD_HEAD + 2
 # per-replica floats: when its pending event happens, when its step started, the step's duration
 R_TIME, R_START, R_DT = range(3)
 # replica phases: idle (waiting for a request), woken (a request came: it resumes at R_TIME),
@@ -108,8 +122,9 @@ _UNSENT = -1
 
 
 def _send(qi: np.ndarray, s: np.ndarray, rs: np.ndarray, rf: np.ndarray, q: int, now: float) -> None:
-    """Request ``q`` arrives now: the router picks its replica (``Router.pick``), which queues it,
-    or reports it done at once when the policy rejects it; an idle replica is woken."""
+    """Request ``q`` arrives now: the router picks its replica (``Router.pick``), which queues it
+    (``_enqueue``) — or, under async scheduling while it runs a step, takes it in after its next
+    schedule (``Replica.submit``)."""
     nrep = s[NREP]
     r = 0
     if nrep > 1:
@@ -122,19 +137,34 @@ def _send(qi: np.ndarray, s: np.ndarray, rs: np.ndarray, rf: np.ndarray, q: int,
                     r = i
     rs[r, R_OUT] += 1
     qi[REPLICA, q] = r
+    if s[ASYNC] and rs[r, R_PHASE] == STEPPING:
+        _append(qi, rs[r], q, R_ARR_HEAD)
+        return
+    _enqueue(qi, s, rs, rf, r, q, now)
+
+
+def _append(qi: np.ndarray, rsr: np.ndarray, q: int, head: int) -> None:
+    """Request ``q`` at the end of one of a replica's lists linked through ``NEXT_WAITING`` (its
+    head, tail and length are ``rsr[head]``, ``rsr[head + 1]``, ``rsr[head + 2]``)."""
+    qi[NEXT_WAITING, q] = -1
+    if rsr[head + 2] == 0:
+        rsr[head] = q
+    else:
+        qi[NEXT_WAITING, rsr[head + 1]] = q
+    rsr[head + 1] = q
+    rsr[head + 2] += 1
+
+
+def _enqueue(qi: np.ndarray, s: np.ndarray, rs: np.ndarray, rf: np.ndarray, r: int, q: int, now: float) -> None:
+    """Replica ``r`` takes request ``q`` in (``Scheduler.add``): queues it, or reports it done at
+    once when the policy rejects it; an idle replica is woken."""
     if qi[REJECT, q]:
         qi[STATE, q] = _REJECTED
         s[DONE] += 1
         rs[r, R_OUT] -= 1
         return
     qi[STATE, q] = _WAITING
-    qi[NEXT_WAITING, q] = -1
-    if rs[r, R_COUNT] == 0:
-        rs[r, R_HEAD] = q
-    else:
-        qi[NEXT_WAITING, rs[r, R_TAIL]] = q
-    rs[r, R_TAIL] = q
-    rs[r, R_COUNT] += 1
+    _append(qi, rs[r], q, R_HEAD)
     if rs[r, R_PHASE] == IDLE:  # its wakeup event, queued now
         rs[r, R_PHASE] = WOKEN
         rf[r, R_TIME] = now
@@ -175,6 +205,29 @@ def _close_rows(rt: np.ndarray, rl: np.ndarray, gone: np.ndarray, m: int, n: int
         rl[dst] = rl[src]
         dst += 1
     return dst
+
+
+def _flush_arrived(qi: np.ndarray, s: np.ndarray, rs: np.ndarray, rf: np.ndarray, r: int, now: float) -> None:
+    """The requests that reached replica ``r`` during its step join its queue, in order."""
+    q = rs[r, R_ARR_HEAD]
+    m = rs[r, R_ARR_COUNT]
+    rs[r, R_ARR_COUNT] = 0
+    for _ in range(m):
+        nxt = qi[NEXT_WAITING, q]
+        _enqueue(qi, s, rs, rf, r, q, now)
+        q = nxt
+
+
+def _release_held(qi: np.ndarray, rsr: np.ndarray, seg: np.ndarray) -> int:
+    """Seats and blocks of the requests that finished before the last schedule come back
+    (``Scheduler.release_finished``), in the order they finished; returns how many."""
+    m = rsr[R_HELD_COUNT]
+    q = rsr[R_HELD_HEAD]
+    for _ in range(m):
+        _give_back(seg, rsr, qi, q, qi[HELD_BLOCKS, q], -1)
+        q = qi[NEXT_WAITING, q]
+    rsr[R_HELD_COUNT] = 0
+    return m
 
 
 def _seg_push(seg: np.ndarray, rsr: np.ndarray, qi: np.ndarray, owner: int, count: int) -> None:
@@ -350,7 +403,7 @@ def _schedule(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, st
             k += 1
     if not preempted_any:
         # admit waiting requests, oldest first, while budget, seats and blocks (watermark kept) last
-        while rsr[R_COUNT] > 0 and budget > 0 and rsr[R_RUN] < s[MAX_SEQS]:
+        while rsr[R_COUNT] > 0 and budget > 0 and rsr[R_RUN] < s[MAX_SEQS] - rsr[R_HELD_COUNT]:
             q = rsr[R_HEAD]
             tokens = qi[P_LEN, q] + qi[OUT, q]
             # a request preempted by recompute finds what is left of its published blocks
@@ -527,7 +580,11 @@ def engine_step(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, 
                 qf[LAST_TOK, q] = rlr[i]
                 qi[STATE, q] = _FINISHED
                 qf[FINISH, q] = now
-                _give_back(segr, rsr, qi, q, rtr[4, i], -1)
+                if s[ASYNC]:  # (``Scheduler._retire``: its seat and blocks held through the next schedule)
+                    qi[HELD_BLOCKS, q] = rtr[4, i]
+                    _append(qi, rsr, q, R_HELD_HEAD)
+                else:
+                    _give_back(segr, rsr, qi, q, rtr[4, i], -1)
                 rsr[R_OUT] -= 1
                 s[DONE] += 1
             rsr[R_RUN] = _close_rows(rtr, rlr, done, nd, rsr[R_RUN])
@@ -549,17 +606,31 @@ def engine_step(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, 
             rows[m, 14] = math.nan
             s[ROWS_N] = m + 1
             s[STEPS] += 1
-        # the replica runs on: its next step, or idle until a request comes
-        if rsr[R_COUNT] == 0 and rsr[R_RUN] == 0:
-            rsr[R_PHASE] = IDLE
+        # the replica runs on (``Replica._loop``): its next step, or idle until a request comes
+        while True:
+            if rsr[R_ARR_COUNT] and rsr[R_COUNT] == 0 and rsr[R_RUN] == 0:
+                _flush_arrived(qi, s, rs, rf, r, now)  # nothing else to schedule: seen at once
+            if rsr[R_COUNT] == 0 and rsr[R_RUN] == 0:
+                _release_held(qi, rsr, segr)
+                rsr[R_PHASE] = IDLE
+                break
+            k = _schedule(qi, qf, rtr, rlr, str_, s, rsr, segr, now)
+            if k == -2:
+                return CACHE_RC
+            if k < 0:
+                return BROKEN_RC
+            # (async scheduling) the last step's outputs are processed after this schedule
+            released = _release_held(qi, rsr, segr)
+            if rsr[R_ARR_COUNT]:
+                _flush_arrived(qi, s, rs, rf, r, now)
+            if k > 0:
+                break
+            if released == 0 and rsr[R_NPRE] == 0:
+                return NO_PROGRESS_RC
+            # schedule again at once: with the seats and blocks back, or after a schedule whose
+            # preemptions took every row and, as vLLM V1 does, admitted nothing
+        if rsr[R_PHASE] == IDLE:
             continue
-        k = _schedule(qi, qf, rtr, rlr, str_, s, rsr, segr, now)
-        if k == -2:
-            return CACHE_RC
-        if k < 0:
-            return BROKEN_RC
-        if k == 0:
-            return NO_PROGRESS_RC
         rf[r, R_START] = now
         rsr[R_PHASE] = PRICING
         s[AWAIT] = r
@@ -580,8 +651,9 @@ def send_times(arrival: np.ndarray, sent: np.ndarray, yielded: np.ndarray) -> No
         sent[k] = now
 
 
-_PLAIN = {"_send": _send, "_arrivals": _arrivals, "_close_rows": _close_rows, "_seg_push": _seg_push,
-          "_seg_unlink": _seg_unlink, "_take": _take, "_give_back": _give_back, "_schedule": _schedule,
+_PLAIN = {"_append": _append, "_enqueue": _enqueue, "_send": _send, "_arrivals": _arrivals, "_close_rows": _close_rows,
+          "_seg_push": _seg_push, "_seg_unlink": _seg_unlink, "_take": _take, "_give_back": _give_back,
+          "_flush_arrived": _flush_arrived, "_release_held": _release_held, "_schedule": _schedule,
           "engine_step": engine_step, "send_times": send_times}
 _loaded: bool | None = None  # None: not tried yet; False: numba could not build it
 
@@ -634,8 +706,6 @@ def reason_not_compiled(sc: Any, requests: Any, scheduler: Any, executor: Any) -
         return f"preemption_mode {cfg.preemption_mode}"
     if not cfg.chunked_prefill:
         return "chunked_prefill off"
-    if cfg.async_scheduling:
-        return "async_scheduling"
     if not isinstance(requests, RequestArrays):
         return "the workload is request objects (sessions or a trace with content hashes)"
     if scheduler.kv.enable_prefix_caching and (requests.token_ids is not None or (requests.prefix_id >= 0).any()):
@@ -706,6 +776,7 @@ def run_compiled(requests: RequestArrays, scheduler: Any, executor: Any, recorde
     rs[:, R_FREE] = kv.num_blocks
     keep = {"none": KEEP_NONE, "all": KEEP_ALL, "prompt": KEEP_PROMPT}[scheduler.cache_preempted]
     s[CACHE_MODE] = keep if kv.enable_prefix_caching else KEEP_NONE
+    s[ASYNC] = scheduler.config.async_scheduling
     # the LRU queue's segment nodes, one per block at most (a segment holds one block or more),
     # chained into a free list through SEG_NEXT
     nodes = kv.num_blocks + 1 if s[CACHE_MODE] != KEEP_NONE else 1

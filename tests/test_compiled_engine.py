@@ -61,10 +61,10 @@ def _scenario(seed: int, n: int, *, hardware: str, block_size: int, num_blocks: 
     })
 
 
-def random_case(seed: int, prefix_caching: bool = False):
+def random_case(seed: int, prefix_caching: bool = False, async_scheduling: bool = False):
     """A scenario and its requests as columns: lengths, arrival pattern, KV size and knobs drawn;
     ``prefix_caching``: on, with a random ``cache_preempted_blocks`` (no prompt shares a prefix,
-    so what is cached is each victim's own blocks)."""
+    so what is cached is each victim's own blocks); ``async_scheduling``: on."""
     rng = np.random.default_rng(seed)
     n = int(rng.choice([1, 3, 40, 300]))
     bs = int(rng.choice([1, 4, 16]))
@@ -102,6 +102,9 @@ def random_case(seed: int, prefix_caching: bool = False):
             "kv_cache": sc.kv_cache.model_copy(update={"enable_prefix_caching": True}),
             "scheduler": sc.scheduler.model_copy(update={"cache_preempted_blocks": keep})})
         assert sc.kv_cache.enable_prefix_caching and sc.policy.cache_preempted_blocks == keep
+    if async_scheduling:
+        sc = sc.model_copy(update={"scheduler": sc.scheduler.model_copy(update={"async_scheduling": True})})
+        assert sc.policy.async_scheduling
     requests = RequestArrays(arrival.astype(np.float64), prompt, output, np.full(n, -1), np.zeros(n, dtype=np.int64))
     return sc, requests
 
@@ -119,6 +122,26 @@ def test_prefix_caching_is_the_python_engines_run(seed: int):
     admitted again; finished requests' published blocks stay evictable, least recently used first."""
     sc, requests = random_case(seed, prefix_caching=True)
     assert_identical(sc, requests, iterations=["full", "binned", "off", "auto"][seed % 4])
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_async_scheduling_is_the_python_engines_run(seed: int):
+    """Async scheduling (vLLM V1's): a request arriving during a step joins the queue after the
+    next schedule, and a finished request keeps its seat and blocks through it; odd seeds with
+    prefix caching on too."""
+    sc, requests = random_case(seed, prefix_caching=seed % 2 == 1, async_scheduling=True)
+    assert_identical(sc, requests, iterations=["full", "binned", "off", "auto"][seed % 4])
+
+
+def test_async_scheduling_changes_the_runs():
+    """The async cases above are not the synchronous runs under another name."""
+    differ = 0
+    for seed in range(20):
+        sc, requests = random_case(seed, async_scheduling=True)
+        on = simulate(sc, requests=requests, progress=False, compiled=True)
+        sync = simulate(random_case(seed)[0], requests=requests, progress=False, compiled=True)
+        differ += int(not on.requests_df["first_token_time"].equals(sync.requests_df["first_token_time"]))
+    assert differ >= 10, differ
 
 
 def test_the_prefix_caching_cases_re_hit_their_own_blocks():
@@ -157,7 +180,7 @@ def test_several_replicas_are_the_python_engines_plain_loop(seed: int):
     histogram in the plain loop's order too (the Python fast-forward's order differs in the last
     bits of mean and std ITL with several replicas, ``ORDER_ONLY``). Odd seeds with prefix caching
     on: each replica keeps its own cache."""
-    sc, requests = random_case(seed, prefix_caching=seed % 2 == 1)
+    sc, requests = random_case(seed, prefix_caching=seed % 2 == 1, async_scheduling=seed % 4 >= 2)
     rng = np.random.default_rng(seed + 1000)
     sc = with_replicas(sc, int(rng.choice([2, 3, 5])), str(rng.choice(["round_robin", "least_outstanding"])))
     assert_identical(sc, requests, iterations=["full", "binned", "off", "auto"][seed % 4])
@@ -251,7 +274,6 @@ BASE = {"name": "class", "seed": 1, "model": "llama-3.1-8b", "hardware": "h100-s
     ({"cluster": {"num_replicas": 3, "router": "power_of_two_choices"}}, "router power_of_two_choices"),
     ({"scheduler": {"type": "continuous"}}, "scheduler continuous"),
     ({"scheduler": {"type": "chunked", "preemption_mode": "swap"}}, "preemption_mode swap"),
-    ({"scheduler": {"type": "chunked", "async_scheduling": True}}, "async_scheduling"),
     ({"kv_cache": {"enable_prefix_caching": True},
       "workload": {**BASE["workload"], "prefix": {"num_prefixes": 2, "prefix_len": 32, "fraction": 0.5}}},
      "prefix caching over shared prompt prefixes"),
