@@ -3,7 +3,7 @@
 At a million requests the Python engine (``engine.py`` driving ``schedulers/chunked.py``) costs
 ~50-80 µs a step in objects, SimPy events and small numpy calls. For the configuration most
 large runs use — the ``chunked`` policy (preemption by recompute; the ``vllm-v1`` preset's),
-async scheduling on or off, one replica or several behind ``round_robin`` or ``least_outstanding``, a
+chunked prefill and async scheduling on or off, one replica or several behind ``round_robin`` or ``least_outstanding``, a
 generated or trace workload held as columns (``RequestArrays``) without shared prompt prefixes
 or token ids, prefix caching on or off — this module runs the same
 engine as one numba function over arrays: requests are columns (no ``Request`` objects), each
@@ -85,7 +85,7 @@ _QF = 6
 ARRIVAL, FIRST_SCHED, FIRST_TOK, LAST_TOK, FINISH, SENT = range(_QF)
 # global scalars
 (N_REQ, MAX_SEQS, BUDGET, THRESHOLD, BLOCK, NUM_BLOCKS, WATERMARK, NREP, ROUTER, RR_NEXT, NEXT, A_STAMP, STAMPS,
- AWAIT, ITL_N, ROWS_N, DONE, STEPS, PREEMPTIONS, STARTED, CACHE_MODE, ASYNC) = range(22)
+ AWAIT, ITL_N, ROWS_N, DONE, STEPS, PREEMPTIONS, STARTED, CACHE_MODE, ASYNC, WHOLE_PROMPTS) = range(23)
 _NS = 24
 # per-replica scalars: running rows, waiting queue (head, tail, length), free KV blocks, phase, the
 # stamp of its pending event, the step's rows and preemptions, requests outstanding (the router's
@@ -422,7 +422,10 @@ def _schedule(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, st
             computed = found * bs
             chunk = min(tokens - computed, budget, thr)
             need = (computed + chunk + bs - 1) // bs - found
-            if need > 0 and rsr[R_FREE] - need < s[WATERMARK]:
+            # chunked prefill off: it waits for a step with room for all of it (capped by the
+            # threshold), and so does everyone behind it
+            if (need > 0 and rsr[R_FREE] - need < s[WATERMARK]) or (
+                    s[WHOLE_PROMPTS] and min(tokens - computed, thr) > budget):
                 if found:  # (``blocks.drop_cached_prefix``: back at the recently used end)
                     rsr[R_FREE] += found
                     _seg_push(seg, rsr, qi, q, found)
@@ -704,8 +707,6 @@ def reason_not_compiled(sc: Any, requests: Any, scheduler: Any, executor: Any) -
     # victim is fcfs's, the newest row, and the chunked policy orders nothing else by priority)
     if cfg.preemption_mode != "recompute":
         return f"preemption_mode {cfg.preemption_mode}"
-    if not cfg.chunked_prefill:
-        return "chunked_prefill off"
     if not isinstance(requests, RequestArrays):
         return "the workload is request objects (sessions or a trace with content hashes)"
     if scheduler.kv.enable_prefix_caching and (requests.token_ids is not None or (requests.prefix_id >= 0).any()):
@@ -730,6 +731,11 @@ def _rejected(requests: RequestArrays, scheduler: Any) -> np.ndarray:
         bad |= p > scheduler.config.max_model_len - o  # prompt + output > max_model_len
     # blocks_for(prompt + output - 1) > usable blocks, i.e. prompt + output - 1 > usable * block_size
     bad |= p - 1 > (kv.num_blocks - kv.watermark_blocks) * kv.block_size - o
+    cfg = scheduler.config
+    if not cfg.chunked_prefill:  # (``ChunkedScheduler.reject_reason``: it could need more than a step)
+        budget, cap = scheduler.max_num_batched_tokens, cfg.long_prefill_token_threshold
+        if not cap or cap > budget:  # min(prompt + output - 1, cap) > budget
+            bad |= p - 1 > budget - o
     return bad
 
 
@@ -777,6 +783,7 @@ def run_compiled(requests: RequestArrays, scheduler: Any, executor: Any, recorde
     keep = {"none": KEEP_NONE, "all": KEEP_ALL, "prompt": KEEP_PROMPT}[scheduler.cache_preempted]
     s[CACHE_MODE] = keep if kv.enable_prefix_caching else KEEP_NONE
     s[ASYNC] = scheduler.config.async_scheduling
+    s[WHOLE_PROMPTS] = not scheduler.config.chunked_prefill
     # the LRU queue's segment nodes, one per block at most (a segment holds one block or more),
     # chained into a free list through SEG_NEXT
     nodes = kv.num_blocks + 1 if s[CACHE_MODE] != KEEP_NONE else 1

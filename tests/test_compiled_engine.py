@@ -61,10 +61,12 @@ def _scenario(seed: int, n: int, *, hardware: str, block_size: int, num_blocks: 
     })
 
 
-def random_case(seed: int, prefix_caching: bool = False, async_scheduling: bool = False):
+def random_case(seed: int, prefix_caching: bool = False, async_scheduling: bool = False,
+                chunked_prefill: bool = True):
     """A scenario and its requests as columns: lengths, arrival pattern, KV size and knobs drawn;
     ``prefix_caching``: on, with a random ``cache_preempted_blocks`` (no prompt shares a prefix,
-    so what is cached is each victim's own blocks); ``async_scheduling``: on."""
+    so what is cached is each victim's own blocks); ``async_scheduling``: on; ``chunked_prefill``
+    False: prompts taken in whole (vLLM V1's ``enable_chunked_prefill=False``)."""
     rng = np.random.default_rng(seed)
     n = int(rng.choice([1, 3, 40, 300]))
     bs = int(rng.choice([1, 4, 16]))
@@ -105,6 +107,9 @@ def random_case(seed: int, prefix_caching: bool = False, async_scheduling: bool 
     if async_scheduling:
         sc = sc.model_copy(update={"scheduler": sc.scheduler.model_copy(update={"async_scheduling": True})})
         assert sc.policy.async_scheduling
+    if not chunked_prefill:
+        sc = sc.model_copy(update={"scheduler": sc.scheduler.model_copy(update={"chunked_prefill": False})})
+        assert not sc.policy.chunked_prefill
     requests = RequestArrays(arrival.astype(np.float64), prompt, output, np.full(n, -1), np.zeros(n, dtype=np.int64))
     return sc, requests
 
@@ -130,6 +135,15 @@ def test_async_scheduling_is_the_python_engines_run(seed: int):
     next schedule, and a finished request keeps its seat and blocks through it; odd seeds with
     prefix caching on too."""
     sc, requests = random_case(seed, prefix_caching=seed % 2 == 1, async_scheduling=True)
+    assert_identical(sc, requests, iterations=["full", "binned", "off", "auto"][seed % 4])
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_chunked_prefill_off_is_the_python_engines_run(seed: int):
+    """Prompts taken in whole (the budget's first refusal ends the step's admissions; a request that
+    could outgrow a step is rejected), with async scheduling and prefix caching on some seeds."""
+    sc, requests = random_case(seed, prefix_caching=seed % 3 == 1, async_scheduling=seed % 2 == 1,
+                               chunked_prefill=False)
     assert_identical(sc, requests, iterations=["full", "binned", "off", "auto"][seed % 4])
 
 
