@@ -53,6 +53,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(format_summary_table(result.summary))
     engine = "the compiled engine" if result.engine == "compiled" else "the Python engine"
     print(f"simulated in {result.wall_s:.2f} s wall on {engine}; results in {out}/")
+    if result.not_compiled:
+        print(f"note: the compiled engine (several times faster on large runs) does not run {result.not_compiled}; "
+              "see Commands in the README for what it runs", file=sys.stderr)
     if args.iterations == "auto" and result.iterations == "binned":
         why = (f"{len(result.requests):,} requests, --iterations auto bins from {AUTO_BINNED_REQUESTS:,}"
                if len(result.requests) >= AUTO_BINNED_REQUESTS else

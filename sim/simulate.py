@@ -110,6 +110,8 @@ class RunResult:
     step_request_ids: list[np.ndarray] | None = None
     iterations: str = "full"  # what iterations_df holds: every step (full), time bins (binned) or none (off)
     engine: str = "python"  # what ran the steps: the Python engine (engine.py) or the compiled one (compiled_engine.py)
+    # why the Python engine ran a run whose compiled step loops were on (compiled_engine.reason_not_compiled)
+    not_compiled: str | None = None
 
     def header(self) -> dict[str, Any]:
         """Run metadata that goes first in summary.json (nothing here may vary between equal runs)."""
@@ -281,13 +283,17 @@ def simulate(sc: Scenario, requests: Sequence[Request] | None = None, progress: 
     if sc.cluster.disagg is not None:
         if compiled:
             raise ScenarioError("the compiled engine cannot run this scenario: a disaggregated cluster")
-        return simulate_disagg(sc, requests, env, progress, t0, iterations)
+        result = simulate_disagg(sc, requests, env, progress, t0, iterations)
+        if compiled is None and row_kernels.ON:
+            result.not_compiled = "a disaggregated cluster"
+        return result
 
     def parts(_r: int):
         return build_scheduler(sc, kv, block_ids=False), SimExecutor(cost, kv.block_bytes,
                                                     overlap_host=sc.policy.async_scheduling)
 
     built: dict[int, tuple[Scheduler, SimExecutor]] = {}  # replica 0's parts, if built to ask the compiled engine
+    why: str | None = None
     if compiled is not False:
         scheduler, executor = built[0] = parts(0)
         why = compiled_engine.reason_not_compiled(sc, requests, scheduler, executor)
@@ -306,7 +312,10 @@ def simulate(sc: Scenario, requests: Sequence[Request] | None = None, progress: 
             raise ScenarioError(f"the compiled engine cannot run this scenario: {why}")
     recorder, replicas = run_replicas(env, sc, requests, lambda r: built.pop(r, None) or parts(r), progress,
                                       fast_forward, iterations, bin_after=bin_after)
-    return finish_run(sc, "sim", requests, recorder, kv, time.perf_counter() - t0, replicas)
+    result = finish_run(sc, "sim", requests, recorder, kv, time.perf_counter() - t0, replicas)
+    if compiled is None and row_kernels.ON:
+        result.not_compiled = why
+    return result
 
 
 def simulate_disagg(sc: Scenario, requests: Sequence[Request], env: simpy.Environment, progress: bool | None,

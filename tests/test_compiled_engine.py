@@ -430,3 +430,23 @@ def test_several_replicas_rows_are_recorded_as_step_by_step():
     a, b = step_by_step.iterations_frame(), blocks.iterations_frame()
     assert len(a) > 1000 and a.equals(b)
     assert step_by_step.busy_by_replica().tolist() == blocks.busy_by_replica().tolist()
+
+
+def test_servesim_run_says_why_a_large_run_took_the_python_engine(tmp_path, capsys):
+    """With the compiled loops on (a large run; here ``SERVESIM_JIT=1``), a run the compiled engine
+    does not take is named with the reason on stderr; one it takes has no such note."""
+    import yaml
+    from servesim.sim.cli import main
+
+    for name, change, note in (("outside", {"scheduler": {"type": "continuous"}}, "scheduler continuous"),
+                               ("inside", {}, None)):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({**BASE, **change}))
+        assert main(["run", str(path), "--quiet", "--no-plots", "--out", str(tmp_path / name)]) == 0
+        captured = capsys.readouterr()
+        engine = "the Python engine" if note else "the compiled engine"
+        assert f"on {engine};" in captured.out
+        if note:
+            assert f"the compiled engine (several times faster on large runs) does not run {note}" in captured.err
+        else:
+            assert "does not run" not in captured.err
