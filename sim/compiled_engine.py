@@ -3,7 +3,8 @@
 At a million requests the Python engine (``engine.py`` driving ``schedulers/chunked.py``) costs
 ~50-80 µs a step in objects, SimPy events and small numpy calls. For the configuration most
 large runs use — the ``chunked`` policy (preemption by recompute; the ``vllm-v1`` preset's),
-chunked prefill and async scheduling on or off, one replica or several behind ``round_robin`` or ``least_outstanding``, a
+chunked prefill and async scheduling on or off, one replica or several behind ``round_robin``,
+``least_outstanding`` or a router that scrapes the replicas (``kv_aware``, ``least_kv_usage``, ``vllm_dp``), a
 generated or trace workload held as columns (``RequestArrays``) without shared prompt prefixes
 or token ids, prefix caching on or off — this module runs the same
 engine as one numba function over arrays: requests are columns (no ``Request`` objects), each
@@ -92,21 +93,26 @@ _NS = 24
 # count), the step's sums; the prefix cache's evictable blocks (counted in R_FREE too), its LRU
 # queue of segments (head, tail) and the first unused segment node; under async scheduling the
 # requests that arrived during its step (head, tail, length: they reach the waiting queue after
-# the next schedule) and the finished ones holding seats and blocks until then (head, tail, length)
+# the next schedule) and the finished ones holding seats and blocks until then (head, tail, length);
+# the router's last scrape of its metrics: free KV blocks, blocks its queued prompts need, waiting
+# and running requests (vllm_dp: plus the router's picks since)
 (R_RUN, R_HEAD, R_TAIL, R_COUNT, R_FREE, R_PHASE, R_STAMP, R_K, R_NPRE, R_OUT, S_SEQS, S_DEC, S_TOKENS, S_PAIRS,
  S_DKV, S_PKV, S_LONGEST, S_PLAIN, S_SAMPLES, R_EVICT, R_LRU_HEAD, R_LRU_TAIL, R_NODE_FREE, R_ARR_HEAD, R_ARR_TAIL,
- R_ARR_COUNT, R_HELD_HEAD, R_HELD_TAIL, R_HELD_COUNT) = range(29)
-_NRS = 32
+ R_ARR_COUNT, R_HELD_HEAD, R_HELD_TAIL, R_HELD_COUNT, SC_FREE, SC_QUEUED, SC_WAITING, SC_RUNNING) = range(33)
+_NRS = 36
 assert R_TAIL == R_HEAD + 1 and R_COUNT == R_HEAD + 2  # (``_append``'s list layout)
 assert R_ARR_TAIL == R_ARR_HEAD + 1 and R_ARR_COUNT == R_ARR_HEAD + 2
 assert R_HELD_TAIL == R_HELD_HEAD + 1 and R_HELD_COUNT == R_HELD_HEAD + 2
-# per-replica floats: when its pending event happens, when its step started, the step's duration
-R_TIME, R_START, R_DT = range(3)
+# per-replica floats: when its pending event happens, when its step started, the step's duration,
+# its KV usage at the router's last scrape; row 0 also holds the router's refresh interval and when
+# it last scraped
+R_TIME, R_START, R_DT, SC_USAGE, R_REFRESH, R_SCRAPED = range(6)
 # replica phases: idle (waiting for a request), woken (a request came: it resumes at R_TIME),
 # stepping (its step ends at R_TIME), pricing (its step waits for the caller's price)
 IDLE, WOKEN, STEPPING, PRICING = range(4)
-ROUND_ROBIN, LEAST_OUTSTANDING = range(2)
-ROUTERS = {"round_robin": ROUND_ROBIN, "least_outstanding": LEAST_OUTSTANDING}
+ROUND_ROBIN, LEAST_OUTSTANDING, KV_AWARE, LEAST_KV_USAGE, VLLM_DP = range(5)
+ROUTERS = {"round_robin": ROUND_ROBIN, "least_outstanding": LEAST_OUTSTANDING, "kv_aware": KV_AWARE,
+           "least_kv_usage": LEAST_KV_USAGE, "vllm_dp": VLLM_DP}
 # return codes
 DONE_RC, STEP_RC, FLUSH_ITL_RC, ROWS_FULL_RC, NO_PROGRESS_RC, BROKEN_RC, CACHE_RC = range(7)
 # what a request preempted by recompute leaves in the prefix cache (``cache_preempted_blocks``):
@@ -128,19 +134,59 @@ def _send(qi: np.ndarray, s: np.ndarray, rs: np.ndarray, rf: np.ndarray, q: int,
     nrep = s[NREP]
     r = 0
     if nrep > 1:
-        if s[ROUTER] == ROUND_ROBIN:
+        router = s[ROUTER]
+        if router == ROUND_ROBIN:
             r = s[RR_NEXT] % nrep
             s[RR_NEXT] += 1
-        else:  # least outstanding, ties to the lowest index
+        elif router == LEAST_OUTSTANDING:  # ties to the lowest index
             for i in range(1, nrep):
                 if rs[i, R_OUT] < rs[r, R_OUT]:
                     r = i
+        else:  # from the scrape (``Router._choose``), ties to the least outstanding, then the lowest index
+            _scrape(qi, s, rs, rf, now)
+            for i in range(1, nrep):
+                if router == LEAST_KV_USAGE:
+                    u, v = rf[i, SC_USAGE], rf[r, SC_USAGE]
+                    if u < v or (u == v and rs[i, R_OUT] < rs[r, R_OUT]):
+                        r = i
+                elif router == VLLM_DP:  # 4 x waiting + running, ties to the lowest index
+                    if 4 * rs[i, SC_WAITING] + rs[i, SC_RUNNING] < 4 * rs[r, SC_WAITING] + rs[r, SC_RUNNING]:
+                        r = i
+                else:  # kv_aware: the most free blocks net of the prompts queued there
+                    a, b = rs[i, SC_FREE] - rs[i, SC_QUEUED], rs[r, SC_FREE] - rs[r, SC_QUEUED]
+                    if a > b or (a == b and rs[i, R_OUT] < rs[r, R_OUT]):
+                        r = i
+            if router == VLLM_DP:
+                rs[r, SC_WAITING] += 1  # vLLM counts its pick as waiting there until the next snapshot
     rs[r, R_OUT] += 1
     qi[REPLICA, q] = r
     if s[ASYNC] and rs[r, R_PHASE] == STEPPING:
         _append(qi, rs[r], q, R_ARR_HEAD)
         return
     _enqueue(qi, s, rs, rf, r, q, now)
+
+
+def _scrape(qi: np.ndarray, s: np.ndarray, rs: np.ndarray, rf: np.ndarray, now: float) -> None:
+    """The router reads every replica's metrics when its refresh interval has passed (``Router._scrape``)."""
+    refresh = rf[0, R_REFRESH]
+    if now - rf[0, R_SCRAPED] < refresh and refresh > 0:
+        return
+    rf[0, R_SCRAPED] = now
+    router = s[ROUTER]
+    bs = s[BLOCK]
+    for i in range(s[NREP]):
+        rs[i, SC_FREE] = rs[i, R_FREE]
+        rf[i, SC_USAGE] = (s[NUM_BLOCKS] - rs[i, R_FREE]) / s[NUM_BLOCKS]
+        if router == VLLM_DP:
+            rs[i, SC_WAITING] = rs[i, R_COUNT]
+            rs[i, SC_RUNNING] = rs[i, R_RUN]
+        if router == KV_AWARE:
+            queued = 0
+            q = rs[i, R_HEAD]
+            for _ in range(rs[i, R_COUNT]):
+                queued += (qi[P_LEN, q] + qi[OUT, q] + bs - 1) // bs
+                q = qi[NEXT_WAITING, q]
+            rs[i, SC_QUEUED] = queued
 
 
 def _append(qi: np.ndarray, rsr: np.ndarray, q: int, head: int) -> None:
@@ -654,7 +700,7 @@ def send_times(arrival: np.ndarray, sent: np.ndarray, yielded: np.ndarray) -> No
         sent[k] = now
 
 
-_PLAIN = {"_append": _append, "_enqueue": _enqueue, "_send": _send, "_arrivals": _arrivals, "_close_rows": _close_rows,
+_PLAIN = {"_scrape": _scrape, "_append": _append, "_enqueue": _enqueue, "_send": _send, "_arrivals": _arrivals, "_close_rows": _close_rows,
           "_seg_push": _seg_push, "_seg_unlink": _seg_unlink, "_take": _take, "_give_back": _give_back,
           "_flush_arrived": _flush_arrived, "_release_held": _release_held, "_schedule": _schedule,
           "engine_step": engine_step, "send_times": send_times}
@@ -679,7 +725,7 @@ def _load() -> bool:
             s[NREP], s[AWAIT] = 1, -1
             g["engine_step"](empty_i, empty_f, np.zeros((1, 6, 1), dtype=np.int64), np.zeros((1, 1)),
                              np.zeros((1, 7, 1), dtype=np.int64), s, np.zeros((1, _NRS), dtype=np.int64),
-                             np.zeros((1, 3)), np.zeros((1, 4, 1), dtype=np.int64), np.zeros(1),
+                             np.zeros((1, 6)), np.zeros((1, 4, 1), dtype=np.int64), np.zeros(1),
                              np.zeros((1, len(ITERATION_COLUMNS))), 0.0)
             _loaded = True
         except Exception as e:  # noqa: BLE001 - the optional fast path falls back
@@ -699,7 +745,8 @@ def reason_not_compiled(sc: Any, requests: Any, scheduler: Any, executor: Any) -
     if sc.cluster.disagg is not None:
         return "a disaggregated cluster"
     if sc.cluster.num_replicas > 1 and sc.cluster.router not in ROUTERS:
-        return f"router {sc.cluster.router} (the compiled engine routes round_robin and least_outstanding)"
+        return (f"router {sc.cluster.router} (the compiled engine routes round_robin, least_outstanding, kv_aware, "
+                "least_kv_usage and vllm_dp)")
     if type(scheduler) is not ChunkedScheduler:
         return f"scheduler {sc.scheduler_name} (the compiled engine runs the chunked policy)"
     cfg = scheduler.config
@@ -741,7 +788,7 @@ def _rejected(requests: RequestArrays, scheduler: Any) -> np.ndarray:
 
 def run_compiled(requests: RequestArrays, scheduler: Any, executor: Any, recorder: MetricsRecorder,
                  on_progress: Callable[[int], None] | None = None, num_replicas: int = 1,
-                 router: str = "round_robin") -> int:
+                 router: str = "round_robin", router_refresh_s: float = 0.0) -> int:
     """Simulate ``requests`` on ``num_replicas`` replicas behind ``router``, each with
     ``scheduler``'s policy and sizes, with the compiled loop, each step priced by
     ``executor.price`` (``SimExecutor``); records into ``recorder`` exactly what the Python
@@ -791,7 +838,9 @@ def run_compiled(requests: RequestArrays, scheduler: Any, executor: Any, recorde
     seg[:, SEG_NEXT] = np.arange(1, nodes + 1)
     seg[:, SEG_NEXT, nodes - 1] = -1
     rs[:, R_LRU_HEAD] = rs[:, R_LRU_TAIL] = -1
-    rf = np.zeros((nrep, 3))
+    rf = np.zeros((nrep, 6))
+    rf[0, R_REFRESH] = router_refresh_s
+    rf[0, R_SCRAPED] = -math.inf
     itl = np.empty(ITL_CAP)
     rows = np.empty((ROW_BLOCK, len(ITERATION_COLUMNS)))
     hist = recorder.itl_histogram  # (flushes whatever the recorder staged before)
