@@ -61,6 +61,7 @@ from typing import Any
 
 import numpy as np
 
+from . import row_kernels as rk
 from .allreduce import Link
 from .batch import StepSums
 from .batch import step_sums as _step_sums
@@ -204,6 +205,17 @@ class AttentionGrid:
             blend[1:] /= shape_terms(self.axes, self._shape)
         self._log = blend.ravel().tolist()
         self._strides = (shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1)
+        # the same grid packed for the compiled reading (``grid_inside``): axes padded into rows,
+        # their lengths, the blended corner values; used for a linear reading whose axes all start
+        # at 0 (no coordinate then falls below its axis)
+        self._packed = None
+        if self._linear and all(a[0] == 0 for a in self.axes):
+            width = max(len(a) for a in self.axes)
+            packed = np.zeros((4, width))
+            for k, a in enumerate(self.axes):
+                packed[k, :len(a)] = a
+            self._packed = (packed, np.array([len(a) for a in self.axes], dtype=np.int64),
+                            np.asarray(self._log, dtype=np.float64))
         self._logx = [[math.log(v) if v > 0 else 0.0 for v in a] for a in self.axes]
         self._pc_min, self._kv_min = pc[1], kv[1] if kv[0] == 0 else kv[0]
         self._max = [a[-1] for a in self.axes]
@@ -227,7 +239,12 @@ class AttentionGrid:
         return i, (math.log(x) - lx[i]) / (lx[i + 1] - lx[i])
 
     def _inside(self, pc: float, kp: float, n: float, kv: float) -> float:
-        """Seconds at a point inside the grid (every coordinate already clamped)."""
+        """Seconds at a point inside the grid (every coordinate already clamped). With the compiled
+        step loops on, a linear reading takes ``grid_inside``: the same arithmetic compiled."""
+        if rk.ON and self._packed is not None:
+            axes, lens, blend = self._packed
+            s0, s1, s2, _ = self._strides
+            return rk.grid_inside(axes, lens, blend, s0, s1, s2, float(pc), float(kp), float(n), float(kv))
         (i0, w0), (i1, w1), (i2, w2), (i3, w3) = (self._bracket(0, pc), self._bracket(1, kp),
                                                   self._bracket(2, n), self._bracket(3, kv))
         s0, s1, s2, _ = self._strides
@@ -279,6 +296,69 @@ class AttentionGrid:
             per_pair = max(t - self._inside(p0, ckp, cn, ckv), 0.0) / (_pairs(pmax, ckp) - _pairs(p0, ckp))
             t += per_pair * (_pairs(pc, kp) - _pairs(pmax, kp))
         return t
+
+
+@rk.compile_with_loops("grid_inside", (np.array([[0.0, 1.0, 2.0]] * 4), np.full(4, 3, dtype=np.int64),
+                                        np.ones(81), 27, 9, 3, 0.5, 1.0, 1.5, 2.0))
+def grid_inside(axes: np.ndarray, lens: np.ndarray, blend: np.ndarray, s0: int, s1: int, s2: int, pc: float,
+                kp: float, n: float, kv: float) -> float:
+    """``AttentionGrid._inside`` of a linear reading written out over plain arrays (the grid's
+    ``_packed``: axes padded into rows, their lengths, the corner values), with ``_bracket``'s
+    arithmetic in the same order, so that ``row_kernels`` can compile it for large runs
+    (``row_kernels.grid_inside``); every axis starts at 0 and every coordinate is >= 0."""
+    i0 = i1 = i2 = i3 = 0
+    w0 = w1 = w2 = w3 = 0.0
+    for k in range(4):
+        x = (pc, kp, n, kv)[k]
+        m = lens[k]
+        lo, hi = 0, m
+        while lo < hi:  # bisect_right
+            mid = (lo + hi) // 2
+            if x < axes[k, mid]:
+                hi = mid
+            else:
+                lo = mid + 1
+        i = lo - 1
+        if i >= m - 1:
+            i, w = m - 2, 1.0
+        else:
+            x0 = axes[k, i]
+            if x == x0:
+                w = 0.0
+            elif x0 == 0:
+                w = x / axes[k, 1]
+            else:
+                w = (x - x0) / (axes[k, i + 1] - x0)
+        if k == 0:
+            i0, w0 = i, w
+        elif k == 1:
+            i1, w1 = i, w
+        elif k == 2:
+            i2, w2 = i, w
+        else:
+            i3, w3 = i, w
+    acc = 0.0
+    for a in range(2):
+        wa = 1.0 - w0 if a == 0 else w0
+        if wa == 0.0:
+            continue
+        ba = (i0 + a) * s0
+        for b in range(2):
+            wb = 1.0 - w1 if b == 0 else w1
+            if wb == 0.0:
+                continue
+            bb = ba + (i1 + b) * s1
+            wab = wa * wb
+            for c in range(2):
+                wc = 1.0 - w2 if c == 0 else w2
+                if wc == 0.0:
+                    continue
+                base = bb + (i2 + c) * s2 + i3
+                if w3 == 0.0:
+                    acc += wab * wc * blend[base]
+                else:
+                    acc += wab * wc * ((1.0 - w3) * blend[base] + w3 * blend[base + 1])
+    return acc
 
 
 def shape_terms(axes: Sequence[Sequence[float]], shape: AttentionShape) -> np.ndarray:

@@ -8,7 +8,8 @@ closed up (``close_rows``), the rows that need KV blocks (``blocks_short``, ``fu
 chunked prefill's split of the token budget (``split_budget``); and one piece of arithmetic, the
 roofline's FA2 varlen attention term of a mixed step (``varlen_layer_s``: ``varlen_attention.
 layer_seconds`` itself, registered with ``compile_with_loops``), whose float operations cost more
-than the rest of the cost model. They are mechanics, not policy:
+than the rest of the cost model, and a GPU profile's reading of its 4-D attention grid
+(``grid_inside``: ``layer_cost_model.grid_inside``, registered the same way). They are mechanics, not policy:
 which rows run and how many tokens each computes is decided by the policy in plain Python, and
 the policy modules read the same either way. The callers look them up on this module at each
 call (``rk.batch_rows(...)``): ``use`` replaces the plain functions with their compiled versions.
@@ -38,8 +39,10 @@ _KERNELS: list[str] = []  # names of the loops, compiled in place by ``use``
 # functions of other modules compiled with the loops, registered by those modules (this one
 # imports none of them): name -> (the plain function, argument tuples to load it for)
 _ELSEWHERE: dict[str, tuple[Callable[..., Any], tuple[tuple[Any, ...], ...]]] = {}
-# varlen_attention.layer_seconds compiled (``compile_with_loops``); None until the loops load
+# varlen_attention.layer_seconds and layer_cost_model.grid_inside compiled (``compile_with_loops``);
+# None until the loops load
 varlen_layer_s: Callable[..., float] | None = None
+grid_inside: Callable[..., float] | None = None
 _loaded = False
 
 

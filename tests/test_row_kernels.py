@@ -124,6 +124,53 @@ def test_varlen_layer_s_is_the_python_arithmetic(jit_state):
     assert len(rk.varlen_layer_s.signatures) == signatures
 
 
+def test_grid_inside_is_the_python_reading_of_every_shipped_profile(jit_state):
+    """The compiled attention-grid reading (``layer_cost_model.grid_inside``) against
+    ``AttentionGrid._inside``'s Python arithmetic on every shipped GPU profile with a linear
+    reading: random points inside the grid, on its nodes and between "absent" and the first node,
+    and whole steps priced both ways: the same float, not a close one."""
+    from servesim.sim.cost_model import load_profile
+
+    rng = np.random.default_rng(3)
+    profiles = sorted((Path(__file__).resolve().parents[1] / "calibration" / "profiles").glob("*.json"))
+    checked = 0
+    for path in profiles:
+        try:
+            model = load_profile(path)
+        except Exception:  # (a fitted CPU profile, not a layer-table one)
+            continue
+        grid = getattr(model, "attention", None)
+        if grid is None or grid._packed is None:
+            continue
+        axes = grid.axes
+        for _ in range(400):
+            point = []
+            for a in axes:
+                kind = rng.random()
+                if kind < 0.3:  # a node
+                    point.append(float(a[int(rng.integers(len(a)))]))
+                elif kind < 0.4:  # below the first non-zero node
+                    point.append(float(rng.uniform(0, a[1])))
+                else:
+                    point.append(float(rng.uniform(0, a[-1])))
+            rk.use(False)
+            want = grid._inside(*point)
+            rk.use(True)
+            assert grid._inside(*point) == want, (path.name, point)
+            checked += 1
+        for _ in range(100):  # whole steps: decode-only and mixed, past the grid too
+            n_dec = int(rng.integers(0, 400))
+            q = np.concatenate([np.ones(n_dec, dtype=np.int64), rng.integers(2, 4096, int(rng.integers(0, 3)))])
+            if len(q) == 0:
+                continue
+            ctx = rng.integers(0, int(rng.choice([100, 5000, 40_000])), len(q)).astype(np.int64)
+            rk.use(False)
+            want = model.iteration_time(q, ctx)
+            rk.use(True)
+            assert model.iteration_time(q, ctx) == want, (path.name, q.tolist(), ctx.tolist())
+    assert checked >= 5 * 400
+
+
 def _table(rng, n: int) -> RunningTable:
     table = RunningTable(4)
     for i in range(n):
