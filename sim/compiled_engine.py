@@ -3,8 +3,9 @@
 At a million requests the Python engine (``engine.py`` driving ``schedulers/chunked.py``) costs
 ~50-80 µs a step in objects, SimPy events and small numpy calls. For the configuration most
 large runs use — the ``chunked`` policy (preemption by recompute; the ``vllm-v1`` preset's),
-chunked prefill and async scheduling on or off, one replica or several behind ``round_robin``,
-``least_outstanding`` or a router that scrapes the replicas (``kv_aware``, ``least_kv_usage``, ``vllm_dp``), a
+chunked prefill and async scheduling on or off, one replica or several behind any router but
+``prefix_aware`` (``power_of_two_choices``' pairs drawn ahead; ``kv_aware``, ``least_kv_usage`` and
+``vllm_dp`` scrape the replica arrays), a
 generated or trace workload held as columns (``RequestArrays``) without shared prompt prefixes
 or token ids, prefix caching on or off — this module runs the same
 engine as one numba function over arrays: requests are columns (no ``Request`` objects), each
@@ -69,6 +70,7 @@ from . import row_kernels as rk
 from .batch import StepSums
 from .metrics import ITERATION_COLUMNS, MetricsRecorder
 from .request import RequestState
+from .router import draw_pair
 from .workload import RequestArrays
 
 ITL_CAP = MetricsRecorder._ITL_BUFFER  # the recorder's ITL staging buffer: flushed at the same points
@@ -78,9 +80,11 @@ ROW_BLOCK = 4096  # iteration rows handed to the recorder at a time
 # timeout, replica, next in its replica's waiting queue; the prefix cache's (below): blocks of its
 # table keyed in the cache, whether a preemption published its own blocks (it looks them up when
 # admitted again), how many keys its table may publish, its segment in the LRU queue + 1 (0: none);
-# under async scheduling the blocks a finished request holds until the next schedule
-_QI = 14
-P_LEN, O_LEN, OUT, PREEMPTS, STATE, REJECT, YIELDED, REPLICA, NEXT_WAITING, REG, REHIT, KEYS, SEG, HELD_BLOCKS = range(_QI)
+# under async scheduling the blocks a finished request holds until the next schedule;
+# power_of_two_choices: the pair of replicas its pick compares (a x replicas + b), drawn ahead
+_QI = 15
+(P_LEN, O_LEN, OUT, PREEMPTS, STATE, REJECT, YIELDED, REPLICA, NEXT_WAITING, REG, REHIT, KEYS, SEG, HELD_BLOCKS,
+ PAIR) = range(_QI)
 # request columns (float): arrival (recorded), first scheduled, first token, last token, finish, sent at
 _QF = 6
 ARRIVAL, FIRST_SCHED, FIRST_TOK, LAST_TOK, FINISH, SENT = range(_QF)
@@ -110,9 +114,9 @@ R_TIME, R_START, R_DT, SC_USAGE, R_REFRESH, R_SCRAPED = range(6)
 # replica phases: idle (waiting for a request), woken (a request came: it resumes at R_TIME),
 # stepping (its step ends at R_TIME), pricing (its step waits for the caller's price)
 IDLE, WOKEN, STEPPING, PRICING = range(4)
-ROUND_ROBIN, LEAST_OUTSTANDING, KV_AWARE, LEAST_KV_USAGE, VLLM_DP = range(5)
+ROUND_ROBIN, LEAST_OUTSTANDING, KV_AWARE, LEAST_KV_USAGE, VLLM_DP, POWER_OF_TWO = range(6)
 ROUTERS = {"round_robin": ROUND_ROBIN, "least_outstanding": LEAST_OUTSTANDING, "kv_aware": KV_AWARE,
-           "least_kv_usage": LEAST_KV_USAGE, "vllm_dp": VLLM_DP}
+           "least_kv_usage": LEAST_KV_USAGE, "vllm_dp": VLLM_DP, "power_of_two_choices": POWER_OF_TWO}
 # return codes
 DONE_RC, STEP_RC, FLUSH_ITL_RC, ROWS_FULL_RC, NO_PROGRESS_RC, BROKEN_RC, CACHE_RC = range(7)
 # what a request preempted by recompute leaves in the prefix cache (``cache_preempted_blocks``):
@@ -142,6 +146,9 @@ def _send(qi: np.ndarray, s: np.ndarray, rs: np.ndarray, rf: np.ndarray, q: int,
             for i in range(1, nrep):
                 if rs[i, R_OUT] < rs[r, R_OUT]:
                     r = i
+        elif router == POWER_OF_TWO:  # the one of its pair with fewer outstanding, ties to the lower index
+            a, b = qi[PAIR, q] // nrep, qi[PAIR, q] % nrep
+            r = a if (rs[a, R_OUT] < rs[b, R_OUT] or (rs[a, R_OUT] == rs[b, R_OUT] and a <= b)) else b
         else:  # from the scrape (``Router._choose``), ties to the least outstanding, then the lowest index
             _scrape(qi, s, rs, rf, now)
             for i in range(1, nrep):
@@ -746,7 +753,7 @@ def reason_not_compiled(sc: Any, requests: Any, scheduler: Any, executor: Any) -
         return "a disaggregated cluster"
     if sc.cluster.num_replicas > 1 and sc.cluster.router not in ROUTERS:
         return (f"router {sc.cluster.router} (the compiled engine routes round_robin, least_outstanding, kv_aware, "
-                "least_kv_usage and vllm_dp)")
+                "least_kv_usage, vllm_dp and power_of_two_choices)")
     if type(scheduler) is not ChunkedScheduler:
         return f"scheduler {sc.scheduler_name} (the compiled engine runs the chunked policy)"
     cfg = scheduler.config
@@ -788,7 +795,7 @@ def _rejected(requests: RequestArrays, scheduler: Any) -> np.ndarray:
 
 def run_compiled(requests: RequestArrays, scheduler: Any, executor: Any, recorder: MetricsRecorder,
                  on_progress: Callable[[int], None] | None = None, num_replicas: int = 1,
-                 router: str = "round_robin", router_refresh_s: float = 0.0) -> int:
+                 router: str = "round_robin", router_refresh_s: float = 0.0, seed: int = 0) -> int:
     """Simulate ``requests`` on ``num_replicas`` replicas behind ``router``, each with
     ``scheduler``'s policy and sizes, with the compiled loop, each step priced by
     ``executor.price`` (``SimExecutor``); records into ``recorder`` exactly what the Python
@@ -806,6 +813,9 @@ def run_compiled(requests: RequestArrays, scheduler: Any, executor: Any, recorde
     qi[REPLICA] = -1
     reject = _rejected(requests, scheduler)
     qi[REJECT] = reject
+    if router == "power_of_two_choices" and nrep > 1:  # (``Router``: one pair per pick, from the seed's generator)
+        rng = np.random.default_rng(seed)
+        qi[PAIR] = [a * nrep + b for a, b in (draw_pair(rng, nrep) for _ in range(n))]
     qf[ARRIVAL] = requests.arrival_time
     yielded = np.empty(n, dtype=np.int64)
     send_times(requests.arrival_time, qf[SENT], yielded)

@@ -57,6 +57,13 @@ class ClusterConfig(ConfigModel):
     disagg: DisaggConfig | None = None
 
 
+def draw_pair(rng: np.random.Generator, n: int) -> tuple[int, int]:
+    """power_of_two_choices: the next two distinct replicas of ``n`` to compare, from ``rng`` (the
+    compiled engine draws a run's pairs ahead with this, in the same order)."""
+    a, b = rng.choice(n, size=2, replace=False).tolist()
+    return a, b
+
+
 class _Scrape:
     """The router's last scrape of one replica's metrics."""
 
@@ -221,8 +228,7 @@ class Router:
         return max(mine * (n - 1) - (sum(out) - mine), 0)
 
     def _draw_pair(self) -> tuple[int, int]:
-        a, b = self._rng.choice(len(self.replicas), size=2, replace=False).tolist()
-        return a, b
+        return draw_pair(self._rng, len(self.replicas))
 
     def _prefix_aware(self, keys: list[int]) -> int:
         out = self.outstanding
