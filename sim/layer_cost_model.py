@@ -391,6 +391,52 @@ def _edge_weight(edges: list[float], x: float) -> tuple[int, float]:
     return k, (math.log2(max(x, edges[k - 1])) - lo) / (hi - lo)
 
 
+@rk.compile_with_loops("skew_alpha", tuple(np.array([1.0, 2.0, 4.0]) for _ in range(5)) + (
+    np.zeros((3, 3, 3, 3, 3)), 2.0, 1.5, 1.0, 3.0, 0.0, 0.0))
+def skew_alpha(n_edges: np.ndarray, ratio_edges: np.ndarray, kv_edges: np.ndarray, pc_edges: np.ndarray,
+               kp_edges: np.ndarray, alpha: np.ndarray, n: float, mean: float, shortest: float, longest: float,
+               pc: float, kp: float) -> float:
+    """``SkewAlpha.__call__`` of the prefill-axes layout written out over arrays, ``_edge_weight``'s
+    and the blend's arithmetic in the same order, so that ``row_kernels`` can compile it for large
+    runs (``row_kernels.skew_alpha``)."""
+    def _left(edges: np.ndarray, x: float) -> int:  # bisect.bisect_left
+        lo, hi = 0, edges.shape[0]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if edges[mid] < x:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    ratio = (mean - shortest) / (longest - shortest)
+    weights = np.empty(2)
+    buckets = np.empty(2, dtype=np.int64)
+    for t in range(2):
+        edges, x = (n_edges, n) if t == 0 else (kv_edges, longest)
+        m = edges.shape[0]
+        k = min(_left(edges, x), m - 1)
+        if k == 0 or k == m - 1 or x >= edges[k] or edges[k - 1] <= 0:
+            w = 1.0
+        else:
+            lo, hi = math.log2(edges[k - 1]), math.log2(edges[k])
+            w = (math.log2(max(x, edges[k - 1])) - lo) / (hi - lo)
+        buckets[t], weights[t] = k, w
+    i, k = buckets[0], buckets[1]
+    wi, wk = weights[0], weights[1]
+    j = min(_left(ratio_edges, ratio), ratio_edges.shape[0] - 1)
+    p = min(_left(pc_edges, pc), pc_edges.shape[0] - 1)
+    q = min(_left(kp_edges, kp), kp_edges.shape[0] - 1)
+    value = alpha[i, j, k, p, q]
+    if wi < 1.0:
+        value = wi * value + (1.0 - wi) * alpha[i - 1, j, k, p, q]
+        if wk < 1.0:
+            value = wk * value + (1.0 - wk) * (wi * alpha[i, j, k - 1, p, q] + (1.0 - wi) * alpha[i - 1, j, k - 1, p, q])
+    elif wk < 1.0:
+        value = wk * value + (1.0 - wk) * alpha[i, j, k - 1, p, q]
+    return value
+
+
 class SkewAlpha:
     """alpha: where a decode batch with unequal contexts sits between its mean-context and its
     longest-context time, per bucket of (decode rows, ratio = (mean - shortest) / (longest -
@@ -414,6 +460,10 @@ class SkewAlpha:
         if not (np.isfinite(arr).all() and (arr >= -1).all() and (arr <= 2).all()):
             raise ProfileError("skew alphas must be finite numbers in [-1, 2]")
         self.alpha = arr.tolist()
+        # for the compiled reading (``skew_alpha``, the prefill-axes layout): edges as arrays, alpha
+        self._packed = (tuple(np.asarray(e, dtype=np.float64) for e in (
+            self.n_edges, self.ratio_edges, self.kv_edges, self.pc_edges, self.kp_edges)) + (arr,)
+            if self.by_prefill else None)
 
     def __call__(self, n: int, mean: float, shortest: float, longest: float, pc: float = 0,
                  kp: float = 0) -> float:
@@ -426,7 +476,11 @@ class SkewAlpha:
         bucket's own. (A step function there let one row passing 4,096 tokens take the alpha measured
         at 8,192: 46.5 -> 73.1 ms for a 127-row mixed step of the RTX PRO 6000 Llama run, which its own
         timestamps do not show.) Ratio, chunk and cached context stay buckets: their measured values
-        fall inside them."""
+        fall inside them. With the compiled step loops on, the prefill-axes layout takes
+        ``skew_alpha``: the same arithmetic compiled."""
+        if rk.ON and self._packed is not None:
+            return rk.skew_alpha(*self._packed, float(n), float(mean), float(shortest), float(longest), float(pc),
+                                 float(kp))
         ratio = (mean - shortest) / (longest - shortest)
         i, wi = _edge_weight(self.n_edges, n)
         j = min(bisect.bisect_left(self.ratio_edges, ratio), len(self.ratio_edges) - 1)

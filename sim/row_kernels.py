@@ -9,7 +9,8 @@ chunked prefill's split of the token budget (``split_budget``); and one piece of
 roofline's FA2 varlen attention term of a mixed step (``varlen_layer_s``: ``varlen_attention.
 layer_seconds`` itself, registered with ``compile_with_loops``), whose float operations cost more
 than the rest of the cost model, and a GPU profile's reading of its 4-D attention grid
-(``grid_inside``: ``layer_cost_model.grid_inside``, registered the same way). They are mechanics, not policy:
+(``grid_inside``: ``layer_cost_model.grid_inside``, registered the same way) and its skew α
+(``skew_alpha``). They are mechanics, not policy:
 which rows run and how many tokens each computes is decided by the policy in plain Python, and
 the policy modules read the same either way. The callers look them up on this module at each
 call (``rk.batch_rows(...)``): ``use`` replaces the plain functions with their compiled versions.
@@ -39,10 +40,11 @@ _KERNELS: list[str] = []  # names of the loops, compiled in place by ``use``
 # functions of other modules compiled with the loops, registered by those modules (this one
 # imports none of them): name -> (the plain function, argument tuples to load it for)
 _ELSEWHERE: dict[str, tuple[Callable[..., Any], tuple[tuple[Any, ...], ...]]] = {}
-# varlen_attention.layer_seconds and layer_cost_model.grid_inside compiled (``compile_with_loops``);
-# None until the loops load
+# varlen_attention.layer_seconds, layer_cost_model.grid_inside and skew_alpha compiled
+# (``compile_with_loops``); None until the loops load
 varlen_layer_s: Callable[..., float] | None = None
 grid_inside: Callable[..., float] | None = None
+skew_alpha: Callable[..., float] | None = None
 _loaded = False
 
 

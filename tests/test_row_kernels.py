@@ -124,24 +124,27 @@ def test_varlen_layer_s_is_the_python_arithmetic(jit_state):
     assert len(rk.varlen_layer_s.signatures) == signatures
 
 
+def _shipped_compiled_parts(part: str):
+    """(path, LayerCostModel, its ``part``) of every shipped GPU layer-table profile whose ``part``
+    (``attention`` or ``alpha``) has a compiled reading (``_packed``)."""
+    from servesim.sim.cost_model import load_profile
+    from servesim.sim.layer_cost_model import LayerCostModel
+
+    for path in sorted((Path(__file__).resolve().parents[1] / "calibration" / "profiles").glob("*.json")):
+        model = load_profile(path)
+        reading = getattr(model, part, None) if isinstance(model, LayerCostModel) else None
+        if reading is not None and reading._packed is not None:
+            yield path, model, reading
+
+
 def test_grid_inside_is_the_python_reading_of_every_shipped_profile(jit_state):
     """The compiled attention-grid reading (``layer_cost_model.grid_inside``) against
     ``AttentionGrid._inside``'s Python arithmetic on every shipped GPU profile with a linear
     reading: random points inside the grid, on its nodes and between "absent" and the first node,
     and whole steps priced both ways: the same float, not a close one."""
-    from servesim.sim.cost_model import load_profile
-
     rng = np.random.default_rng(3)
-    profiles = sorted((Path(__file__).resolve().parents[1] / "calibration" / "profiles").glob("*.json"))
     checked = 0
-    for path in profiles:
-        try:
-            model = load_profile(path)
-        except Exception:  # (a fitted CPU profile, not a layer-table one)
-            continue
-        grid = getattr(model, "attention", None)
-        if grid is None or grid._packed is None:
-            continue
+    for path, model, grid in _shipped_compiled_parts("attention"):
         axes = grid.axes
         for _ in range(400):
             point = []
@@ -169,6 +172,29 @@ def test_grid_inside_is_the_python_reading_of_every_shipped_profile(jit_state):
             rk.use(True)
             assert model.iteration_time(q, ctx) == want, (path.name, q.tolist(), ctx.tolist())
     assert checked >= 5 * 400
+
+
+def test_skew_alpha_is_the_python_reading_of_every_shipped_profile(jit_state):
+    """The compiled skew α (``layer_cost_model.skew_alpha``) against ``SkewAlpha.__call__``'s Python
+    arithmetic on every shipped profile with the prefill-axes layout: rows and longest contexts on
+    and between the edges (where α is read in log2), past the last, every ratio, chunk and cached
+    context bucket: the same float."""
+    rng = np.random.default_rng(5)
+    checked = 0
+    for path, _model, alpha in _shipped_compiled_parts("alpha"):
+        finite = [e for e in alpha.kv_edges if e < 1e8]
+        for _ in range(2000):
+            n = int(rng.choice(alpha.n_edges[:-1])) if rng.random() < 0.3 else int(rng.integers(2, 600))
+            longest = float(rng.choice(finite)) if rng.random() < 0.3 else float(rng.integers(2, 40_000))
+            shortest = float(rng.integers(0, int(longest)))
+            mean = float(rng.uniform(shortest, longest))
+            pc, kp = (0, 0) if rng.random() < 0.4 else (int(rng.integers(1, 4096)), int(rng.integers(0, 20_000)))
+            rk.use(False)
+            want = alpha(n, mean, shortest, longest, pc, kp)
+            rk.use(True)
+            assert alpha(n, mean, shortest, longest, pc, kp) == want, (path.name, n, mean, shortest, longest, pc, kp)
+            checked += 1
+    assert checked >= 4 * 2000
 
 
 def _table(rng, n: int) -> RunningTable:
