@@ -472,6 +472,7 @@ def _schedule(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, st
                         return -2
                     _seg_unlink(seg, rsr, qi, node)
                     rsr[R_FREE] -= found
+                    qi[REG, q] = found  # (its table's first blocks, keyed)
             computed = found * bs
             chunk = min(tokens - computed, budget, thr)
             need = (computed + chunk + bs - 1) // bs - found
@@ -479,13 +480,11 @@ def _schedule(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, st
             # threshold), and so does everyone behind it
             if (need > 0 and rsr[R_FREE] - need < s[WATERMARK]) or (
                     s[WHOLE_PROMPTS] and min(tokens - computed, thr) > budget):
-                if found:  # (``blocks.drop_cached_prefix``: back at the recently used end)
-                    rsr[R_FREE] += found
-                    _seg_push(seg, rsr, qi, q, found)
+                # (``blocks.drop_cached_prefix``: what it found goes back, at the recently used end)
+                _give_back(seg, rsr, qi, q, found, q)
                 break
             rsr[R_HEAD] = qi[NEXT_WAITING, q]
             rsr[R_COUNT] -= 1
-            qi[REG, q] = found
             _take(seg, rsr, qi, need)
             if qf[FIRST_SCHED, q] != qf[FIRST_SCHED, q]:
                 qf[FIRST_SCHED, q] = now
