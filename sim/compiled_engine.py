@@ -10,8 +10,11 @@ generated or trace workload held as columns (``RequestArrays``) without shared p
 or token ids, prefix caching on or off — this module runs the same
 engine as one numba function over arrays: requests are columns (no ``Request`` objects), each
 replica's running table, waiting queue (a linked list through the request columns) and KV block
-counts are arrays, and Python is left with one call per step to the executor's price
-(``SimExecutor.price``, the cost model's own code, so every step's duration is the same float).
+counts are arrays. A step's price is the roofline's arithmetic inside the loop
+(``compiled_price.price``, a twin of ``RooflineCostModel.step_time`` under ``SimExecutor.price``:
+the same float) when the cost model is a plain roofline; any other cost model (a GPU profile, a
+fitted CPU profile) is called from Python once per step (``SimExecutor.price``, the cost model's
+own code), which costs ~5-7 µs a step more.
 
 It is a twin of the Python engine, not a different model: events run in the order SimPy's queue
 runs them (below), the policy's budget split, KV growth, preemption of the newest running row and
@@ -59,13 +62,16 @@ purpose: numba's on-disk cache does not notice a change in another module's jitt
 
 from __future__ import annotations
 
+import hashlib
 import math
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from . import compiled_price as cp
 from . import row_kernels as rk
 from .batch import StepSums
 from .metrics import ITERATION_COLUMNS, MetricsRecorder
@@ -90,7 +96,7 @@ _QF = 6
 ARRIVAL, FIRST_SCHED, FIRST_TOK, LAST_TOK, FINISH, SENT = range(_QF)
 # global scalars
 (N_REQ, MAX_SEQS, BUDGET, THRESHOLD, BLOCK, NUM_BLOCKS, WATERMARK, NREP, ROUTER, RR_NEXT, NEXT, A_STAMP, STAMPS,
- AWAIT, ITL_N, ROWS_N, DONE, STEPS, PREEMPTIONS, STARTED, CACHE_MODE, ASYNC, WHOLE_PROMPTS) = range(23)
+ AWAIT, ITL_N, ROWS_N, DONE, STEPS, PREEMPTIONS, STARTED, CACHE_MODE, ASYNC, WHOLE_PROMPTS, PRICED) = range(24)
 _NS = 24
 # per-replica scalars: running rows, waiting queue (head, tail, length), free KV blocks, phase, the
 # stamp of its pending event, the step's rows and preemptions, requests outstanding (the router's
@@ -539,11 +545,14 @@ def _schedule(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, st
 
 
 def engine_step(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, st: np.ndarray, s: np.ndarray,
-                rs: np.ndarray, rf: np.ndarray, seg: np.ndarray, itl: np.ndarray, rows: np.ndarray, dt: float) -> int:
+                rs: np.ndarray, rf: np.ndarray, seg: np.ndarray, itl: np.ndarray, rows: np.ndarray, dt: float,
+                pf: np.ndarray, pi: np.ndarray) -> int:
     """Run the replicas' events in SimPy's order — by time, then by when each was queued (its
     stamp): the arrival process's timeout, a replica's step end, an idle replica's wakeup — until
     a replica schedules a step; return ``STEP_RC`` with that replica in ``s[AWAIT]`` and its sums
-    in ``rs`` (the caller prices the step and calls again with its duration ``dt``). ``DONE_RC``
+    in ``rs`` (the caller prices the step and calls again with its duration ``dt``), or with
+    ``s[PRICED]`` price it here (``compiled_price.price`` with the constants ``pf``, ``pi``) and
+    run on. ``DONE_RC``
     when every request is done; ``FLUSH_ITL_RC`` / ``ROWS_FULL_RC`` (nothing changed) when the
     ITL or iteration-row buffer must be emptied first; ``NO_PROGRESS_RC`` / ``BROKEN_RC`` on a
     state the Python engine raises on."""
@@ -687,6 +696,15 @@ def engine_step(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, 
         if rsr[R_PHASE] == IDLE:
             continue
         rf[r, R_START] = now
+        if s[PRICED]:  # (its end queued as the caller's price would queue it, below the loop's head)
+            d = _price(pf, pi, rsr[S_SEQS], rsr[S_DEC], rsr[S_TOKENS], rsr[S_PAIRS], rsr[S_DKV], rsr[S_PKV],
+                       rsr[S_LONGEST])
+            rf[r, R_DT] = d
+            rf[r, R_TIME] = now + d
+            s[STAMPS] += 1
+            rsr[R_STAMP] = s[STAMPS]
+            rsr[R_PHASE] = STEPPING
+            continue
         rsr[R_PHASE] = PRICING
         s[AWAIT] = r
         return STEP_RC
@@ -710,21 +728,63 @@ _PLAIN = {"_scrape": _scrape, "_append": _append, "_enqueue": _enqueue, "_send":
           "_seg_push": _seg_push, "_seg_unlink": _seg_unlink, "_take": _take, "_give_back": _give_back,
           "_flush_arrived": _flush_arrived, "_release_held": _release_held, "_schedule": _schedule,
           "engine_step": engine_step, "send_times": send_times}
+_price = cp.price  # the step price inside the loop (compiled with it by ``_load``)
 _loaded: bool | None = None  # None: not tried yet; False: numba could not build it
+_SOURCES_FILE = "compiled_engine.sources"  # beside numba's cache: the digest of the files it was built from
+
+
+def _sources_digest() -> str:
+    here = Path(__file__).parent
+    digest = hashlib.sha256()
+    for name in ("compiled_engine.py", *cp.SOURCES):
+        digest.update((here / name).read_bytes())
+    return digest.hexdigest()
+
+
+def _drop_stale_cache(dispatchers: list[Any]) -> bool:
+    """numba keeps a function's machine code on disk until *its own* file changes, but the loop's
+    code holds ``compiled_price.price`` and ``varlen_attention.layer_seconds`` too: when any of the
+    files they come from differs from what the cache was built from, every cached function here is
+    dropped (recompiled at its first call). False when the cache cannot be checked (compile
+    without it then)."""
+    try:
+        path = Path(dispatchers[0]._cache._cache_path) / _SOURCES_FILE
+        digest = _sources_digest()
+        try:
+            built = path.read_text()
+        except OSError:
+            built = None
+        if built != digest:
+            for d in dispatchers:
+                d._cache.flush()
+            path.write_text(digest)
+    except Exception:  # noqa: BLE001 - a numba without these internals, a read-only cache folder
+        return False
+    return True
 
 
 def _load() -> bool:
-    """Compile (or load from numba's cache) the loop, callees first so the callers bind to them,
-    and run it once on an empty state (the types a run passes); False, with one warning, when
-    that fails (the Python engine then runs: the same results)."""
+    """Compile (or load from numba's cache) the loop, callees first so the callers bind to them
+    (``compiled_price``'s functions on that module, then this one's), and run it once on an empty
+    state (the types a run passes); False, with one warning, when that fails (the Python engine
+    then runs: the same results)."""
     global _loaded
     if _loaded is None:
         g = globals()
         try:
             import numba
 
-            for name, f in _PLAIN.items():
-                g[name] = numba.njit(cache=True, nogil=True)(f)
+            for cache in (True, False):
+                made = []
+                for name, f in cp.PLAIN.items():
+                    made.append(numba.njit(cache=cache, nogil=True)(f))
+                    setattr(cp, name, made[-1])
+                g["_price"] = cp.price
+                for name, f in _PLAIN.items():
+                    g[name] = numba.njit(cache=cache, nogil=True)(f)
+                    made.append(g[name])
+                if not cache or _drop_stale_cache(made):
+                    break
             empty_i, empty_f = np.zeros((_QI, 0), dtype=np.int64), np.zeros((_QF, 0))
             g["send_times"](empty_f[0], empty_f[1], empty_i[0])
             s = np.zeros(_NS, dtype=np.int64)
@@ -732,10 +792,14 @@ def _load() -> bool:
             g["engine_step"](empty_i, empty_f, np.zeros((1, 6, 1), dtype=np.int64), np.zeros((1, 1)),
                              np.zeros((1, 7, 1), dtype=np.int64), s, np.zeros((1, _NRS), dtype=np.int64),
                              np.zeros((1, 6)), np.zeros((1, 4, 1), dtype=np.int64), np.zeros(1),
-                             np.zeros((1, len(ITERATION_COLUMNS))), 0.0)
+                             np.zeros((1, len(ITERATION_COLUMNS))), 0.0, np.zeros(cp._NF),
+                             np.zeros(cp._NI, dtype=np.int64))
             _loaded = True
         except Exception as e:  # noqa: BLE001 - the optional fast path falls back
             g.update(_PLAIN)
+            for name, f in cp.PLAIN.items():
+                setattr(cp, name, f)
+            g["_price"] = cp.price
             _loaded = False
             warnings.warn(f"servesim: the compiled engine is unavailable ({type(e).__name__}: {e}); running the "
                           "Python engine (same results, slower)", RuntimeWarning, stacklevel=3)
@@ -855,10 +919,16 @@ def run_compiled(requests: RequestArrays, scheduler: Any, executor: Any, recorde
     hist = recorder.itl_histogram  # (flushes whatever the recorder staged before)
     step = engine_step
     price, with_rows = executor.price, executor.prices_rows
+    packed = cp.pack(executor)  # (a roofline: its steps priced inside the loop)
+    if packed is not None:
+        s[PRICED] = 1
+        pf, pi = packed
+    else:
+        pf, pi = np.zeros(cp._NF), np.zeros(cp._NI, dtype=np.int64)
     done_seen = 0
     dt = 0.0
     while True:
-        rc = step(qi, qf, rt, rl, st, s, rs, rf, seg, itl, rows, dt)
+        rc = step(qi, qf, rt, rl, st, s, rs, rf, seg, itl, rows, dt, pf, pi)
         if rc == STEP_RC:
             r = int(s[AWAIT])
             n_seqs, n_dec, tokens, pairs, dkv, pkv, longest = rs[r, S_SEQS:S_LONGEST + 1].tolist()

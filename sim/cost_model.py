@@ -366,7 +366,9 @@ class RooflineCostModel:
                   longest_decode_kv: int | None = None) -> float:
         """``iteration_time`` from a step's ``step_sums``: the sum of ``_terms``, added in the same
         order, with the terms that depend only on the step's rows and tokens looked up.
-        ``longest_decode_kv``: the largest decode ctx + 1 of a mixed step (None: the mean)."""
+        ``longest_decode_kv``: the largest decode ctx + 1 of a mixed step (None: the mean).
+        The compiled engine prices large runs' steps with a twin of this arithmetic
+        (``compiled_price.price``): a change here goes there too (``tests/test_compiled_price.py``)."""
         n, n_dec, tokens, pairs, decode_kv, prefill_kv = sums
         if n == 0:
             return sum(self._terms(sums, swap_bytes, longest_decode_kv))

@@ -17,6 +17,7 @@ import math
 import numpy as np
 import pytest
 from servesim.sim import compiled_engine as ce
+from servesim.sim import compiled_price as cp
 from servesim.sim import row_kernels as rk
 from servesim.sim.batch import Batch
 from servesim.sim.cost_model import build_cost_model
@@ -393,14 +394,17 @@ def test_a_numba_that_cannot_build_it_falls_back_to_the_python_engine(monkeypatc
     import sys
 
     rk.use(True)
-    for name in ce._PLAIN:  # (restored after the test: the failure puts the plain functions back)
+    for name in [*ce._PLAIN, "_price"]:  # (restored after the test: the failure puts the plain functions back)
         monkeypatch.setattr(ce, name, getattr(ce, name))
+    for name in cp.PLAIN:
+        monkeypatch.setattr(cp, name, getattr(cp, name))
     monkeypatch.setattr(ce, "_loaded", None)
     monkeypatch.setitem(sys.modules, "numba", None)  # import numba raises ImportError
     sc = scenario_from_dict(BASE)
     with pytest.warns(RuntimeWarning, match="compiled engine is unavailable"):
         res = simulate(sc, progress=False)
     assert res.engine == "python" and ce._loaded is False
+    assert cp.price is cp.PLAIN["price"] and ce._price is cp.price  # (the price's compiled callees too)
     with pytest.raises(ScenarioError, match="numba could not build"):
         simulate(sc, progress=False, compiled=True)
 
