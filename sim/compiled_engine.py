@@ -6,8 +6,8 @@ large runs use — the ``chunked`` policy (preemption by recompute; the ``vllm-v
 chunked prefill and async scheduling on or off, one replica or several behind any router but
 ``prefix_aware`` (``power_of_two_choices``' pairs drawn ahead; ``kv_aware``, ``least_kv_usage`` and
 ``vllm_dp`` scrape the replica arrays), a
-generated or trace workload held as columns (``RequestArrays``) without shared prompt prefixes
-or token ids, prefix caching on or off — this module runs the same
+generated or trace workload held as columns (``RequestArrays``: shared prompt prefixes by
+``prefix_id``, no token ids), prefix caching on or off — this module runs the same
 engine as one numba function over arrays: requests are columns (no ``Request`` objects), each
 replica's running table, waiting queue (a linked list through the request columns) and KV block
 counts are arrays. A step's price is the roofline's arithmetic inside the loop
@@ -30,16 +30,22 @@ both: that test fails otherwise. ``simulate`` uses it by itself when the compile
 on (``row_kernels``, runs of 20,000 requests or more) and the scenario is in its class
 (``reason_not_compiled`` says why not); ``simulate(compiled=False)`` forces the Python engine.
 
-The prefix cache (``kv_cache.py``) of such a workload holds only blocks no other request can
-find: a request preempted by recompute publishes its computed blocks (all, or the prompt's:
-``cache_preempted_blocks``) and finds those not evicted when it is admitted again, and a request
-that finished after such a comeback leaves the blocks it recomputed cached, where nobody looks
-them up. So the cache is kept as counts, not block ids: a request's keyed blocks are its first
-``REG`` table blocks, and the evictable ones form an LRU queue of segments, one per free (the
-blocks one request gave back at once, evicted from its highest block down, so what its owner
-finds again is always the segment's whole count). Never-used blocks are handed out before any
-cached one is evicted, as ``BlockManager`` does. The cache's hit counters stay 0, as the Python
-engine's do for such a workload (they count only lookups of requests never preempted).
+The prefix cache is ``BlockManager``'s (``kv_cache.py``) kept by key instead of by block id. A
+request's keys are its shared prefix's blocks (``prefix_id``: the first ``min(prefix_len,
+prompt) // block_size``, the same for every request with that prefix) and, once a preemption by
+recompute published its own computed blocks (all, or the prompt's: ``cache_preempted_blocks``),
+its own blocks after them. Only a keyed block's identity matters to what happens (which keys are
+cached, who holds them, the order they become evictable); blocks no key names are
+interchangeable, so they are a count. So each key has a node: cached or not, its holders, its
+place in the LRU queue of evictable blocks (a node per shared-prefix block, and for own keys one
+per cache block at most, found through a typed dict); each request holding blocks has a row of
+bits saying which of its registered blocks hold their key's block (a block it computed while
+another request published the same key first holds none). A lookup attaches the longest cached
+run of its keys, a publication skips keys cached already, a free walks the registered blocks
+back from the last (so a table's tail is evicted first) and makes a keyed block evictable when
+its last holder leaves, and an allocation takes never-used blocks before it evicts the least
+recently used cached one. The lookup counters (queries and hits, of requests preempted before
+apart) and each request's ``num_cached_tokens`` are the Python engine's.
 
 Async scheduling (``Replica``'s ``async_scheduling``: the next step is chosen while this one
 runs) is ``Replica._loop``'s: a request sent to a replica during its step waits in the replica's
@@ -67,6 +73,7 @@ import math
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -83,33 +90,37 @@ ITL_CAP = MetricsRecorder._ITL_BUFFER  # the recorder's ITL staging buffer: flus
 ROW_BLOCK = 4096  # iteration rows handed to the recorder at a time
 
 # request columns (int): prompt, output, outputs so far, preemptions, state, rejected, sent by a
-# timeout, replica, next in its replica's waiting queue; the prefix cache's (below): blocks of its
-# table keyed in the cache, whether a preemption published its own blocks (it looks them up when
-# admitted again), how many keys its table may publish, its segment in the LRU queue + 1 (0: none);
-# under async scheduling the blocks a finished request holds until the next schedule;
-# power_of_two_choices: the pair of replicas its pick compares (a x replicas + b), drawn ahead
-_QI = 15
-(P_LEN, O_LEN, OUT, PREEMPTS, STATE, REJECT, YIELDED, REPLICA, NEXT_WAITING, REG, REHIT, KEYS, SEG, HELD_BLOCKS,
- PAIR) = range(_QI)
+# timeout, replica, next in its replica's waiting queue; the prefix cache's (below): the blocks of
+# its table it registered (``BlockManager._registered``), whether a preemption published its own
+# blocks (it looks them up when admitted again), how many keys its table has, its slot of key bits
+# + 1 (0: none), its shared prefix's first key node and number of keys, the prompt tokens its first
+# admission found cached; under async scheduling the blocks a finished request holds until the next
+# schedule; power_of_two_choices: the pair of replicas its pick compares (a x replicas + b), drawn ahead
+_QI = 18
+(P_LEN, O_LEN, OUT, PREEMPTS, STATE, REJECT, YIELDED, REPLICA, NEXT_WAITING, REG, REHIT, KEYS, SLOT, PK, PKN,
+ CACHED, HELD_BLOCKS, PAIR) = range(_QI)
 # request columns (float): arrival (recorded), first scheduled, first token, last token, finish, sent at
 _QF = 6
 ARRIVAL, FIRST_SCHED, FIRST_TOK, LAST_TOK, FINISH, SENT = range(_QF)
 # global scalars
 (N_REQ, MAX_SEQS, BUDGET, THRESHOLD, BLOCK, NUM_BLOCKS, WATERMARK, NREP, ROUTER, RR_NEXT, NEXT, A_STAMP, STAMPS,
- AWAIT, ITL_N, ROWS_N, DONE, STEPS, PREEMPTIONS, STARTED, CACHE_MODE, ASYNC, WHOLE_PROMPTS, PRICED) = range(24)
-_NS = 24
+ AWAIT, ITL_N, ROWS_N, DONE, STEPS, PREEMPTIONS, STARTED, CACHE_MODE, ASYNC, WHOLE_PROMPTS, PRICED, PREFIX_ON,
+ MAXK, NPK) = range(27)
+_NS = 28
 # per-replica scalars: running rows, waiting queue (head, tail, length), free KV blocks, phase, the
 # stamp of its pending event, the step's rows and preemptions, requests outstanding (the router's
 # count), the step's sums; the prefix cache's evictable blocks (counted in R_FREE too), its LRU
-# queue of segments (head, tail) and the first unused segment node; under async scheduling the
+# queue of key nodes (head, tail), the first unused own-key node; under async scheduling the
 # requests that arrived during its step (head, tail, length: they reach the waiting queue after
 # the next schedule) and the finished ones holding seats and blocks until then (head, tail, length);
 # the router's last scrape of its metrics: free KV blocks, blocks its queued prompts need, waiting
-# and running requests (vllm_dp: plus the router's picks since)
+# and running requests (vllm_dp: plus the router's picks since); the first unused slot of key bits;
+# its block manager's lookup counters in blocks (queries, hits; of requests preempted before: the same)
 (R_RUN, R_HEAD, R_TAIL, R_COUNT, R_FREE, R_PHASE, R_STAMP, R_K, R_NPRE, R_OUT, S_SEQS, S_DEC, S_TOKENS, S_PAIRS,
  S_DKV, S_PKV, S_LONGEST, S_PLAIN, S_SAMPLES, R_EVICT, R_LRU_HEAD, R_LRU_TAIL, R_NODE_FREE, R_ARR_HEAD, R_ARR_TAIL,
- R_ARR_COUNT, R_HELD_HEAD, R_HELD_TAIL, R_HELD_COUNT, SC_FREE, SC_QUEUED, SC_WAITING, SC_RUNNING) = range(33)
-_NRS = 36
+ R_ARR_COUNT, R_HELD_HEAD, R_HELD_TAIL, R_HELD_COUNT, SC_FREE, SC_QUEUED, SC_WAITING, SC_RUNNING, R_SLOT_FREE,
+ R_QUERIES, R_HITS, R_PRE_QUERIES, R_PRE_HITS) = range(38)
+_NRS = 40
 assert R_TAIL == R_HEAD + 1 and R_COUNT == R_HEAD + 2  # (``_append``'s list layout)
 assert R_ARR_TAIL == R_ARR_HEAD + 1 and R_ARR_COUNT == R_ARR_HEAD + 2
 assert R_HELD_TAIL == R_HELD_HEAD + 1 and R_HELD_COUNT == R_HELD_HEAD + 2
@@ -124,13 +135,15 @@ ROUND_ROBIN, LEAST_OUTSTANDING, KV_AWARE, LEAST_KV_USAGE, VLLM_DP, POWER_OF_TWO 
 ROUTERS = {"round_robin": ROUND_ROBIN, "least_outstanding": LEAST_OUTSTANDING, "kv_aware": KV_AWARE,
            "least_kv_usage": LEAST_KV_USAGE, "vllm_dp": VLLM_DP, "power_of_two_choices": POWER_OF_TWO}
 # return codes
-DONE_RC, STEP_RC, FLUSH_ITL_RC, ROWS_FULL_RC, NO_PROGRESS_RC, BROKEN_RC, CACHE_RC = range(7)
+DONE_RC, STEP_RC, FLUSH_ITL_RC, ROWS_FULL_RC, NO_PROGRESS_RC, BROKEN_RC = range(6)
 # what a request preempted by recompute leaves in the prefix cache (``cache_preempted_blocks``):
 # nothing (or prefix caching off), every fully computed block, the prompt's
 KEEP_NONE, KEEP_ALL, KEEP_PROMPT = range(3)
-# a segment node of the LRU queue: its owner (a request waiting to come back; -1: a finished
-# request's, which nobody looks up), its blocks, the nodes before and after it
-SEG_OWNER, SEG_COUNT, SEG_PREV, SEG_NEXT = range(4)
+# a key node of the prefix cache (one per key: a shared prefix's block i, or a request's own block i,
+# ``BlockManager``'s hash-chain keys): whether its block is cached, the requests holding it, the
+# nodes before and after it in the LRU queue of evictable blocks (ref 0), and for an own key's node
+# its key in the replica's map of own keys (-1: a shared prefix's node, or unused)
+K_CACHED, K_REF, K_PREV, K_NEXT, K_OWN = range(5)
 
 _WAITING, _RUNNING, _FINISHED, _REJECTED = (int(RequestState.WAITING), int(RequestState.RUNNING),
                                             int(RequestState.FINISHED), int(RequestState.REJECTED))
@@ -277,95 +290,171 @@ def _flush_arrived(qi: np.ndarray, s: np.ndarray, rs: np.ndarray, rf: np.ndarray
         q = nxt
 
 
-def _release_held(qi: np.ndarray, rsr: np.ndarray, seg: np.ndarray) -> int:
+def _release_held(qi: np.ndarray, s: np.ndarray, rsr: np.ndarray, kn: np.ndarray, bm: np.ndarray, sl: np.ndarray,
+                  own: Any, r: int) -> int:
     """Seats and blocks of the requests that finished before the last schedule come back
     (``Scheduler.release_finished``), in the order they finished; returns how many."""
     m = rsr[R_HELD_COUNT]
     q = rsr[R_HELD_HEAD]
     for _ in range(m):
-        _give_back(seg, rsr, qi, q, qi[HELD_BLOCKS, q], -1)
+        _give_back(qi, s, rsr, kn, bm, sl, own, r, q, qi[HELD_BLOCKS, q])
         q = qi[NEXT_WAITING, q]
     rsr[R_HELD_COUNT] = 0
     return m
 
 
-def _seg_push(seg: np.ndarray, rsr: np.ndarray, qi: np.ndarray, owner: int, count: int) -> None:
-    """``count`` keyed blocks of ``owner`` (-1: a finished request) become evictable, at the
-    queue's recently used end (``BlockManager.free``: its blocks in reverse, the tail evicted first)."""
-    node = rsr[R_NODE_FREE]
-    rsr[R_NODE_FREE] = seg[SEG_NEXT, node]
-    seg[SEG_OWNER, node] = owner
-    seg[SEG_COUNT, node] = count
-    seg[SEG_NEXT, node] = -1
+def _lru_push(kn: np.ndarray, rsr: np.ndarray, node: int) -> None:
+    """A cached block whose last holder left becomes evictable, at the recently used end."""
     tail = rsr[R_LRU_TAIL]
-    seg[SEG_PREV, node] = tail
+    kn[K_PREV, node] = tail
+    kn[K_NEXT, node] = -1
     if tail < 0:
         rsr[R_LRU_HEAD] = node
     else:
-        seg[SEG_NEXT, tail] = node
+        kn[K_NEXT, tail] = node
     rsr[R_LRU_TAIL] = node
-    rsr[R_EVICT] += count
-    if owner >= 0:
-        qi[SEG, owner] = node + 1
+    rsr[R_EVICT] += 1
 
 
-def _seg_unlink(seg: np.ndarray, rsr: np.ndarray, qi: np.ndarray, node: int) -> None:
-    """Take a segment out of the queue (its blocks evicted, or found again by their owner)."""
-    prev, nxt = seg[SEG_PREV, node], seg[SEG_NEXT, node]
+def _lru_unlink(kn: np.ndarray, rsr: np.ndarray, node: int) -> None:
+    """Take an evictable block out of the LRU queue (evicted, or found again)."""
+    prev, nxt = kn[K_PREV, node], kn[K_NEXT, node]
     if prev < 0:
         rsr[R_LRU_HEAD] = nxt
     else:
-        seg[SEG_NEXT, prev] = nxt
+        kn[K_NEXT, prev] = nxt
     if nxt < 0:
         rsr[R_LRU_TAIL] = prev
     else:
-        seg[SEG_PREV, nxt] = prev
-    owner = seg[SEG_OWNER, node]
-    if owner >= 0:
-        qi[SEG, owner] = 0
-    rsr[R_EVICT] -= seg[SEG_COUNT, node]
-    seg[SEG_NEXT, node] = rsr[R_NODE_FREE]
-    rsr[R_NODE_FREE] = node
+        kn[K_PREV, nxt] = prev
+    rsr[R_EVICT] -= 1
 
 
-def _take(seg: np.ndarray, rsr: np.ndarray, qi: np.ndarray, need: int) -> None:
-    """``need`` (<= the free ones) blocks: never-used ones first, then cached ones evicted, least
-    recently used first (``BlockManager.allocate``); a segment loses its highest blocks first."""
-    if rsr[R_EVICT] == 0:  # (prefix caching off, or nothing cached)
-        rsr[R_FREE] -= need
-        return
+def _own_key(s: np.ndarray, r: int, q: int, i: int) -> int:
+    """The map key of request ``q``'s own block ``i`` on replica ``r``."""
+    return (r * s[N_REQ] + q) * s[MAXK] + i
+
+
+def _node(qi: np.ndarray, s: np.ndarray, own: Any, r: int, q: int, i: int) -> int:
+    """The key node of block ``i`` of request ``q``'s keys (its shared prefix's, then its own),
+    -1 for an own key that is not cached."""
+    if i < qi[PKN, q]:
+        return qi[PK, q] + i
+    key = _own_key(s, r, q, i)
+    return own[key] if key in own else -1
+
+
+def _take(rsr: np.ndarray, kn: np.ndarray, own: Any, need: int) -> None:
+    """``need`` (<= the free ones) blocks: never-used (or unkeyed) ones first, then cached ones
+    evicted, least recently used first (``BlockManager.allocate``)."""
     short = need - (rsr[R_FREE] - rsr[R_EVICT])
-    while short > 0:
+    for _ in range(short):
         node = rsr[R_LRU_HEAD]
-        c = seg[SEG_COUNT, node]
-        if c <= short:
-            short -= c
-            _seg_unlink(seg, rsr, qi, node)
-        else:
-            seg[SEG_COUNT, node] = c - short
-            rsr[R_EVICT] -= short
-            short = 0
+        _lru_unlink(kn, rsr, node)
+        kn[K_CACHED, node] = 0
+        key = kn[K_OWN, node]
+        if key >= 0:  # an own key's node: unused again
+            del own[key]
+            kn[K_OWN, node] = -1
+            kn[K_NEXT, node] = rsr[R_NODE_FREE]
+            rsr[R_NODE_FREE] = node
     rsr[R_FREE] -= need
 
 
-def _give_back(seg: np.ndarray, rsr: np.ndarray, qi: np.ndarray, q: int, blocks: int, owner: int) -> None:
-    """Request ``q`` frees its ``blocks``: the ones it keyed in the cache (``qi[REG]``, its first)
-    stay cached as ``owner``'s (``q`` when it is to come back, -1 when finished), the rest are free."""
-    rsr[R_FREE] += blocks
+def _slot(qi: np.ndarray, rsr: np.ndarray, sl: np.ndarray, q: int) -> int:
+    """Request ``q``'s row of key bits (taken from the free ones when it first holds blocks)."""
+    if qi[SLOT, q] == 0:
+        slot = rsr[R_SLOT_FREE]
+        rsr[R_SLOT_FREE] = sl[slot]
+        qi[SLOT, q] = slot + 1
+    return qi[SLOT, q] - 1
+
+
+def _publish(qi: np.ndarray, s: np.ndarray, rsr: np.ndarray, kn: np.ndarray, bm: np.ndarray, sl: np.ndarray,
+             own: Any, r: int, q: int, upto: int) -> None:
+    """``BlockManager.cache_computed_blocks``: request ``q``'s blocks from its registered ones to
+    ``upto`` are published under their keys, except where the key is cached already (another
+    request computed it first: that block of ``q``'s stays unkeyed)."""
+    slot = _slot(qi, rsr, sl, q)
+    bits = bm[slot]
+    for i in range(qi[REG, q], upto):
+        if i < qi[PKN, q]:
+            node = qi[PK, q] + i
+            if kn[K_CACHED, node]:
+                bits[i] = 0
+                continue
+        else:
+            key = _own_key(s, r, q, i)
+            if key in own:
+                bits[i] = 0
+                continue
+            node = rsr[R_NODE_FREE]
+            rsr[R_NODE_FREE] = kn[K_NEXT, node]
+            own[key] = node
+            kn[K_OWN, node] = key
+        kn[K_CACHED, node] = 1
+        kn[K_REF, node] = 1
+        bits[i] = 1
+    qi[REG, q] = upto
+
+
+def _lookup(qi: np.ndarray, s: np.ndarray, rsr: np.ndarray, kn: np.ndarray, bm: np.ndarray, sl: np.ndarray,
+            own: Any, r: int, q: int, limit: int) -> int:
+    """``BlockManager.lookup_prefix`` of request ``q``, which holds no blocks: the longest run of
+    its first ``limit`` keys that is cached is attached to it; returns how many."""
+    found = 0
+    while found < limit:
+        node = _node(qi, s, own, r, q, found)
+        if node < 0 or not kn[K_CACHED, node]:
+            break
+        found += 1
+    if found:
+        bits = bm[_slot(qi, rsr, sl, q)]
+        for i in range(found):
+            node = _node(qi, s, own, r, q, i)
+            if kn[K_REF, node] == 0:
+                _lru_unlink(kn, rsr, node)
+                rsr[R_FREE] -= 1
+            kn[K_REF, node] += 1
+            bits[i] = 1
+    qi[REG, q] = found
+    return found
+
+
+def _give_back(qi: np.ndarray, s: np.ndarray, rsr: np.ndarray, kn: np.ndarray, bm: np.ndarray, sl: np.ndarray,
+               own: Any, r: int, q: int, blocks: int) -> None:
+    """Request ``q`` frees its ``blocks`` (``BlockManager.free``): those past its registered ones
+    are free at once; of those before, from the last back, a keyed one loses a holder and becomes
+    evictable when it has none left (so a table's tail is evicted before its head), an unkeyed
+    one is free."""
+    held = 0
     reg = qi[REG, q]
     if reg > 0:
-        _seg_push(seg, rsr, qi, owner, reg)
+        bits = bm[qi[SLOT, q] - 1]
+        for i in range(reg - 1, -1, -1):
+            if bits[i]:
+                node = _node(qi, s, own, r, q, i)
+                left = kn[K_REF, node] - 1
+                kn[K_REF, node] = left
+                if left == 0:
+                    _lru_push(kn, rsr, node)
+                else:
+                    held += 1
         qi[REG, q] = 0
+    rsr[R_FREE] += blocks - held
+    if qi[SLOT, q]:
+        slot = qi[SLOT, q] - 1
+        sl[slot] = rsr[R_SLOT_FREE]
+        rsr[R_SLOT_FREE] = slot
+        qi[SLOT, q] = 0
 
 
 def _schedule(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, st: np.ndarray, s: np.ndarray,
-              rsr: np.ndarray, seg: np.ndarray, now: float) -> int:
+              rsr: np.ndarray, kn: np.ndarray, bm: np.ndarray, sl: np.ndarray, own: Any, r: int, now: float) -> int:
     """``ChunkedScheduler.schedule`` at ``now`` for one replica (its table ``rt``/``rl``, scratch
-    ``st``, scalars ``rsr``, prefix cache ``seg``): the step's rows (table rows, tokens) into
+    ``st``, scalars ``rsr``, prefix cache ``kn``, ``bm``, ``sl``, ``own``): the step's rows (table rows, tokens) into
     ``st`` rows 0-1, its context and sample flags into rows 2-3, its sums into ``rsr``; returns its
-    rows (-1: an allocation failed after preemption, which the Python engine raises on; -2: a
-    request would find more of its cached blocks than it may look up, a state the prefix cache
-    here assumes away)."""
+    rows (-1: an allocation failed after preemption, which the Python engine raises on)."""
     n = rsr[R_RUN]
     budget = s[BUDGET]
     thr = s[THRESHOLD]
@@ -429,10 +518,13 @@ def _schedule(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, st
                     c = rt[0, v]
                     if mode == KEEP_PROMPT and c > qi[P_LEN, q]:
                         c = qi[P_LEN, q]
-                    if c // bs > qi[REG, q]:
-                        qi[REG, q] = c // bs
                     qi[REHIT, q] = 1
-                _give_back(seg, rsr, qi, q, rt[4, v], q)
+                    if c // bs > qi[KEYS, q]:  # (its keys go on over its own blocks)
+                        qi[KEYS, q] = c // bs
+                    up = min(qi[KEYS, q], c // bs)
+                    if up > qi[REG, q]:
+                        _publish(qi, s, rsr, kn, bm, sl, own, r, q, up)
+                _give_back(qi, s, rsr, kn, bm, sl, own, r, q, rt[4, v])
                 budget += new[v]
                 # back to the front of the waiting queue
                 qi[NEXT_WAITING, q] = rsr[R_HEAD] if rsr[R_COUNT] else -1
@@ -445,7 +537,7 @@ def _schedule(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, st
                 if want[i] > 0:
                     if want[i] > rsr[R_FREE]:
                         return -1
-                    _take(seg, rsr, qi, want[i])
+                    _take(rsr, kn, own, want[i])
                     rt[4, i] += want[i]
             n = top
             rsr[R_RUN] = n
@@ -453,7 +545,7 @@ def _schedule(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, st
             for i in range(n):
                 if want[i] > 0:
                     rt[4, i] += want[i]
-            _take(seg, rsr, qi, total)
+            _take(rsr, kn, own, total)
     k = 0
     for i in range(n):
         if new[i] > 0:
@@ -465,20 +557,26 @@ def _schedule(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, st
         while rsr[R_COUNT] > 0 and budget > 0 and rsr[R_RUN] < s[MAX_SEQS] - rsr[R_HELD_COUNT]:
             q = rsr[R_HEAD]
             tokens = qi[P_LEN, q] + qi[OUT, q]
-            # a request preempted by recompute finds what is left of its published blocks
-            # (``BlockManager.lookup_prefix``: its own keys, to one token short of its tokens)
+            # (``BlockManager.lookup_prefix``) its keys: its shared prefix's blocks, then, for one
+            # preempted after publishing, its own, to one token short of its tokens
             found = 0
-            if qi[REHIT, q]:
-                keys = (tokens - 1) // bs if s[CACHE_MODE] == KEEP_ALL else qi[P_LEN, q] // bs
+            if s[PREFIX_ON]:
+                keys = qi[PKN, q]
+                looked = qi[P_LEN, q]
+                if qi[REHIT, q]:
+                    mine = (tokens - 1) // bs if s[CACHE_MODE] == KEEP_ALL else qi[P_LEN, q] // bs
+                    if mine > keys:
+                        keys = mine
+                    looked = tokens
                 qi[KEYS, q] = keys
-                node = qi[SEG, q] - 1
-                if node >= 0:
-                    found = seg[SEG_COUNT, node]
-                    if found > min(keys, (tokens - 1) // bs):
-                        return -2
-                    _seg_unlink(seg, rsr, qi, node)
-                    rsr[R_FREE] -= found
-                    qi[REG, q] = found  # (its table's first blocks, keyed)
+                limit = min(keys, (looked - 1) // bs)
+                found = _lookup(qi, s, rsr, kn, bm, sl, own, r, q, limit)
+                if qi[PREEMPTS, q]:  # (vLLM counts the lookups of requests coming back apart)
+                    rsr[R_PRE_QUERIES] += limit
+                    rsr[R_PRE_HITS] += found
+                else:
+                    rsr[R_QUERIES] += limit
+                    rsr[R_HITS] += found
             computed = found * bs
             chunk = min(tokens - computed, budget, thr)
             need = (computed + chunk + bs - 1) // bs - found
@@ -487,11 +585,14 @@ def _schedule(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, st
             if (need > 0 and rsr[R_FREE] - need < s[WATERMARK]) or (
                     s[WHOLE_PROMPTS] and min(tokens - computed, thr) > budget):
                 # (``blocks.drop_cached_prefix``: what it found goes back, at the recently used end)
-                _give_back(seg, rsr, qi, q, found, q)
+                if found:
+                    _give_back(qi, s, rsr, kn, bm, sl, own, r, q, found)
                 break
             rsr[R_HEAD] = qi[NEXT_WAITING, q]
             rsr[R_COUNT] -= 1
-            _take(seg, rsr, qi, need)
+            _take(rsr, kn, own, need)
+            if s[PREFIX_ON] and qi[PREEMPTS, q] == 0:
+                qi[CACHED, q] = computed
             if qf[FIRST_SCHED, q] != qf[FIRST_SCHED, q]:
                 qf[FIRST_SCHED, q] = now
             qi[STATE, q] = _RUNNING
@@ -545,8 +646,8 @@ def _schedule(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, st
 
 
 def engine_step(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, st: np.ndarray, s: np.ndarray,
-                rs: np.ndarray, rf: np.ndarray, seg: np.ndarray, itl: np.ndarray, rows: np.ndarray, dt: float,
-                pf: np.ndarray, pi: np.ndarray) -> int:
+                rs: np.ndarray, rf: np.ndarray, kn: np.ndarray, bm: np.ndarray, sl: np.ndarray, own: Any,
+                itl: np.ndarray, rows: np.ndarray, dt: float, pf: np.ndarray, pi: np.ndarray) -> int:
     """Run the replicas' events in SimPy's order — by time, then by when each was queued (its
     stamp): the arrival process's timeout, a replica's step end, an idle replica's wakeup — until
     a replica schedules a step; return ``STEP_RC`` with that replica in ``s[AWAIT]`` and its sums
@@ -595,7 +696,9 @@ def engine_step(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, 
         rtr = rt[r]
         rlr = rl[r]
         str_ = st[r]
-        segr = seg[r]
+        knr = kn[r]
+        bmr = bm[r]
+        slr = sl[r]
         if rsr[R_PHASE] == STEPPING:
             k = rsr[R_K]
             cnt = 0
@@ -613,13 +716,11 @@ def engine_step(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, 
             for j in range(k):
                 i = str_[0, j]
                 rtr[0, i] += str_[1, j]
-                if str_[1, j] > 1:  # a chunk: the blocks it filled are published (``cache_computed_blocks``)
+                if str_[1, j] > 1 and s[PREFIX_ON]:  # a chunk: the blocks it filled are published
                     q = rtr[5, i]
-                    keys = qi[KEYS, q]
-                    if keys > 0:
-                        v = min(keys, rtr[0, i] // bs)
-                        if v > qi[REG, q]:
-                            qi[REG, q] = v
+                    v = min(qi[KEYS, q], rtr[0, i] // bs)
+                    if v > qi[REG, q]:
+                        _publish(qi, s, rsr, knr, bmr, slr, own, r, q, v)
                 if str_[3, j]:
                     o = rtr[2, i]
                     if o > 0:
@@ -648,7 +749,7 @@ def engine_step(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, 
                     qi[HELD_BLOCKS, q] = rtr[4, i]
                     _append(qi, rsr, q, R_HELD_HEAD)
                 else:
-                    _give_back(segr, rsr, qi, q, rtr[4, i], -1)
+                    _give_back(qi, s, rsr, knr, bmr, slr, own, r, q, rtr[4, i])
                 rsr[R_OUT] -= 1
                 s[DONE] += 1
             rsr[R_RUN] = _close_rows(rtr, rlr, done, nd, rsr[R_RUN])
@@ -675,16 +776,14 @@ def engine_step(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, 
             if rsr[R_ARR_COUNT] and rsr[R_COUNT] == 0 and rsr[R_RUN] == 0:
                 _flush_arrived(qi, s, rs, rf, r, now)  # nothing else to schedule: seen at once
             if rsr[R_COUNT] == 0 and rsr[R_RUN] == 0:
-                _release_held(qi, rsr, segr)
+                _release_held(qi, s, rsr, knr, bmr, slr, own, r)
                 rsr[R_PHASE] = IDLE
                 break
-            k = _schedule(qi, qf, rtr, rlr, str_, s, rsr, segr, now)
-            if k == -2:
-                return CACHE_RC
+            k = _schedule(qi, qf, rtr, rlr, str_, s, rsr, knr, bmr, slr, own, r, now)
             if k < 0:
                 return BROKEN_RC
             # (async scheduling) the last step's outputs are processed after this schedule
-            released = _release_held(qi, rsr, segr)
+            released = _release_held(qi, s, rsr, knr, bmr, slr, own, r)
             if rsr[R_ARR_COUNT]:
                 _flush_arrived(qi, s, rs, rf, r, now)
             if k > 0:
@@ -725,7 +824,8 @@ def send_times(arrival: np.ndarray, sent: np.ndarray, yielded: np.ndarray) -> No
 
 
 _PLAIN = {"_scrape": _scrape, "_append": _append, "_enqueue": _enqueue, "_send": _send, "_arrivals": _arrivals, "_close_rows": _close_rows,
-          "_seg_push": _seg_push, "_seg_unlink": _seg_unlink, "_take": _take, "_give_back": _give_back,
+          "_lru_push": _lru_push, "_lru_unlink": _lru_unlink, "_own_key": _own_key, "_node": _node, "_take": _take,
+          "_slot": _slot, "_publish": _publish, "_lookup": _lookup, "_give_back": _give_back,
           "_flush_arrived": _flush_arrived, "_release_held": _release_held, "_schedule": _schedule,
           "engine_step": engine_step, "send_times": send_times}
 _price = cp.price  # the step price inside the loop (compiled with it by ``_load``)
@@ -791,7 +891,8 @@ def _load() -> bool:
             s[NREP], s[AWAIT] = 1, -1
             g["engine_step"](empty_i, empty_f, np.zeros((1, 6, 1), dtype=np.int64), np.zeros((1, 1)),
                              np.zeros((1, 7, 1), dtype=np.int64), s, np.zeros((1, _NRS), dtype=np.int64),
-                             np.zeros((1, 6)), np.zeros((1, 4, 1), dtype=np.int64), np.zeros(1),
+                             np.zeros((1, 6)), np.zeros((1, 5, 1), dtype=np.int64), np.zeros((1, 1, 1), dtype=np.int8),
+                             np.zeros((1, 1), dtype=np.int64), _own_map(), np.zeros(1),
                              np.zeros((1, len(ITERATION_COLUMNS))), 0.0, np.zeros(cp._NF),
                              np.zeros(cp._NI, dtype=np.int64))
             _loaded = True
@@ -826,9 +927,13 @@ def reason_not_compiled(sc: Any, requests: Any, scheduler: Any, executor: Any) -
         return f"preemption_mode {cfg.preemption_mode}"
     if not isinstance(requests, RequestArrays):
         return "the workload is request objects (sessions or a trace with content hashes)"
-    if scheduler.kv.enable_prefix_caching and (requests.token_ids is not None or (requests.prefix_id >= 0).any()):
-        # (without them a request's only cached blocks are its own, published when preempted)
-        return "prefix caching over shared prompt prefixes or token ids"
+    if scheduler.kv.enable_prefix_caching and requests.token_ids is not None:
+        # (shared prefixes are keyed by prefix_id: ``BlockManager._prompt_keys``; token ids by their content)
+        return "prefix caching over prompt token ids"
+    if scheduler.kv.enable_prefix_caching and _cache_bytes(requests, scheduler) > CACHE_BYTES_MOST:
+        return (f"prefix caching with a {_cache_bytes(requests, scheduler) / 2**20:.0f} MiB key table per replica "
+                f"(seats x the longest request's blocks, and a node per shared-prefix and cache block; the "
+                f"compiled engine holds {CACHE_BYTES_MOST >> 20} MiB)")
     if not hasattr(executor, "price"):
         return "an executor that is not the cost model's (SimExecutor)"
     if scheduler.max_num_seqs > ITL_CAP:
@@ -836,6 +941,23 @@ def reason_not_compiled(sc: Any, requests: Any, scheduler: Any, executor: Any) -
     if not _load():
         return "numba could not build the compiled engine (see the warning)"
     return None
+
+
+CACHE_BYTES_MOST = 1 << 29  # bytes of prefix-cache tables per replica the compiled engine allocates at most
+
+
+def _cache_bytes(requests: RequestArrays, scheduler: Any) -> int:
+    """Bytes of each replica's prefix-cache tables (``_prefix_cache``): a row of key bits as long
+    as the longest request's blocks for each request that can hold blocks at once, and a key node
+    (5 int64) per shared-prefix block and per cache block."""
+    bs = scheduler.kv.block_size
+    width = int(((requests.prompt_len + requests.output_len) // bs).max(initial=0)) + 1
+    shared = requests.prefix_id >= 0
+    prefix_blocks = 0
+    if shared.any():
+        per = int((np.minimum(requests.prefix_len, requests.prompt_len)[shared] // bs).max())
+        prefix_blocks = len(np.unique(requests.prefix_id[shared])) * per
+    return (scheduler.max_num_seqs + 2) * width + 40 * (prefix_blocks + scheduler.kv.num_blocks)
 
 
 def _rejected(requests: RequestArrays, scheduler: Any) -> np.ndarray:
@@ -856,13 +978,67 @@ def _rejected(requests: RequestArrays, scheduler: Any) -> np.ndarray:
     return bad
 
 
+def _prefix_cache(requests: RequestArrays, scheduler: Any, qi: np.ndarray, s: np.ndarray, rs: np.ndarray,
+                  nrep: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any]:
+    """Each replica's prefix cache, empty: key nodes (a shared prefix's blocks, then one node per
+    block for own keys, chained as unused), key bits (a row per request holding blocks: which of
+    its registered blocks hold their key's block), the free rows, and the map of own keys to their
+    nodes; and the requests' prefix key columns."""
+    kv = scheduler.kv
+    bs = kv.block_size
+    on = kv.enable_prefix_caching
+    s[PREFIX_ON] = on
+    keep = {"none": KEEP_NONE, "all": KEEP_ALL, "prompt": KEEP_PROMPT}[scheduler.cache_preempted]
+    s[CACHE_MODE] = keep if on else KEEP_NONE
+    rs[:, R_LRU_HEAD] = rs[:, R_LRU_TAIL] = -1
+    if not on:
+        empty = np.zeros((nrep, 5, 1), dtype=np.int64)
+        return empty, np.zeros((nrep, 1, 1), dtype=np.int8), np.zeros((nrep, 1), dtype=np.int64), _own_map()
+    pid = requests.prefix_id
+    shared = pid >= 0
+    pkn = np.where(shared, np.minimum(requests.prefix_len, requests.prompt_len) // bs, 0)
+    width = int(pkn.max(initial=0))  # key nodes per shared prefix
+    qi[PKN] = pkn
+    # (prefix ids numbered densely: a trace's may be any non-negative ints; only equality matters)
+    dense = np.zeros(len(pid), dtype=np.int64)
+    kinds = 0
+    if shared.any():
+        uniq, inverse = np.unique(pid[shared], return_inverse=True)
+        dense[shared] = inverse
+        kinds = len(uniq)
+    qi[PK] = dense * width
+    npk = kinds * width
+    s[NPK] = npk
+    # (a key's position is below the request's tokens over the block size)
+    s[MAXK] = int(((requests.prompt_len + requests.output_len) // bs).max(initial=0)) + 1
+    nodes = npk + kv.num_blocks  # (an own key's block is one of the cache's blocks)
+    kn = np.zeros((nrep, 5, nodes), dtype=np.int64)
+    kn[:, K_OWN] = -1
+    kn[:, K_NEXT, npk:] = np.arange(npk + 1, nodes + 1)
+    kn[:, K_NEXT, nodes - 1] = -1
+    rs[:, R_NODE_FREE] = npk
+    slots = scheduler.max_num_seqs + 2  # (holders: the running and held rows, and one being admitted)
+    sl = np.tile(np.arange(1, slots + 1, dtype=np.int64), (nrep, 1))
+    return kn, np.zeros((nrep, slots, int(s[MAXK])), dtype=np.int8), sl, _own_map()
+
+
+def _own_map() -> Any:
+    """The map of own keys to their nodes: numba's typed dict (the compiled loop's)."""
+    from numba import typed, types
+
+    return typed.Dict.empty(types.int64, types.int64)
+
+
 def run_compiled(requests: RequestArrays, scheduler: Any, executor: Any, recorder: MetricsRecorder,
                  on_progress: Callable[[int], None] | None = None, num_replicas: int = 1,
-                 router: str = "round_robin", router_refresh_s: float = 0.0, seed: int = 0) -> int:
+                 router: str = "round_robin", router_refresh_s: float = 0.0, seed: int = 0,
+                 replica_kv: list[SimpleNamespace] | None = None) -> int:
     """Simulate ``requests`` on ``num_replicas`` replicas behind ``router``, each with
     ``scheduler``'s policy and sizes, with the compiled loop, each step priced by
     ``executor.price`` (``SimExecutor``); records into ``recorder`` exactly what the Python
-    engine's plain loop would. Returns the number of steps."""
+    engine's plain loop would, each replica's prefix-cache counters included. Returns the number
+    of steps; ``replica_kv``, when given, gets each replica's block-manager counters (the
+    attributes of ``BlockManager`` that a run's summary reads)."""
     if not _load():
         raise RuntimeError("the compiled engine is unavailable (numba could not build it)")
     n = len(requests)
@@ -900,17 +1076,9 @@ def run_compiled(requests: RequestArrays, scheduler: Any, executor: Any, recorde
     s[AWAIT] = -1
     rs = np.zeros((nrep, _NRS), dtype=np.int64)
     rs[:, R_FREE] = kv.num_blocks
-    keep = {"none": KEEP_NONE, "all": KEEP_ALL, "prompt": KEEP_PROMPT}[scheduler.cache_preempted]
-    s[CACHE_MODE] = keep if kv.enable_prefix_caching else KEEP_NONE
     s[ASYNC] = scheduler.config.async_scheduling
     s[WHOLE_PROMPTS] = not scheduler.config.chunked_prefill
-    # the LRU queue's segment nodes, one per block at most (a segment holds one block or more),
-    # chained into a free list through SEG_NEXT
-    nodes = kv.num_blocks + 1 if s[CACHE_MODE] != KEEP_NONE else 1
-    seg = np.zeros((nrep, 4, nodes), dtype=np.int64)
-    seg[:, SEG_NEXT] = np.arange(1, nodes + 1)
-    seg[:, SEG_NEXT, nodes - 1] = -1
-    rs[:, R_LRU_HEAD] = rs[:, R_LRU_TAIL] = -1
+    kn, bm, sl, own = _prefix_cache(requests, scheduler, qi, s, rs, nrep)
     rf = np.zeros((nrep, 6))
     rf[0, R_REFRESH] = router_refresh_s
     rf[0, R_SCRAPED] = -math.inf
@@ -928,7 +1096,7 @@ def run_compiled(requests: RequestArrays, scheduler: Any, executor: Any, recorde
     done_seen = 0
     dt = 0.0
     while True:
-        rc = step(qi, qf, rt, rl, st, s, rs, rf, seg, itl, rows, dt, pf, pi)
+        rc = step(qi, qf, rt, rl, st, s, rs, rf, kn, bm, sl, own, itl, rows, dt, pf, pi)
         if rc == STEP_RC:
             r = int(s[AWAIT])
             n_seqs, n_dec, tokens, pairs, dkv, pkv, longest = rs[r, S_SEQS:S_LONGEST + 1].tolist()
@@ -951,8 +1119,6 @@ def run_compiled(requests: RequestArrays, scheduler: Any, executor: Any, recorde
                 done_seen = done
             continue
         break
-    if rc == CACHE_RC:
-        raise AssertionError("compiled engine: a request would find more of its cached blocks than it may look up")
     if rc != DONE_RC:
         raise RuntimeError(f"compiled engine: {'no progress' if rc == NO_PROGRESS_RC else 'allocation failed'} "
                            f"with {rs[:, R_COUNT].sum()} waiting, {rs[:, R_RUN].sum()} running and "
@@ -982,10 +1148,17 @@ def run_compiled(requests: RequestArrays, scheduler: Any, executor: Any, recorde
         "output_len": qi[O_LEN].copy(),
         "num_output_tokens": qi[OUT].copy(),
         "num_preemptions": qi[PREEMPTS].copy(),
-        "num_cached_tokens": np.zeros(n, dtype=np.int64),
+        "num_cached_tokens": qi[CACHED].copy(),
         "state": state,
         "reject_reason": reasons,
     })
     recorder.check_done(n)
     scheduler.num_preemptions = int(s[PREEMPTIONS])
+    for r in range(nrep):  # (``simulate.drive``: each replica's counters, in tokens)
+        counts = SimpleNamespace(block_size=kv.block_size, prefix_queries=int(rs[r, R_QUERIES]),
+                                 prefix_hits=int(rs[r, R_HITS]), preempted_prefix_queries=int(rs[r, R_PRE_QUERIES]),
+                                 preempted_prefix_hits=int(rs[r, R_PRE_HITS]))
+        recorder.on_prefix_cache(counts.prefix_queries * kv.block_size, counts.prefix_hits * kv.block_size)
+        if replica_kv is not None:
+            replica_kv.append(counts)
     return int(s[STEPS])

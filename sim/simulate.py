@@ -301,10 +301,12 @@ def simulate(sc: Scenario, requests: Sequence[Request] | None = None, progress: 
             recorder = MetricsRecorder(num_replicas=sc.cluster.num_replicas, iterations=iterations,
                                        bin_after=bin_after)
             with _running(sc.name, len(requests), progress) as done:
+                counters: list[SimpleNamespace] = []
                 compiled_engine.run_compiled(requests, scheduler, executor, recorder, done, sc.cluster.num_replicas,
-                                             sc.cluster.router, sc.cluster.router_refresh_s, sc.seed)
-            # (what the summary reads of each replica: its id and its block manager's prefix counters, 0)
-            replicas = [SimpleNamespace(replica_id=r, scheduler=scheduler) for r in range(sc.cluster.num_replicas)]
+                                             sc.cluster.router, sc.cluster.router_refresh_s, sc.seed, counters)
+            # (what the summary reads of each replica: its id and its block manager's prefix counters)
+            replicas = [SimpleNamespace(replica_id=r, scheduler=SimpleNamespace(kv=kv_r))
+                        for r, kv_r in enumerate(counters)]
             result = finish_run(sc, "sim", requests, recorder, kv, time.perf_counter() - t0, replicas)
             result.engine = "compiled"
             return result

@@ -63,11 +63,14 @@ def _scenario(seed: int, n: int, *, hardware: str, block_size: int, num_blocks: 
 
 
 def random_case(seed: int, prefix_caching: bool = False, async_scheduling: bool = False,
-                chunked_prefill: bool = True):
+                chunked_prefill: bool = True, shared_prefixes: bool = False):
     """A scenario and its requests as columns: lengths, arrival pattern, KV size and knobs drawn;
     ``prefix_caching``: on, with a random ``cache_preempted_blocks`` (no prompt shares a prefix,
     so what is cached is each victim's own blocks); ``async_scheduling``: on; ``chunked_prefill``
-    False: prompts taken in whole (vLLM V1's ``enable_chunked_prefill=False``)."""
+    False: prompts taken in whole (vLLM V1's ``enable_chunked_prefill=False``); ``shared_prefixes``:
+    prefix caching on and some prompts sharing one of a few prefixes (their lengths drawn, some
+    past the prompt), so blocks are shared, found by others, computed twice at once and evicted
+    from under a chain."""
     rng = np.random.default_rng(seed)
     n = int(rng.choice([1, 3, 40, 300]))
     bs = int(rng.choice([1, 4, 16]))
@@ -111,7 +114,17 @@ def random_case(seed: int, prefix_caching: bool = False, async_scheduling: bool 
     if not chunked_prefill:
         sc = sc.model_copy(update={"scheduler": sc.scheduler.model_copy(update={"chunked_prefill": False})})
         assert not sc.policy.chunked_prefill
-    requests = RequestArrays(arrival.astype(np.float64), prompt, output, np.full(n, -1), np.zeros(n, dtype=np.int64))
+    prefix_id, prefix_len = np.full(n, -1), np.zeros(n, dtype=np.int64)
+    if shared_prefixes:  # (drawn apart, so the rest of the case is the one without them)
+        more = np.random.default_rng(seed + 10_000)
+        kinds = int(more.choice([1, 3]))
+        prefix_id = np.where(more.random(n) < float(more.choice([0.5, 0.9])), more.integers(0, kinds, n), -1)
+        lens = more.choice([bs, 3 * bs + 1, 64, 500], kinds)
+        prefix_len = np.where(prefix_id >= 0, lens[np.maximum(prefix_id, 0)], 0).astype(np.int64)
+        sc = sc.model_copy(update={
+            "kv_cache": sc.kv_cache.model_copy(update={"enable_prefix_caching": True}),
+            "scheduler": sc.scheduler.model_copy(update={"cache_preempted_blocks": ["all", "prompt", "none"][seed % 3]})})
+    requests = RequestArrays(arrival.astype(np.float64), prompt, output, prefix_id, prefix_len)
     return sc, requests
 
 
@@ -119,6 +132,60 @@ def random_case(seed: int, prefix_caching: bool = False, async_scheduling: bool 
 def test_random_scenario_is_the_python_engines_run(seed: int):
     sc, requests = random_case(seed)
     assert_identical(sc, requests, iterations=["full", "binned", "off", "auto"][seed % 4])
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_shared_prefixes_are_the_python_engines_run(seed: int):
+    """Prefix caching over prompts that share prefixes: blocks held by several requests, found by
+    later ones (``num_cached_tokens``, the hit counters), published twice when two requests compute
+    them in one step, evicted least recently used first from under a chain; with async scheduling
+    in a third of the cases and victims' own blocks published in every ``cache_preempted_blocks``
+    mode."""
+    sc, requests = random_case(seed, async_scheduling=seed % 3 == 1, shared_prefixes=True)
+    assert_identical(sc, requests, iterations=["full", "binned", "off", "auto"][seed % 4])
+
+
+def test_the_shared_prefix_cases_reach_the_hard_paths(monkeypatch):
+    """The cases above are not vacuous. Counted on the Python engine's block manager over the same
+    80 cases: prompts found cached, blocks computed twice at once (a publication skipped: the
+    key was cached by another request first), keyed blocks evicted, and lookups stopped at an
+    evicted block with later blocks of the chain still cached (which a count of blocks per prefix
+    could not represent)."""
+    from servesim.sim.kv_cache import BlockManager
+
+    seen = {"skipped": 0, "evicted": 0, "gaps": 0}
+    publish, evict, lookup = BlockManager.cache_computed_blocks, BlockManager._evict, BlockManager.lookup_prefix
+
+    def counting_publish(self, request, num_computed_tokens):
+        keys = self._prompt_keys(request)
+        done = self._registered.get(request.request_id, 0)
+        if request.request_id in self._tables:
+            upto = min(len(keys), num_computed_tokens // self.block_size)
+            seen["skipped"] += sum(k in self._key_block for k in keys[done:upto])
+        return publish(self, request, num_computed_tokens)
+
+    def counting_evict(self):
+        seen["evicted"] += 1
+        return evict(self)
+
+    def counting_lookup(self, request):
+        got = lookup(self, request)
+        if self.enable_prefix_caching and request.request_id in self._keys:
+            keys = self._keys[request.request_id]
+            seen["gaps"] += any(k in self._key_block for k in keys[got // self.block_size + 1:])
+        return got
+
+    monkeypatch.setattr(BlockManager, "cache_computed_blocks", counting_publish)
+    monkeypatch.setattr(BlockManager, "_evict", counting_evict)
+    monkeypatch.setattr(BlockManager, "lookup_prefix", counting_lookup)
+    cached = cases_with_hits = 0
+    for seed in range(80):
+        sc, requests = random_case(seed, async_scheduling=seed % 3 == 1, shared_prefixes=True)
+        df = simulate(sc, requests=requests, progress=False, compiled=False, iterations="off").requests_df
+        cached += int(df["num_cached_tokens"].sum())
+        cases_with_hits += bool(df["num_cached_tokens"].sum())
+    assert cases_with_hits >= 25 and cached > 100_000, (cases_with_hits, cached)
+    assert seen["skipped"] > 0 and seen["evicted"] > 1000 and seen["gaps"] > 0, seen
 
 
 @pytest.mark.parametrize("seed", range(60))
@@ -292,9 +359,8 @@ BASE = {"name": "class", "seed": 1, "model": "llama-3.1-8b", "hardware": "h100-s
     ({"cluster": {"num_replicas": 2, "router": "prefix_aware"}}, "router prefix_aware"),
     ({"scheduler": {"type": "continuous"}}, "scheduler continuous"),
     ({"scheduler": {"type": "chunked", "preemption_mode": "swap"}}, "preemption_mode swap"),
-    ({"kv_cache": {"enable_prefix_caching": True},
-      "workload": {**BASE["workload"], "prefix": {"num_prefixes": 2, "prefix_len": 32, "fraction": 0.5}}},
-     "prefix caching over shared prompt prefixes"),
+    ({"kv_cache": {"enable_prefix_caching": True}, "workload": {**BASE["workload"], "token_ids": True}},
+     "prefix caching over prompt token ids"),
     ({"workload": {**BASE["workload"], "sessions": {"turns": 3}}}, "request objects"),
 ])
 def test_what_it_does_not_run_is_named_and_runs_on_the_python_engine(change, reason):
@@ -457,3 +523,16 @@ def test_servesim_run_says_why_a_large_run_took_the_python_engine(tmp_path, caps
             assert f"the compiled engine (several times faster on large runs) does not run {note}" in captured.err
         else:
             assert "does not run" not in captured.err
+
+
+def test_prefix_ids_of_any_size_and_a_table_too_large(monkeypatch):
+    """A trace's prefix ids may be any non-negative ints (numbered densely, only equality
+    matters); a prefix cache whose tables would pass the limit is named and left to Python."""
+    sc, requests = random_case(5, shared_prefixes=True)
+    ids = np.where(requests.prefix_id >= 0, requests.prefix_id * 10**12 + 7, -1)
+    sparse = RequestArrays(requests.arrival_time, requests.prompt_len, requests.output_len, ids, requests.prefix_len)
+    python, compiled = assert_identical(sc, sparse)
+    assert python.requests_df["num_cached_tokens"].sum() > 0
+    monkeypatch.setattr(ce, "CACHE_BYTES_MOST", 1000)
+    with pytest.raises(ScenarioError, match="MiB key table per replica"):
+        simulate(sc, requests=sparse, progress=False, compiled=True)
