@@ -12,9 +12,10 @@ engine as one numba function over arrays: requests are columns (no ``Request`` o
 replica's running table, waiting queue (a linked list through the request columns) and KV block
 counts are arrays. A step's price is the roofline's arithmetic inside the loop
 (``compiled_price.price``, a twin of ``RooflineCostModel.step_time`` under ``SimExecutor.price``:
-the same float) when the cost model is a plain roofline; any other cost model (a GPU profile, a
-fitted CPU profile) is called from Python once per step (``SimExecutor.price``, the cost model's
-own code), which costs ~5-7 µs a step more.
+the same float) when the cost model is a plain roofline, and a GPU profile's
+(``compiled_profile.price``, the twin of ``LayerCostModel.iteration_time``) when it is one of
+those; any other cost model (a fitted CPU profile) is called from Python once per step
+(``SimExecutor.price``, the cost model's own code), which costs ~5-7 µs a step more.
 
 It is a twin of the Python engine, not a different model: events run in the order SimPy's queue
 runs them (below), the policy's budget split, KV growth, preemption of the newest running row and
@@ -79,6 +80,7 @@ from typing import Any
 import numpy as np
 
 from . import compiled_price as cp
+from . import compiled_profile as cg
 from . import row_kernels as rk
 from .batch import StepSums
 from .metrics import ITERATION_COLUMNS, MetricsRecorder
@@ -647,7 +649,8 @@ def _schedule(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, st
 
 def engine_step(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, st: np.ndarray, s: np.ndarray,
                 rs: np.ndarray, rf: np.ndarray, kn: np.ndarray, bm: np.ndarray, sl: np.ndarray, own: Any,
-                itl: np.ndarray, rows: np.ndarray, dt: float, pf: np.ndarray, pi: np.ndarray) -> int:
+                itl: np.ndarray, rows: np.ndarray, dt: float, pf: np.ndarray, pi: np.ndarray, gf: np.ndarray,
+                gi: np.ndarray) -> int:
     """Run the replicas' events in SimPy's order — by time, then by when each was queued (its
     stamp): the arrival process's timeout, a replica's step end, an idle replica's wakeup — until
     a replica schedules a step; return ``STEP_RC`` with that replica in ``s[AWAIT]`` and its sums
@@ -796,8 +799,13 @@ def engine_step(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, 
             continue
         rf[r, R_START] = now
         if s[PRICED]:  # (its end queued as the caller's price would queue it, below the loop's head)
-            d = _price(pf, pi, rsr[S_SEQS], rsr[S_DEC], rsr[S_TOKENS], rsr[S_PAIRS], rsr[S_DKV], rsr[S_PKV],
-                       rsr[S_LONGEST])
+            if s[PRICED] == 1:
+                d = _price(pf, pi, rsr[S_SEQS], rsr[S_DEC], rsr[S_TOKENS], rsr[S_PAIRS], rsr[S_DKV], rsr[S_PKV],
+                           rsr[S_LONGEST])
+            else:
+                k = rsr[R_K]
+                d = _price_rows(gf, gi, pf, pi, rsr[S_SEQS], rsr[S_DEC], rsr[S_TOKENS], rsr[S_DKV], str_[1, :k],
+                                str_[2, :k])
             rf[r, R_DT] = d
             rf[r, R_TIME] = now + d
             s[STAMPS] += 1
@@ -828,7 +836,8 @@ _PLAIN = {"_scrape": _scrape, "_append": _append, "_enqueue": _enqueue, "_send":
           "_slot": _slot, "_publish": _publish, "_lookup": _lookup, "_give_back": _give_back,
           "_flush_arrived": _flush_arrived, "_release_held": _release_held, "_schedule": _schedule,
           "engine_step": engine_step, "send_times": send_times}
-_price = cp.price  # the step price inside the loop (compiled with it by ``_load``)
+# the step price inside the loop (compiled with it by ``_load``): a roofline's, a GPU profile's
+_price, _price_rows = cp.price, cg.price
 _loaded: bool | None = None  # None: not tried yet; False: numba could not build it
 _SOURCES_FILE = "compiled_engine.sources"  # beside numba's cache: the digest of the files it was built from
 
@@ -836,7 +845,7 @@ _SOURCES_FILE = "compiled_engine.sources"  # beside numba's cache: the digest of
 def _sources_digest() -> str:
     here = Path(__file__).parent
     digest = hashlib.sha256()
-    for name in ("compiled_engine.py", *cp.SOURCES):
+    for name in ("compiled_engine.py", *cp.SOURCES, *cg.SOURCES):
         digest.update((here / name).read_bytes())
     return digest.hexdigest()
 
@@ -876,10 +885,11 @@ def _load() -> bool:
 
             for cache in (True, False):
                 made = []
-                for name, f in cp.PLAIN.items():
-                    made.append(numba.njit(cache=cache, nogil=True)(f))
-                    setattr(cp, name, made[-1])
-                g["_price"] = cp.price
+                for mod in (cp, cg):
+                    for name, f in mod.PLAIN.items():
+                        made.append(numba.njit(cache=cache, nogil=True)(f))
+                        setattr(mod, name, made[-1])
+                g["_price"], g["_price_rows"] = cp.price, cg.price
                 for name, f in _PLAIN.items():
                     g[name] = numba.njit(cache=cache, nogil=True)(f)
                     made.append(g[name])
@@ -894,13 +904,14 @@ def _load() -> bool:
                              np.zeros((1, 6)), np.zeros((1, 5, 1), dtype=np.int64), np.zeros((1, 1, 1), dtype=np.int8),
                              np.zeros((1, 1), dtype=np.int64), _own_map(), np.zeros(1),
                              np.zeros((1, len(ITERATION_COLUMNS))), 0.0, np.zeros(cp._NF),
-                             np.zeros(cp._NI, dtype=np.int64))
+                             np.zeros(cp._NI, dtype=np.int64), np.zeros(1), np.zeros(cg._NGI, dtype=np.int64))
             _loaded = True
         except Exception as e:  # noqa: BLE001 - the optional fast path falls back
             g.update(_PLAIN)
-            for name, f in cp.PLAIN.items():
-                setattr(cp, name, f)
-            g["_price"] = cp.price
+            for mod in (cp, cg):
+                for name, f in mod.PLAIN.items():
+                    setattr(mod, name, f)
+            g["_price"], g["_price_rows"] = cp.price, cg.price
             _loaded = False
             warnings.warn(f"servesim: the compiled engine is unavailable ({type(e).__name__}: {e}); running the "
                           "Python engine (same results, slower)", RuntimeWarning, stacklevel=3)
@@ -1087,16 +1098,20 @@ def run_compiled(requests: RequestArrays, scheduler: Any, executor: Any, recorde
     hist = recorder.itl_histogram  # (flushes whatever the recorder staged before)
     step = engine_step
     price, with_rows = executor.price, executor.prices_rows
-    packed = cp.pack(executor)  # (a roofline: its steps priced inside the loop)
+    # (a roofline's or a GPU profile's steps priced inside the loop)
+    pf, pi = np.zeros(cp._NF), np.zeros(cp._NI, dtype=np.int64)
+    gf, gi = np.zeros(1), np.zeros(cg._NGI, dtype=np.int64)
+    packed = cp.pack(executor)
     if packed is not None:
         s[PRICED] = 1
         pf, pi = packed
-    else:
-        pf, pi = np.zeros(cp._NF), np.zeros(cp._NI, dtype=np.int64)
+    elif (profile := cg.pack(executor)) is not None:
+        s[PRICED] = 2
+        gf, gi, pf, pi = profile
     done_seen = 0
     dt = 0.0
     while True:
-        rc = step(qi, qf, rt, rl, st, s, rs, rf, kn, bm, sl, own, itl, rows, dt, pf, pi)
+        rc = step(qi, qf, rt, rl, st, s, rs, rf, kn, bm, sl, own, itl, rows, dt, pf, pi, gf, gi)
         if rc == STEP_RC:
             r = int(s[AWAIT])
             n_seqs, n_dec, tokens, pairs, dkv, pkv, longest = rs[r, S_SEQS:S_LONGEST + 1].tolist()

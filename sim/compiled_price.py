@@ -40,12 +40,25 @@ _NI = 10
 def pack(executor: Any) -> tuple[np.ndarray, np.ndarray] | None:
     """The constants ``price`` reads for ``executor``'s steps: (floats, ints), or None when its cost
     model is not one this module prices (only a ``RooflineCostModel`` under a ``SimExecutor``)."""
-    from .cost_model import _INV_BLEND, GEMM_BLEND, RooflineCostModel
+    from .cost_model import RooflineCostModel
     from .engine import SimExecutor
 
     cm = getattr(executor, "cost_model", None)
     if type(executor) is not SimExecutor or type(cm) is not RooflineCostModel:
         return None
+    packed = roofline_constants(cm)
+    if packed is None or not np.isfinite(packed[0]).all():
+        return None
+    packed[1][I_OVERLAP] = executor._host is not None
+    return packed
+
+
+def roofline_constants(cm: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """``pack``'s constants of a ``RooflineCostModel`` itself (the host overlap off), None where an
+    int the arithmetic multiplies by is not an int; an L2 may be infinite (a GPU profile's reading
+    divides by the roofline's term with an unbounded L2: ``cost_model.reading_attention_shape``)."""
+    from .cost_model import _INV_BLEND, GEMM_BLEND
+
     f = np.zeros(_NF)
     i = np.zeros(_NI, dtype=np.int64)
     for k, v in ((F_LAYER_WEIGHT, cm._layer_weight_s), (F_LAYER_ACT, cm._layer_act_s),
@@ -74,9 +87,6 @@ def pack(executor: Any) -> tuple[np.ndarray, np.ndarray] | None:
                      (F_HEAD_TOKEN_BYTES, va.head_token_bytes), (F_L2_BYTES, va.l2_bytes),
                      (F_DECODE_TILE_S, va.decode_tile_s or 0.0), (F_DECODE_MERGE_S, va.decode_merge_s)):
             f[k] = v
-    i[I_OVERLAP] = executor._host is not None
-    if not np.isfinite(f).all():
-        return None
     return f, i
 
 

@@ -620,7 +620,10 @@ class LayerCostModel:
     def iteration_time(self, q_lens: np.ndarray, ctx_lens: np.ndarray, swap_bytes: float = 0.0,
                        sums: StepSums | None = None) -> float:
         """Seconds for one step (module docstring); 0 for an empty step without swaps. ``sums``: the
-        rows' ``step_sums`` when the caller has them already (``Batch.sums``), else computed here."""
+        rows' ``step_sums`` when the caller has them already (``Batch.sums``), else computed here.
+        The compiled engine prices large runs' steps with a twin of this arithmetic, of
+        ``attention_time``, ``AttentionGrid.__call__`` and ``Curve`` (``compiled_profile.price``):
+        a change here goes there too (``tests/test_compiled_price.py``)."""
         swap = swap_bytes / self._swap_bw if swap_bytes else 0.0
         n = q_lens.shape[0]
         if n == 0:

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from servesim.sim import compiled_engine as ce
 from servesim.sim import compiled_price as cp
+from servesim.sim import compiled_profile as cg
 from servesim.sim import row_kernels as rk
 from servesim.sim.batch import Batch
 from servesim.sim.cost_model import build_cost_model
@@ -462,8 +463,10 @@ def test_a_numba_that_cannot_build_it_falls_back_to_the_python_engine(monkeypatc
     rk.use(True)
     for name in [*ce._PLAIN, "_price"]:  # (restored after the test: the failure puts the plain functions back)
         monkeypatch.setattr(ce, name, getattr(ce, name))
-    for name in cp.PLAIN:
-        monkeypatch.setattr(cp, name, getattr(cp, name))
+    for mod in (cp, cg):
+        for name in mod.PLAIN:
+            monkeypatch.setattr(mod, name, getattr(mod, name))
+    monkeypatch.setattr(ce, "_price_rows", ce._price_rows)
     monkeypatch.setattr(ce, "_loaded", None)
     monkeypatch.setitem(sys.modules, "numba", None)  # import numba raises ImportError
     sc = scenario_from_dict(BASE)

@@ -4,17 +4,31 @@ random steps of every kind; and runs that use it are the Python engine's runs.""
 
 from __future__ import annotations
 
+import copy
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 from servesim.sim import compiled_engine as ce
 from servesim.sim import compiled_price as cp
+from servesim.sim import compiled_profile as cg
 from servesim.sim import row_kernels as rk
 from servesim.sim.batch import step_sums
-from servesim.sim.cost_model import ConstantCostModel, CostModelConfig, RooflineCostModel, build_cost_model
+from servesim.sim.cost_model import (
+    ConstantCostModel,
+    CostModelConfig,
+    RooflineCostModel,
+    build_cost_model,
+    load_profile,
+    resolve_profile_path,
+)
 from servesim.sim.engine import SimExecutor
 from servesim.sim.presets import HARDWARE, get_model
+from servesim.sim.scenario import load_scenario
 from test_compiled_engine import assert_identical, random_case
 
+ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(not rk.available(), reason="numba is not installed")
 
 
@@ -118,3 +132,49 @@ def test_a_changed_source_drops_the_cached_loop(tmp_path, monkeypatch):
         pass
 
     assert not ce._drop_stale_cache([Unreadable()])
+
+
+GPU_PROFILES = sorted(p.name for p in (Path(__file__).resolve().parent.parent / "calibration" / "profiles").glob("*.json")
+                      if json.loads(p.read_text()).get("format", "").startswith("servesim-gpu-profile"))
+
+
+@pytest.mark.parametrize("name", GPU_PROFILES)
+def test_profile_price_is_the_executors_to_the_bit(name: str):
+    """``compiled_profile.price`` against ``SimExecutor.price`` of every shipped GPU profile: decode-
+    only, prefill-only and mixed steps, inside and past the measured grid, host overlap or not."""
+    cost = load_profile(resolve_profile_path(f"profiles/{name}"))
+    rng = np.random.default_rng(len(name))
+    for overlap in (False, True):
+        ex = SimExecutor(cost, 1.0, overlap_host=overlap)
+        packed = cg.pack(ex)
+        assert packed is not None, name  # (every shipped profile is one it prices)
+        for q, ctx in _steps(rng, 150):
+            sums = step_sums(q, ctx)
+            dec = q == 1
+            longest = int(ctx[dec].max()) + 1 if dec.any() else 0
+            want = ex.price(sums, longest, q, ctx)
+            got = cg.price(*packed, sums[0], sums[1], sums[2], sums[4], q, ctx)
+            assert got == want, (name, overlap, tuple(sums), got, want)
+            assert cg.PLAIN["price"](*packed, sums[0], sums[1], sums[2], sums[4], q, ctx) == want
+
+
+def test_profile_pack_leaves_what_it_does_not_price_to_python():
+    cost = load_profile(resolve_profile_path(f"profiles/{GPU_PROFILES[0]}"))
+    assert cg.pack(SimExecutor(ConstantCostModel(1e-3, 0.0, 1e9), 1.0)) is None
+    log = copy.copy(cost)
+    log.attention = copy.copy(cost.attention)
+    log.attention._packed = None  # (a log reading, or axes not starting at 0)
+    assert cg.pack(SimExecutor(log, 1.0)) is None
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_runs_priced_by_a_profile_in_the_loop_are_the_python_engines(seed: int):
+    """Engine runs of the GPU scenarios (their profiles' readings, skew α, TP 2 all-reduce) with
+    random requests and knobs: every output equal to the Python engine's."""
+    paths = sorted((ROOT / "scenarios" / "gpu").glob("*.yaml"))
+    paths = [p for p in paths if "live" not in p.name]
+    base = load_scenario(paths[seed % len(paths)])
+    sc, requests = random_case(seed, async_scheduling=seed % 2 == 1, shared_prefixes=seed % 4 == 3)
+    sc = sc.model_copy(update={"model": base.model, "hardware": base.hardware, "cost_model": base.cost_model,
+                               "tensor_parallel": base.tensor_parallel})
+    assert_identical(sc, requests, iterations="full")

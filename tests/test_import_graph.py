@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, list[str]]] = [
                                                 "kernels.attention", "kernels.model", "kernels.graphs", "kernels.runner",
                                                 "kernels.host"]),
     ("engine presets, plots", ["sim.engine_presets", "sim.plots"]),
-    ("engine, cluster", ["sim.engine", "sim.compiled_engine", "sim.compiled_price", "sim.router", "sim.cluster", "sim.disagg"]),
+    ("engine, cluster", ["sim.engine", "sim.compiled_engine", "sim.compiled_price", "sim.compiled_profile", "sim.router", "sim.cluster", "sim.disagg"]),
     ("scenario, simulate, live", ["sim.scenario", "sim.pools", "sim.simulate", "kernels.live"]),
     ("verbs", ["sim.verbs", "calibration.grid", "calibration.fit", "calibration.profile", "calibration.validate",
                "calibration.commands", "calibration.replay", "calibration.measured_run", "calibration.validate_against",
