@@ -405,20 +405,16 @@ def _lookup(qi: np.ndarray, s: np.ndarray, rsr: np.ndarray, kn: np.ndarray, bm: 
     """``BlockManager.lookup_prefix`` of request ``q``, which holds no blocks: the longest run of
     its first ``limit`` keys that is cached is attached to it; returns how many."""
     found = 0
-    while found < limit:
+    while found < limit:  # (attaching a block leaves which keys are cached as it was)
         node = _node(qi, s, own, r, q, found)
         if node < 0 or not kn[K_CACHED, node]:
             break
+        if kn[K_REF, node] == 0:
+            _lru_unlink(kn, rsr, node)
+            rsr[R_FREE] -= 1
+        kn[K_REF, node] += 1
+        bm[_slot(qi, rsr, sl, q), found] = 1
         found += 1
-    if found:
-        bits = bm[_slot(qi, rsr, sl, q)]
-        for i in range(found):
-            node = _node(qi, s, own, r, q, i)
-            if kn[K_REF, node] == 0:
-                _lru_unlink(kn, rsr, node)
-                rsr[R_FREE] -= 1
-            kn[K_REF, node] += 1
-            bits[i] = 1
     qi[REG, q] = found
     return found
 
@@ -521,9 +517,9 @@ def _schedule(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, st
                     if mode == KEEP_PROMPT and c > qi[P_LEN, q]:
                         c = qi[P_LEN, q]
                     qi[REHIT, q] = 1
-                    if c // bs > qi[KEYS, q]:  # (its keys go on over its own blocks)
-                        qi[KEYS, q] = c // bs
-                    up = min(qi[KEYS, q], c // bs)
+                    up = c // bs
+                    if up > qi[KEYS, q]:  # (its keys go on over its own blocks)
+                        qi[KEYS, q] = up
                     if up > qi[REG, q]:
                         _publish(qi, s, rsr, kn, bm, sl, own, r, q, up)
                 _give_back(qi, s, rsr, kn, bm, sl, own, r, q, rt[4, v])
@@ -655,8 +651,9 @@ def engine_step(qi: np.ndarray, qf: np.ndarray, rt: np.ndarray, rl: np.ndarray, 
     stamp): the arrival process's timeout, a replica's step end, an idle replica's wakeup — until
     a replica schedules a step; return ``STEP_RC`` with that replica in ``s[AWAIT]`` and its sums
     in ``rs`` (the caller prices the step and calls again with its duration ``dt``), or with
-    ``s[PRICED]`` price it here (``compiled_price.price`` with the constants ``pf``, ``pi``) and
-    run on. ``DONE_RC``
+    ``s[PRICED]`` price it here and run on (1: ``compiled_price.price`` with the roofline's
+    constants ``pf``, ``pi``; 2: ``compiled_profile.price`` with a GPU profile's ``gf``, ``gi`` and
+    its reading's roofline in ``pf``, ``pi``). ``DONE_RC``
     when every request is done; ``FLUSH_ITL_RC`` / ``ROWS_FULL_RC`` (nothing changed) when the
     ITL or iteration-row buffer must be emptied first; ``NO_PROGRESS_RC`` / ``BROKEN_RC`` on a
     state the Python engine raises on."""
@@ -852,8 +849,9 @@ def _sources_digest() -> str:
 
 def _drop_stale_cache(dispatchers: list[Any]) -> bool:
     """numba keeps a function's machine code on disk until *its own* file changes, but the loop's
-    code holds ``compiled_price.price`` and ``varlen_attention.layer_seconds`` too: when any of the
-    files they come from differs from what the cache was built from, every cached function here is
+    code holds the step prices' (``compiled_price``, ``compiled_profile``) and their callees' from
+    other modules too (their ``SOURCES``): when any of those files differs from what the cache was
+    built from, every cached function here is
     dropped (recompiled at its first call). False when the cache cannot be checked (compile
     without it then)."""
     try:
@@ -941,8 +939,9 @@ def reason_not_compiled(sc: Any, requests: Any, scheduler: Any, executor: Any) -
     if scheduler.kv.enable_prefix_caching and requests.token_ids is not None:
         # (shared prefixes are keyed by prefix_id: ``BlockManager._prompt_keys``; token ids by their content)
         return "prefix caching over prompt token ids"
-    if scheduler.kv.enable_prefix_caching and _cache_bytes(requests, scheduler) > CACHE_BYTES_MOST:
-        return (f"prefix caching with a {_cache_bytes(requests, scheduler) / 2**20:.0f} MiB key table per replica "
+    table = _cache_bytes(requests, scheduler) if scheduler.kv.enable_prefix_caching else 0
+    if table > CACHE_BYTES_MOST:
+        return (f"prefix caching with a {table / 2**20:.0f} MiB key table per replica "
                 f"(seats x the longest request's blocks, and a node per shared-prefix and cache block; the "
                 f"compiled engine holds {CACHE_BYTES_MOST >> 20} MiB)")
     if not hasattr(executor, "price"):
@@ -957,18 +956,30 @@ def reason_not_compiled(sc: Any, requests: Any, scheduler: Any, executor: Any) -
 CACHE_BYTES_MOST = 1 << 29  # bytes of prefix-cache tables per replica the compiled engine allocates at most
 
 
+def _key_layout(requests: RequestArrays, block_size: int) -> tuple[np.ndarray, np.ndarray, int, int, int]:
+    """The requests' shared-prefix keys: each one's number of them and its prefix numbered densely
+    (a trace's prefix ids may be any non-negative ints; only equality matters), the keys of the
+    longest shared prefix, how many prefixes, and the longest key list (a key's position is below
+    a request's tokens over the block size)."""
+    pid = requests.prefix_id
+    shared = pid >= 0
+    pkn = np.where(shared, np.minimum(requests.prefix_len, requests.prompt_len) // block_size, 0)
+    dense = np.zeros(len(pid), dtype=np.int64)
+    kinds = 0
+    if shared.any():
+        uniq, inverse = np.unique(pid[shared], return_inverse=True)
+        dense[shared] = inverse
+        kinds = len(uniq)
+    longest = int(((requests.prompt_len + requests.output_len) // block_size).max(initial=0)) + 1
+    return pkn, dense, int(pkn.max(initial=0)), kinds, longest
+
+
 def _cache_bytes(requests: RequestArrays, scheduler: Any) -> int:
     """Bytes of each replica's prefix-cache tables (``_prefix_cache``): a row of key bits as long
-    as the longest request's blocks for each request that can hold blocks at once, and a key node
-    (5 int64) per shared-prefix block and per cache block."""
-    bs = scheduler.kv.block_size
-    width = int(((requests.prompt_len + requests.output_len) // bs).max(initial=0)) + 1
-    shared = requests.prefix_id >= 0
-    prefix_blocks = 0
-    if shared.any():
-        per = int((np.minimum(requests.prefix_len, requests.prompt_len)[shared] // bs).max())
-        prefix_blocks = len(np.unique(requests.prefix_id[shared])) * per
-    return (scheduler.max_num_seqs + 2) * width + 40 * (prefix_blocks + scheduler.kv.num_blocks)
+    as the longest key list for each request that can hold blocks at once, and a key node (5 int64)
+    per shared-prefix block and per cache block."""
+    _, _, width, kinds, longest = _key_layout(requests, scheduler.kv.block_size)
+    return (scheduler.max_num_seqs + 2) * longest + 40 * (kinds * width + scheduler.kv.num_blocks)
 
 
 def _rejected(requests: RequestArrays, scheduler: Any) -> np.ndarray:
@@ -1005,23 +1016,11 @@ def _prefix_cache(requests: RequestArrays, scheduler: Any, qi: np.ndarray, s: np
     if not on:
         empty = np.zeros((nrep, 5, 1), dtype=np.int64)
         return empty, np.zeros((nrep, 1, 1), dtype=np.int8), np.zeros((nrep, 1), dtype=np.int64), _own_map()
-    pid = requests.prefix_id
-    shared = pid >= 0
-    pkn = np.where(shared, np.minimum(requests.prefix_len, requests.prompt_len) // bs, 0)
-    width = int(pkn.max(initial=0))  # key nodes per shared prefix
+    pkn, dense, width, kinds, s[MAXK] = _key_layout(requests, bs)  # (width: key nodes per shared prefix)
     qi[PKN] = pkn
-    # (prefix ids numbered densely: a trace's may be any non-negative ints; only equality matters)
-    dense = np.zeros(len(pid), dtype=np.int64)
-    kinds = 0
-    if shared.any():
-        uniq, inverse = np.unique(pid[shared], return_inverse=True)
-        dense[shared] = inverse
-        kinds = len(uniq)
     qi[PK] = dense * width
     npk = kinds * width
     s[NPK] = npk
-    # (a key's position is below the request's tokens over the block size)
-    s[MAXK] = int(((requests.prompt_len + requests.output_len) // bs).max(initial=0)) + 1
     nodes = npk + kv.num_blocks  # (an own key's block is one of the cache's blocks)
     kn = np.zeros((nrep, 5, nodes), dtype=np.int64)
     kn[:, K_OWN] = -1

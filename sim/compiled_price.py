@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .varlen_attention import layer_seconds as _layer_seconds
+from .varlen_attention import num_splits as _num_splits
 
 # float constants (``pack``): the roofline's, its FA2 varlen term's, the executor's
 (F_LAYER_WEIGHT, F_LAYER_ACT, F_LAYER_FLOP, F_GEMM_FLOORS, F_HEAD_WEIGHT, F_HEAD_FLOOR, F_HEAD_FLOP, F_SAMPLER_FIXED,
@@ -90,33 +91,42 @@ def roofline_constants(cm: Any) -> tuple[np.ndarray, np.ndarray] | None:
     return f, i
 
 
-def _num_splits(blocks: int, slots: int, kv_tiles: int) -> int:
-    """``varlen_attention.fa2_num_splits`` (most = 128) without its dict: the same choice."""
-    if blocks >= 0.8 * slots:
-        return 1
-    top = min(128, slots, kv_tiles)
-    best = 0.0
-    for s in range(1, top + 1):
-        if s > 1 and -(-kv_tiles // s) == -(-kv_tiles // (s - 1)):
-            continue
-        waves = blocks * s / slots
-        fill = waves / math.ceil(waves)
-        if fill > best:
-            best = fill
-    for s in range(1, top + 1):
-        if s > 1 and -(-kv_tiles // s) == -(-kv_tiles // (s - 1)):
-            continue
-        waves = blocks * s / slots
-        if waves / math.ceil(waves) >= 0.85 * best:
-            return s
-    return 1  # (unreachable: the best one qualifies)
+def attention(f: np.ndarray, i: np.ndarray, n: float, n_dec: float, tokens: float, pairs: float, decode_kv: float,
+              prefill_kv: float, longest: int) -> float:
+    """``RooflineCostModel._attention``: every layer's KV write, launch floors and kernel for a
+    step's sums (ints from a step, floats from a GPU profile's reading), ``longest`` the largest
+    decode ctx + 1 (0: none given; ``layer_seconds`` reads it only beside decode rows)."""
+    layers = i[I_LAYERS]
+    kv_s = f[F_KV_S]
+    if pairs and i[I_VARLEN]:
+        layer = _layer_seconds(i[I_HEADS], i[I_SMS], f[F_TILE_S], i[I_BLOCK_N], f[F_EMPTY_CTA_S], i[I_GROUP],
+                               f[F_KV_TOKEN_S], f[F_HEAD_TOKEN_BYTES], f[F_L2_BYTES], n, n_dec, tokens, decode_kv,
+                               prefill_kv, longest)
+        return f[F_ATTN_FIXED] + tokens * kv_s + layers * layer
+    if not pairs and decode_kv and i[I_WAVES]:
+        # FA2VarlenAttention.decode_waves_s(n_dec, decode_kv)
+        bn = i[I_BLOCK_N]
+        tiles = math.ceil(decode_kv / n_dec / bn)
+        blocks = n_dec * i[I_KV_HEADS]
+        sms = i[I_SMS]
+        splits = _num_splits(blocks, 2 * sms, tiles, 128)
+        nwaves = -(-(blocks * splits) // sms)
+        waves = nwaves * -(-tiles // splits) * f[F_DECODE_TILE_S]
+        merge = f[F_DECODE_MERGE_S] if splits > 1 else 0.0
+        read = decode_kv * kv_s
+        lw = layers * waves
+        return f[F_ATTN_FIXED] + tokens * kv_s + (lw if lw > read else read) + layers * merge
+    attn = f[F_ATTN_FIXED] + (decode_kv + tokens) * kv_s
+    if pairs:
+        a, b = pairs * f[F_PAIR_S], prefill_kv * kv_s
+        attn += b if b > a else a
+    return attn
 
 
 def price(f: np.ndarray, i: np.ndarray, n: int, n_dec: int, tokens: int, pairs: int, decode_kv: int,
           prefill_kv: int, longest: int) -> float:
     """``SimExecutor.price`` of a step (n >= 1 rows, no swaps) from its sums and its longest decode
     ctx + 1 (0: none), with ``pack``'s constants."""
-    layers = i[I_LAYERS]
     # _terms' size-only terms, added as step_time adds them
     mem = f[F_LAYER_WEIGHT] + tokens * f[F_LAYER_ACT]
     tile = i[I_TILE]
@@ -130,36 +140,9 @@ def price(f: np.ndarray, i: np.ndarray, n: int, n_dec: int, tokens: int, pairs: 
     lead = linear + head + sampler + small
     comm = f[F_AR_FIXED] + tokens * f[F_AR_PER_TOKEN]
     host = f[F_STEP_OVERHEAD] + n * f[F_PER_SEQ_OVERHEAD]
-    kv_s = f[F_KV_S]
-    # attention (RooflineCostModel._attention)
-    if pairs and i[I_VARLEN]:
-        # (the executor passes the longest decode context only to a step with decode rows)
-        lk = longest if n_dec else 0
-        layer = _layer_seconds(i[I_HEADS], i[I_SMS], f[F_TILE_S], i[I_BLOCK_N], f[F_EMPTY_CTA_S], i[I_GROUP],
-                               f[F_KV_TOKEN_S], f[F_HEAD_TOKEN_BYTES], f[F_L2_BYTES], n, n_dec, tokens, decode_kv,
-                               prefill_kv, lk)
-        attn = f[F_ATTN_FIXED] + tokens * kv_s + layers * layer
-    elif not pairs and decode_kv and i[I_WAVES]:
-        # FA2VarlenAttention.decode_waves_s(n_dec, decode_kv)
-        bn = i[I_BLOCK_N]
-        tiles = math.ceil(decode_kv / n_dec / bn)
-        blocks = n_dec * i[I_KV_HEADS]
-        sms = i[I_SMS]
-        splits = _num_splits(blocks, 2 * sms, tiles)
-        nwaves = -(-(blocks * splits) // sms)
-        waves = nwaves * -(-tiles // splits) * f[F_DECODE_TILE_S]
-        merge = f[F_DECODE_MERGE_S] if splits > 1 else 0.0
-        read = decode_kv * kv_s
-        lw = layers * waves
-        attn = f[F_ATTN_FIXED] + tokens * kv_s + (lw if lw > read else read) + layers * merge
-    else:
-        attn = f[F_ATTN_FIXED] + (decode_kv + tokens) * kv_s
-        if pairs:
-            a, b = pairs * f[F_PAIR_S], prefill_kv * kv_s
-            attn += b if b > a else a
+    attn = attention(f, i, n, n_dec, tokens, pairs, decode_kv, prefill_kv, longest)
     t = lead + attn + comm + 0.0 + host
-    if i[I_OVERLAP] and t > 0:
-        host = f[F_STEP_OVERHEAD] + n * f[F_PER_SEQ_OVERHEAD]
+    if i[I_OVERLAP] and t > 0:  # (the host term is the executor's loop_overhead)
         a = t - host
         t = host if host > a else a
     return t
@@ -167,7 +150,7 @@ def price(f: np.ndarray, i: np.ndarray, n: int, n_dec: int, tokens: int, pairs: 
 
 # the plain functions, callees first, for ``compiled_engine._load`` to compile in place (it
 # replaces these names on this module with their compiled versions, so ``price`` binds to them)
-PLAIN = {"_layer_seconds": _layer_seconds, "_num_splits": _num_splits, "price": price}
+PLAIN = {"_layer_seconds": _layer_seconds, "_num_splits": _num_splits, "attention": attention, "price": price}
 # the files whose code ``price`` runs: its compiled callers' on-disk cache is kept only for these
 # files as they were (``compiled_engine._load``: numba notices only a change in a function's own file)
 SOURCES = ("compiled_price.py", "varlen_attention.py")

@@ -18,24 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from .compiled_price import (
-    F_ATTN_FIXED,
-    F_EMPTY_CTA_S,
-    F_HEAD_TOKEN_BYTES,
-    F_KV_S,
-    F_KV_TOKEN_S,
-    F_L2_BYTES,
-    F_PAIR_S,
-    F_TILE_S,
-    I_BLOCK_N,
-    I_GROUP,
-    I_HEADS,
-    I_LAYERS,
-    I_SMS,
-    I_VARLEN,
-    _layer_seconds,
-    roofline_constants,
-)
+from .compiled_price import F_L2_BYTES, I_LAYERS, roofline_constants
+from .compiled_price import attention as _attention
+from .layer_cost_model import _pairs
 from .layer_cost_model import grid_inside as _grid_inside
 from .layer_cost_model import skew_alpha as _skew_alpha
 
@@ -103,7 +88,9 @@ def pack(executor: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     gi[G_TOK], gi[G_SEQ], gi[G_AXES], gi[G_BLEND] = starts[1:5]
     gi[G_SK] = starts[5] if alpha is not None else 0
     gf = np.concatenate(sections).astype(np.float64)
-    if not np.isfinite(gf).all() or not np.isfinite(rf[:F_L2_BYTES]).all():
+    if not np.isfinite(gf).all():
+        return None
+    if grid._shape is not None and not np.isfinite(np.delete(rf, F_L2_BYTES)).all():  # (an L2 may be unbounded)
         return None
     return gf, gi, rf, ri
 
@@ -140,28 +127,9 @@ def _inside(gf: np.ndarray, gi: np.ndarray, pc: float, kp: float, n: float, kv: 
 
 
 def _shape(rf: np.ndarray, ri: np.ndarray, pc: float, kp: float, n: float, kv: float) -> float:
-    """``RooflineCostModel.attention_layer_s`` (pc > 0): ``_attention`` with float arguments."""
+    """``RooflineCostModel.attention_layer_s`` (pc > 0): its ``_attention`` with float arguments."""
     pairs = pc * kp + pc * (pc + 1) / 2
-    rows = n + 1.0
-    tokens = pc + n
-    decode_kv = n * (kv + 1)
-    prefill_kv = kp + pc
-    layers = ri[I_LAYERS]
-    kv_s = rf[F_KV_S]
-    if ri[I_VARLEN]:
-        layer = _layer_seconds(ri[I_HEADS], ri[I_SMS], rf[F_TILE_S], ri[I_BLOCK_N], rf[F_EMPTY_CTA_S], ri[I_GROUP],
-                               rf[F_KV_TOKEN_S], rf[F_HEAD_TOKEN_BYTES], rf[F_L2_BYTES], rows, n, tokens, decode_kv,
-                               prefill_kv, 0)
-        attn = rf[F_ATTN_FIXED] + tokens * kv_s + layers * layer
-    else:
-        attn = rf[F_ATTN_FIXED] + (decode_kv + tokens) * kv_s
-        a, b = pairs * rf[F_PAIR_S], prefill_kv * kv_s
-        attn += b if b > a else a
-    return attn / layers
-
-
-def _pairs(q: float, ctx: float) -> float:
-    return q * (ctx + (q + 1) / 2)
+    return _attention(rf, ri, n + 1.0, n, pc + n, pairs, n * (kv + 1), kp + pc, 0) / ri[I_LAYERS]
 
 
 def _grid(gf: np.ndarray, gi: np.ndarray, rf: np.ndarray, ri: np.ndarray, pc: float, kp: float, n: float,
@@ -274,17 +242,17 @@ def price(gf: np.ndarray, gi: np.ndarray, rf: np.ndarray, ri: np.ndarray, n: int
                     t += d if d > 0.0 else 0.0
         attn = layers * t
     # LayerCostModel.iteration_time
-    step = gf[GF_STEP] + gf[GF_PER_SEQ] * n
     t = (_curve(gf, gi[G_TOK], gi[G_NTOK], gf[GF_TSLOPE], tokens) + _curve(gf, gi[G_SEQ], gi[G_NSEQ], gf[GF_SSLOPE], n)
          + attn + gf[GF_STEP] + gf[GF_PER_SEQ] * n + (gf[GF_PROMPT] if n_dec < n else 0.0) + 0.0)
-    if gi[G_OVERLAP] and t > 0:
+    if gi[G_OVERLAP] and t > 0:  # (the host term: loop_overhead)
+        step = gf[GF_STEP] + gf[GF_PER_SEQ] * n
         a = t - step
         t = step if step > a else a
     return t
 
 
 # the plain functions, callees first, for ``compiled_engine._load`` to compile in place
-PLAIN = {"_layer_seconds": _layer_seconds, "_grid_inside": _grid_inside, "_skew_alpha": _skew_alpha, "_curve": _curve, "_inside": _inside,
-         "_shape": _shape, "_pairs": _pairs, "_grid": _grid, "_alpha": _alpha, "price": price}
+PLAIN = {"_attention": _attention, "_grid_inside": _grid_inside, "_skew_alpha": _skew_alpha, "_curve": _curve,
+         "_inside": _inside, "_shape": _shape, "_pairs": _pairs, "_grid": _grid, "_alpha": _alpha, "price": price}
 # the files whose code ``price`` runs (``compiled_engine._drop_stale_cache``)
 SOURCES = ("compiled_profile.py", "layer_cost_model.py")

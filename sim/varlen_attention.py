@@ -58,24 +58,32 @@ EMPTY_CTA_S = 0.55e-6
 REFERENCE_TOKENS, REFERENCE_HEADS, REFERENCE_HEAD_DIM = 2048, 32, 128
 
 
-@lru_cache(maxsize=8192)
-def fa2_num_splits(blocks: int, slots: int, kv_tiles: int, most: int = 128) -> int:
+def num_splits(blocks: int, slots: int, kv_tiles: int, most: int = 128) -> int:
     """Pieces FA2 splits each row's keys into in a decode-only step, as vLLM's flash-attention fork
     chooses them (``csrc/flash_attn/flash_api.cpp``, ``num_splits_heuristic``, which the kernel
     calls with twice the SM count as ``slots``): one when the ``blocks`` nearly fill the slots; else
     the fewest splits whose last wave is at least 85 % as full as the fullest choice's, counting only
-    split counts that change the ``kv_tiles`` each split walks."""
+    split counts that change the ``kv_tiles`` each split walks. Plain loops, so that the compiled
+    engine's price (``compiled_price``) compiles this very function; ``fa2_num_splits`` caches it."""
     if blocks >= 0.8 * slots:
         return 1
     top = min(most, slots, kv_tiles)
-    fill: dict[int, float] = {}
+    best = 0.0
     for s in range(1, top + 1):
         if s > 1 and -(-kv_tiles // s) == -(-kv_tiles // (s - 1)):
             continue  # the same tiles per split as one split fewer
         waves = blocks * s / slots
-        fill[s] = waves / math.ceil(waves)
-    best = max(fill.values())
-    return min(s for s, f in fill.items() if f >= 0.85 * best)
+        best = max(best, waves / math.ceil(waves))
+    for s in range(1, top + 1):  # the fewest splits within 85 % of the best fill
+        if s > 1 and -(-kv_tiles // s) == -(-kv_tiles // (s - 1)):
+            continue
+        waves = blocks * s / slots
+        if waves / math.ceil(waves) >= 0.85 * best:
+            return s
+    return 1  # (unreachable: the best split qualifies)
+
+
+fa2_num_splits = lru_cache(maxsize=8192)(num_splits)
 
 
 def block_n(head_dim: int) -> int:
