@@ -161,7 +161,8 @@ def cmd_validate_against(args: argparse.Namespace) -> int:
         raise UserError("--repeats repeats a live run; a measured run (--against) is what it is")
     if args.replay_steps:  # (it was ignored)
         raise UserError("--replay-steps replays a live run's own steps; a measured run (--against) has none")
-    out = Path(args.out) if args.out else Path("results") / f"{Path(args.against).stem}-against"
+    run = Path(args.against)  # a run folder keeps its whole name (dots too), a JSON file loses its suffix
+    out = Path(args.out) if args.out else Path("results") / f"{run.name if run.is_dir() else run.stem}-against"
     print(f"servesim validate --against {args.against}"
           f"{f' (scenario {args.scenario})' if args.scenario else ''} | sim cost model: "
           f"{'profile ' + args.profile if args.profile else 'the scenario, or the shipped profile for the GPU and model, or the roofline'}",

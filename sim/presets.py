@@ -521,7 +521,7 @@ _GPUS = {
 # name one (--set hardware=) rather than be simulated on the wrong card (an A100 40GB priced with
 # 80 GB of memory, an H100 PCIe at the SXM part's 3.35 TB/s, a GH200 as an H200).
 _OTHER_VARIANTS = {
-    "a100-80g": ("40g",),
+    "a100-80g": ("40g", "pcie"),  # the 80GB PCIe card: 1.94 TB/s at 300 W, no NVSwitch (the preset is the SXM4 part)
     "h100-sxm": ("pcie", "nvl", "h100l"),
     "h200": ("gh200", "nvl"),
     "rtx-pro-6000": ("maxq",),  # the 300 W Max-Q Workstation Edition (the 600 W one is this preset's card)

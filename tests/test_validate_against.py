@@ -84,7 +84,8 @@ def test_hugging_face_ids_map_to_model_presets(name, preset):
     ("RTX4090", "rtx-4090"), ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("h200", "h200"), ("TPUv5e", None),
     ("NVIDIA A100-SXM4-80GB", "a100-80g"), ("A100", "a100-80g"), ("NVIDIA GeForce RTX 4090", "rtx-4090"),
     # variants whose memory or bandwidth differ from the preset's have none: the user must name one
-    ("NVIDIA A100-SXM4-40GB", None), ("NVIDIA A100-PCIE-40GB", None), ("NVIDIA H100 PCIe", None),
+    ("NVIDIA A100-SXM4-40GB", None), ("NVIDIA A100-PCIE-40GB", None), ("NVIDIA A100 80GB PCIe", None),
+    ("NVIDIA H100 PCIe", None),
     ("NVIDIA H100 NVL", None), ("NVIDIA GH200 480GB", None),
     ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "rtx-pro-6000"),
     ("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", None), ("NVIDIA GeForce RTX 4090 D", None),
@@ -376,6 +377,15 @@ def test_plots_and_the_scatter_are_written(tmp_path):
     for name in ("cdf_ttft.png", "cdf_tpot.png", "cdf_e2e.png", "scatter_requests.png"):
         assert (tmp_path / "o" / name).stat().st_size > 1000
     assert not (tmp_path / "o" / "cdf_itl.png").exists()  # nothing measured to overlay
+
+
+def test_the_default_output_folder_keeps_a_run_folders_whole_name(tmp_path, monkeypatch):
+    folder = write_run(tmp_path / "RTXPRO6000-Llama-3.1-8B", isolated_requests())
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli("validate", "--against", str(folder), "--quiet", "--no-plots", *CONSTANT)
+    assert code == 0, err
+    assert (tmp_path / "results" / "RTXPRO6000-Llama-3.1-8B-against" / "validation.json").is_file()
+    assert "results/RTXPRO6000-Llama-3.1-8B-against/" in out
 
 
 # ---- the shipped runs (only where ../shared is beside the repository) ----------------------------------
