@@ -43,6 +43,9 @@ tokens (inference-sim starts at 1024; flash attention is a few % of such a step)
 decode row (batch 1, kv 1024) of inference-sim's 32-8-128 table is a warm-up outlier (SOURCES.md)
 and is skipped.
 
+A second table sets the roofline against Vidur's per-rank times at TP 1, 2, 4 and 8 (``tp_columns``:
+H100 Llama-2-7B and -70B, A100 Llama-3-8B and -70B; linear layers, small ops and LM head).
+
     python benchmarks/roofline_vs_measured.py [--data ../shared/data/gpu] [--out points.csv]
     python benchmarks/roofline_vs_measured.py --constants   # the figures behind sim/presets.py's fractions
 """
@@ -106,10 +109,10 @@ def llmservingsim_v0(path: Path) -> OpTable:
     return OpTable(df[(df["tp"] == 1) & (df["kv_cache"] == 0)], "tokens")
 
 
-def vidur_mlp(path: Path) -> OpTable:
-    """Vidur ``mlp.csv`` medians, TP 1."""
+def vidur_mlp(path: Path, tp: int = 1) -> OpTable:
+    """Vidur ``mlp.csv`` medians at one TP degree (each op timed on one rank's shard)."""
     df, _ = vidur.read_mlp(path)
-    return OpTable(df[df["tp"] == 1], "tokens")
+    return OpTable(df[df["tp"] == tp], "tokens")
 
 
 def inference_sim_h100(folder: Path, heads: str) -> tuple[dict[tuple[int, int], float], dict[int, float]]:
@@ -151,6 +154,7 @@ class Column:
     decode_attn: Callable[[int, int], float | None] | None = None  # (batch, kv) -> seconds, one layer
     prefill_attn: Callable[[int], float | None] | None = None  # tokens -> seconds, one layer
     notes: list[str] = field(default_factory=list)
+    tp: int = 1  # tensor-parallel degree: every term is one rank's
 
     def measured(self, row: str, size: int, kv: int) -> tuple[float, set[str]] | None:
         """Measured seconds of the row's step at ``size``, and the terms it leaves out; None if off grid."""
@@ -210,8 +214,8 @@ def gpu_preset(gpu: str) -> str:
 
 
 def vidur_column(data: Path, label: str, gpu: str, repo_model: str, model: str,
-                 attention: tuple[dict[tuple[int, int], float], dict[int, float]] | None) -> Column:
-    table = vidur_mlp(data / "vidur" / "compute" / gpu / "meta-llama" / repo_model / "mlp.csv")
+                 attention: tuple[dict[tuple[int, int], float], dict[int, float]] | None, tp: int = 1) -> Column:
+    table = vidur_mlp(data / "vidur" / "compute" / gpu / "meta-llama" / repo_model / "mlp.csv", tp)
     m = get_model(model)
     per_layer = {"layernorm": 1, "qkv_proj": 1, "rotary_emb": 1, "o_proj": 1, "layernorm_post": 1,
                  "gate_up_proj": 1, "act_fn": 1, "down_proj": 1, "add": 2}
@@ -226,7 +230,7 @@ def vidur_column(data: Path, label: str, gpu: str, repo_model: str, model: str,
         up = table.at("gate_up_proj", n)
         return None if up is None else up * head_scale
 
-    col = Column(label, model, gpu + ("-80g" if gpu == "a100" else "-sxm"), dense_s, lm_head)
+    col = Column(label, model, gpu + ("-80g" if gpu == "a100" else "-sxm"), dense_s, lm_head, tp=tp)
     if attention is not None:
         dec, pre = attention
         col.decode_attn = lambda n, kv: dec.get((n, kv))
@@ -269,24 +273,42 @@ def columns(data: Path) -> list[Column]:
     ]
 
 
+# The tensor-parallel table: Vidur timed every op of one decoder layer on one rank's shard at TP 1,
+# 2, 4 and 8, for the two 8B-class models above and two 70B ones. Its attention is not in the data
+# (nor inference-sim's beyond TP 1) and the all-reduces are NCCL's own table (benchmarks/
+# allreduce_vs_nccl.py checks the roofline's link against it), so both stay out of both sides:
+# this table checks the roofline's linear layers, small ops and LM head on sharded shapes, the
+# per-rank GEMMs getting narrower (TP 8 leaves an 8B model's o_proj 4096 x 512) as TP grows.
+TP_MODELS = (("h100", "Llama-2-7b-hf", "llama-2-7b"), ("h100", "Llama-2-70b-hf", "llama-2-70b"),
+             ("a100", "Meta-Llama-3-8B", "llama-3-8b"), ("a100", "Meta-Llama-3-70B", "llama-3-70b"))
+TP_DEGREES = (1, 2, 4, 8)
+
+
+def tp_columns(data: Path) -> list[Column]:
+    return [vidur_column(data, f"{gpu.upper()} {model} TP {tp}", gpu, repo_model, model, None, tp)
+            for gpu, repo_model, model in TP_MODELS for tp in TP_DEGREES]
+
+
 # --------------------------------------------------------------------------------------------------
 
 
 def predicted(col: Column, row: str, size: int, kv: int, omitted: set[str]) -> float:
     """The default roofline's kernel time for the row's step, less the host term and ``omitted`` terms."""
-    cost = build_cost_model(CostModelConfig(), get_model(col.model), get_hardware(col.hardware))
+    cost = build_cost_model(CostModelConfig(), get_model(col.model), get_hardware(col.hardware),
+                            tensor_parallel=col.tp)
     if row.startswith("decode"):
         q, ctx = np.ones(size, dtype=np.int64), np.full(size, kv - 1, dtype=np.int64)
     else:
         q, ctx = np.array([size], dtype=np.int64), np.zeros(1, dtype=np.int64)
     parts = cost.breakdown(step_sums(q, ctx))
-    return sum(v for k, v in parts.items() if k not in omitted and k != "host")
+    # (no source times the all-reduce inside a step: it is 0 at TP 1, and out of both sides above it)
+    return sum(v for k, v in parts.items() if k not in omitted and k not in ("host", "all_reduce"))
 
 
-def compare(data: Path) -> list[dict]:
+def compare(data: Path, cols: list[Column] | None = None) -> list[dict]:
     """Every (column, row, point) with measured and predicted seconds."""
     points = []
-    for col in columns(data):
+    for col in columns(data) if cols is None else cols:
         for row, (_, sizes, kv) in ROWS.items():
             for size in sizes:
                 got = col.measured(row, size, kv)
@@ -294,7 +316,8 @@ def compare(data: Path) -> list[dict]:
                     continue
                 measured, omitted = got
                 pred = predicted(col, row, size, kv, omitted)
-                points.append({"column": col.label, "row": row, "size": size, "kv": kv if row.startswith("decode")
+                points.append({"column": col.label, "tp": col.tp, "row": row, "size": size,
+                               "kv": kv if row.startswith("decode")
                                else 0, "measured_s": measured, "predicted_s": pred, "ratio": pred / measured,
                                "omitted": "+".join(sorted(omitted))})
     return points
@@ -321,6 +344,30 @@ def markdown(points: list[dict]) -> str:
                  f"number of points). Worst point: {worst['column']} {worst['row']} at {worst['size']}: "
                  f"{worst['ratio']:.3f}; {sum(abs(p['ratio'] - 1) <= 0.10 for p in points)} of {len(points)} "
                  f"points within ±10 %.")
+    return "\n".join(lines)
+
+
+def tp_markdown(points: list[dict]) -> str:
+    """The tensor-parallel table: one line per model x TP degree, a column per step row."""
+    heads = {"decode_small": "decode, batch ≤ 32", "decode_large": "decode, batch ≥ 64",
+             "prefill_small": "prefill 128–512 tokens", "prefill_large": "prefill 1k–8k tokens"}
+    lines = ["| GPU, model | TP | " + " | ".join(heads.values()) + " |", "|---|---|" + "---|" * len(heads)]
+    for label in dict.fromkeys(p["column"] for p in points):
+        mine = [p for p in points if p["column"] == label]
+        cells = []
+        for row in heads:
+            r = [p["ratio"] for p in mine if p["row"] == row]
+            cells.append(f"{min(r):.2f}–{max(r):.2f}" if r else "–")
+        lines.append(f"| {label.rsplit(' TP ', 1)[0]} | {mine[0]['tp']} | " + " | ".join(cells) + " |")
+    worst = max(points, key=lambda p: abs(p["ratio"] - 1))
+    within = sum(abs(p["ratio"] - 1) <= 0.10 for p in points)
+    by_tp = ", ".join(f"TP {tp} {sum(abs(p['ratio'] - 1) <= 0.10 for p in points if p['tp'] == tp)}/"
+                      f"{sum(p['tp'] == tp for p in points)}" for tp in TP_DEGREES)
+    lines.append("")
+    lines.append(f"predicted / measured, one rank's linear layers, small ops and LM head (Vidur's mlp.csv at "
+                 f"that TP; no attention, no all-reduce on either side), min–max over the row's points. "
+                 f"{within} of {len(points)} points within ±10 % ({by_tp}); worst: {worst['column']} "
+                 f"{worst['row']} at {worst['size']}: {worst['ratio']:.3f}.")
     return "\n".join(lines)
 
 
@@ -437,6 +484,10 @@ def main() -> None:
         return
     points = compare(args.data)
     print(markdown(points))
+    tp_points = compare(args.data, tp_columns(args.data))
+    print("\nTensor-parallel shards (Vidur, one rank):\n")
+    print(tp_markdown(tp_points))
+    points += tp_points
     if args.out:
         with open(args.out, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(points[0]))

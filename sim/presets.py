@@ -126,6 +126,13 @@ MODELS: dict[str, ModelConfig] = {
                          max_position_embeddings=4096),
     # huggingface.co/meta-llama/Llama-3.1-70B/blob/main/config.json: 70.55 B params.
     "llama-3.1-70b": _llama("llama-3.1-70b", 80, 8192, 64, 8, 28672, max_position_embeddings=131072),
+    # huggingface.co/meta-llama/Meta-Llama-3-70B/blob/main/config.json: as 3.1-70B (70.55 B params),
+    # only its context differs (8192 positions, no rope scaling). Vidur's A100 tables time it.
+    "llama-3-70b": _llama("llama-3-70b", 80, 8192, 64, 8, 28672, max_position_embeddings=8192),
+    # huggingface.co/meta-llama/Llama-2-70b-hf/blob/main/config.json: 68.98 B params, GQA (8 KV heads),
+    # 4096 positions. Vidur's H100 tables time it.
+    "llama-2-70b": _llama("llama-2-70b", 80, 8192, 64, 8, 28672, vocab_size=32000, rope_theta=10000.0,
+                          max_position_embeddings=4096),
     # huggingface.co/mistralai/Mistral-7B-v0.3/blob/main/config.json (v0.3: vocab 32768, theta 1e6,
     # no sliding window; v0.1 differs only in vocab 32000, theta 1e4, window 4096): 7.248 B params.
     "mistral-7b": _llama("mistral-7b", 32, 4096, 32, 8, 14336, vocab_size=32768, rope_theta=1e6,

@@ -561,3 +561,25 @@ def test_the_default_roofline_tracks_public_gpu_kernel_timings(monkeypatch):
     # 512, and the RTX 4090's GEMMs overlap memory and compute better than the blend assumes there
     assert len(within) >= len(points) - 2
     assert all(0.8 <= p["ratio"] <= 1.2 for p in points)
+
+
+@pytest.mark.skipif(not (GPU_DATA / "SOURCES.md").is_file(), reason="needs the shared GPU data (../shared/data/gpu)")
+def test_the_roofline_against_vidurs_tensor_parallel_shards(monkeypatch):
+    spec = importlib.util.spec_from_file_location(
+        "roofline_vs_measured", Path(__file__).resolve().parents[1] / "benchmarks" / "roofline_vs_measured.py")
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)
+    spec.loader.exec_module(bench)
+    points = bench.compare(GPU_DATA, bench.tp_columns(GPU_DATA))
+    assert {p["tp"] for p in points} == {1, 2, 4, 8} and len(points) == 264
+
+    def share(tps):
+        mine = [p for p in points if p["tp"] in tps]
+        return sum(abs(p["ratio"] - 1) <= 0.10 for p in mine) / len(mine)
+
+    # a rank's work is priced on that rank's shard: at TP 1-2 the roofline holds (126 of 132 points)
+    assert share({1, 2}) >= 0.93
+    # the known gap (README, Benchmarks): narrow shards reach less of the GEMM peak, so TP 4-8 runs
+    # fast (99 of 132 within 10 %, worst 0.76); a bound, so a fix that closes the gap still passes
+    assert all(0.74 <= p["ratio"] <= 1.2 for p in points)
+    assert share({4, 8}) >= 0.70
