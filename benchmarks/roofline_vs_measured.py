@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -109,10 +110,20 @@ def llmservingsim_v0(path: Path) -> OpTable:
     return OpTable(df[(df["tp"] == 1) & (df["kv_cache"] == 0)], "tokens")
 
 
+@functools.cache
+def _vidur_frame(path: Path) -> pd.DataFrame:
+    return vidur.read_mlp(path)[0]  # (read once: the TP table takes four degrees from one file)
+
+
 def vidur_mlp(path: Path, tp: int = 1) -> OpTable:
     """Vidur ``mlp.csv`` medians at one TP degree (each op timed on one rank's shard)."""
-    df, _ = vidur.read_mlp(path)
+    df = _vidur_frame(path)
     return OpTable(df[df["tp"] == tp], "tokens")
+
+
+def _within(points: list[dict]) -> int:
+    """Points whose predicted / measured is within ±10 %."""
+    return sum(abs(p["ratio"] - 1) <= 0.10 for p in points)
 
 
 def inference_sim_h100(folder: Path, heads: str) -> tuple[dict[tuple[int, int], float], dict[int, float]]:
@@ -342,7 +353,7 @@ def markdown(points: list[dict]) -> str:
     lines.append("")
     lines.append(f"predicted / measured, min–max over the row's points (batch sizes or prefill tokens, "
                  f"number of points). Worst point: {worst['column']} {worst['row']} at {worst['size']}: "
-                 f"{worst['ratio']:.3f}; {sum(abs(p['ratio'] - 1) <= 0.10 for p in points)} of {len(points)} "
+                 f"{worst['ratio']:.3f}; {_within(points)} of {len(points)} "
                  f"points within ±10 %.")
     return "\n".join(lines)
 
@@ -360,8 +371,8 @@ def tp_markdown(points: list[dict]) -> str:
             cells.append(f"{min(r):.2f}–{max(r):.2f}" if r else "–")
         lines.append(f"| {label.rsplit(' TP ', 1)[0]} | {mine[0]['tp']} | " + " | ".join(cells) + " |")
     worst = max(points, key=lambda p: abs(p["ratio"] - 1))
-    within = sum(abs(p["ratio"] - 1) <= 0.10 for p in points)
-    by_tp = ", ".join(f"TP {tp} {sum(abs(p['ratio'] - 1) <= 0.10 for p in points if p['tp'] == tp)}/"
+    within = _within(points)
+    by_tp = ", ".join(f"TP {tp} {_within([p for p in points if p['tp'] == tp])}/"
                       f"{sum(p['tp'] == tp for p in points)}" for tp in TP_DEGREES)
     lines.append("")
     lines.append(f"predicted / measured, one rank's linear layers, small ops and LM head (Vidur's mlp.csv at "
