@@ -28,3 +28,12 @@ imp --format vidur "$DATA/vidur/compute/h100/meta-llama/Llama-2-7b-hf/mlp.csv" \
 # A100: Vidur publishes no attention table we carry: roofline attention, labelled in the profile
 imp --format vidur "$DATA/vidur/compute/a100/meta-llama/Meta-Llama-3-8B/mlp.csv" \
     --model llama-3-8b --hardware a100-80g --tp 1
+
+# 70B at TP 4 and 8: Vidur's per-rank token ops and its DGX NCCL all-reduce timings; attention and
+# LM head are roofline terms, labelled (no 70B attention in the published data)
+for tp in 4 8; do
+  imp --format vidur "$DATA/vidur/compute/h100/meta-llama/Llama-2-70b-hf/mlp.csv" \
+      --with "vidur:$DATA/vidur/network/h100_dgx/all_reduce.csv" --model llama-2-70b --hardware h100-sxm --tp "$tp"
+  imp --format vidur "$DATA/vidur/compute/a100/meta-llama/Meta-Llama-3-70B/mlp.csv" \
+      --with "vidur:$DATA/vidur/network/a100_dgx/all_reduce.csv" --model llama-3-70b --hardware a100-80g --tp "$tp"
+done

@@ -15,7 +15,8 @@ Roles, in order of preference (every choice is written into ``provenance.assembl
   shows underestimates mixed steps under FlashAttention 2 (decode rows run in the prefill kernel
   there; the H100 runs FA3, unmeasured); without any attention source, the default roofline's
   attention term (``RooflineCostModel``, its FA2 varlen term included) at every node, labelled;
-- TP all-reduce: Vidur's ``all_reduce.csv`` at the TP degree (NCCL on a DGX); else the link model;
+- TP all-reduce: Vidur's ``all_reduce.csv`` at the TP degree within one node (NCCL on a DGX); else the
+  link model;
 - sampler: no source measures it on these GPUs; a labelled estimate (launch + reading the logits).
 """
 
@@ -128,8 +129,14 @@ def assemble_composite(opts: Any, model: ModelConfig, link: dict[str, Any]) -> t
         elif fmt == "vidur" and path.name == "all_reduce.csv":
             df, prov = vidur.read_all_reduce(path)
             check_hardware_matches(prov.gpu, opts.hardware, str(path))
-            allreduce = df[df["num_workers"] == tp]
+            # tensor parallelism stays inside one node: Vidur's A100 file also times each degree
+            # spread over two nodes (devices_per_node < num_workers), 10-30x slower at large messages
+            at_tp = df[df["num_workers"] == tp]
+            allreduce = at_tp[at_tp["devices_per_node"] >= tp]
             sizes = sorted(set(allreduce["bytes"]))
+            if tp > 1 and not sizes and len(at_tp):
+                raise SourceError(f"{path}: num_workers {tp} is only timed across nodes (devices_per_node "
+                                  f"{sorted(set(at_tp['devices_per_node']))}); tensor parallelism needs one node")
             if tp > 1 and not sizes:
                 raise SourceError(f"{path}: no rows for num_workers {tp} (has {sorted(set(df['num_workers']))})")
             if tp > 1 and len(sizes) < 2:
@@ -248,19 +255,27 @@ def assemble_composite(opts: Any, model: ModelConfig, link: dict[str, Any]) -> t
         ar = {"type": "none"}
     elif allreduce is not None and len(allreduce):
         t = allreduce.groupby("bytes")["seconds"].median().sort_index()
-        secs = np.maximum.accumulate(t.to_numpy())  # NCCL's small-message noise: keep it monotone
+        secs = gp.monotone_seconds(t.to_numpy())  # NCCL's small-message noise: a monotone fit
         ar = {"type": "table", "count": 2 * model.num_layers + 1, "bytes_per_token": model.hidden_size * model.dtype_bytes,
               "bytes": t.index.astype(float).tolist(), "seconds": secs.tolist(),
-              "source": f"Vidur all_reduce.csv, {tp} GPUs (median per size, made monotone)"}
+              "source": f"Vidur all_reduce.csv, {tp} GPUs in one node (median per size, isotonic regression)"}
+        notes.append(f"TP all-reduce: Vidur's all_reduce.csv at {tp} GPUs in one node (NCCL on a DGX; its two-node "
+                     f"rows left out), the median per message size made monotone by isotonic regression; "
+                     f"{ar['count']} calls a step (two per layer, one after the embedding) of {ar['bytes_per_token']} "
+                     f"bytes per token, read log-log between {t.index[0]:g} and {t.index[-1]:g} bytes and linear "
+                     "beyond with the slope of the largest quarter of the sizes.")
     else:
-
         ar = gp.allreduce_link(model, tp, link["bandwidth"], link["latency_s"], link["source"])
+        notes.append(f"TP all-reduce: no measured table for {tp} GPUs: {ar['count']} ring all-reduces a step over "
+                     f"the link model ({link['source']}).")
     asm = gp.Assembly(model=model, hardware=opts.hardware, tp=tp, dense_tokens=[int(x) for x in xs],
                       dense_ops=dense_ops, seq_sequences=[int(x) for x in seqs],
                       seq_ops={"lm_head": lm.tolist(), "sampler": sampler.tolist()},
                       seq_sources={"lm_head": lm_src, "sampler": sampler_src}, grid=grid, attention_source=att_src,
                       allreduce=ar, sources=[p.to_dict() for p in provs], assembly_notes=notes)
     asm.attention_check = att_check
+    if ar["type"] == "table":
+        asm.allreduce_check = gp.check_allreduce(t.index.to_numpy(), t.to_numpy())
     asm.seq_native = {"lm_head": (xs, g["lm_head"].to_numpy()) if v0_same_model else None, "sampler": None}
     return asm, None, None
 

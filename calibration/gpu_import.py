@@ -285,6 +285,8 @@ def format_report(profile: dict[str, Any]) -> str:
         row(f"  {name} ({e['chosen']})", e["table"], e["fit"])
     for name, e in h.get("per_sequence_ops", {}).items():
         row(f"  {name} ({e['chosen']})", e["table"], e["fit"])
+    if "allreduce" in h:
+        row("TP all-reduce, one call (table)", h["allreduce"])
     if h.get("skew_used") is False:
         lines.append("skew.csv scored but not used: unequal decode contexts are priced at their mean "
                      "(skew mean context grid is this profile's error on those batches)")

@@ -653,8 +653,9 @@ def allreduce_seconds(spec: Mapping[str, Any], tokens: np.ndarray) -> np.ndarray
     (ring all-reduce, ``sim/allreduce.py``: each of ``count`` collectives moves 2 (tp-1)/tp of its
     message over a link of ``bandwidth`` bytes/s after ``latency_s`` plus the optional
     ``hop_latency_s`` per further GPU; ``tp`` in the spec); or ``{"type": "table", "count",
-    "bytes_per_token", "bytes": [...], "seconds": [...]}`` (measured, interpolated in log-log and
-    linear in bytes beyond the largest message).
+    "bytes_per_token", "bytes": [...], "seconds": [...]}`` (measured, interpolated in log-log and,
+    beyond the largest message, linear in bytes with the least-squares slope of the largest quarter
+    of the sizes, at least three: NCCL's medians step, so the last two alone can share one time).
     """
     kind = spec.get("type", "none")
     tokens = np.asarray(tokens, dtype=float)
@@ -674,6 +675,6 @@ def allreduce_seconds(spec: Mapping[str, Any], tokens: np.ndarray) -> np.ndarray
         if xs[0] <= 0 or ys.min() <= 0:  # interpolated in log-log
             raise ProfileError("allreduce.bytes and allreduce.seconds must be > 0")
         inside = np.exp(np.interp(np.log(np.clip(size, xs[0], xs[-1])), np.log(xs), np.log(ys)))
-        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-        return count * (inside + np.maximum(size - xs[-1], 0.0) * max(slope, 0.0))
+        top = max(3, len(xs) // 4)  # the largest quarter of the sizes (log-spaced tables: >= 3 of them)
+        return count * (inside + np.maximum(size - xs[-1], 0.0) * tail_slope(xs[-top:], ys[-top:], fraction=1.0))
     raise ProfileError(f"allreduce.type must be none, link or table, got {kind!r}")

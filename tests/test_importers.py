@@ -489,6 +489,29 @@ def test_an_all_reduce_table_without_the_tp_degree_is_named(tmp_path, rows, says
         _import_vidur(tmp_path, f"vidur:{f}", tp=2)
 
 
+def test_an_all_reduce_table_keeps_one_node_and_holds_out_what_it_reads(tmp_path):
+    """Vidur's A100 file also times each TP degree spread over two nodes (devices_per_node <
+    num_workers), 10-30x slower: mixed into the medians they priced an A100 TP 4 all-reduce of
+    32 MiB at 4.4 ms instead of 0.32 ms, and a 70B prefill 2.6x slower than its own GEMMs."""
+    f = tmp_path / "network" / "h100_dgx" / "all_reduce.csv"  # the importer's fixture is an H100 Llama-2-7B
+    f.parent.mkdir(parents=True)
+    sizes = [2048 * 2 ** k for k in range(12)]
+    one_node = "".join(f"{0.02 + s / 2e8:.6f},2,{s},2\n" for s in sizes)
+    two_nodes = "".join(f"{(0.02 + s / 2e8) * 20:.6f},2,{s},1\n" for s in sizes)
+    f.write_text("time_stats.all_reduce.median,num_workers,size,devices_per_node\n" + one_node + two_nodes)
+    profile = _import_vidur(tmp_path, f"vidur:{f}", tp=2)
+    ar = profile["allreduce"]
+    assert ar["type"] == "table" and ar["bytes"] == sizes
+    assert ar["seconds"] == pytest.approx([(0.02 + s / 2e8) * 1e-3 for s in sizes], rel=1e-4)  # not 20x
+    assert "in one node" in " ".join(profile["provenance"]["assembly"])
+    held = profile["held_out_error"]["allreduce"]
+    assert held["n"] == 2 and held["median_ape"] < 0.2  # log-log between neighbours of a linear curve
+    f.write_text("time_stats.all_reduce.median,num_workers,size,devices_per_node\n" + two_nodes)
+    with pytest.raises(SourceError, match=r"all_reduce\.csv: num_workers 2 is only timed across nodes "
+                                          r"\(devices_per_node \[1\]\); tensor parallelism needs one node"):
+        _import_vidur(tmp_path, f"vidur:{f}", tp=2)
+
+
 def test_two_sources_for_one_role_are_refused(tmp_path):
     """Two decode files (or mlp.csv files, ...) kept the last without a word, both named in the provenance."""
     files = []
