@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Rebuild every shipped GPU profile (calibration/profiles/*-tp*.json) from the public measurements
-# in ../shared/data/gpu (SOURCES.md there: repositories, commits, licenses). No GPU needed; ~1 min.
+# in ../shared/data/gpu (SOURCES.md there: repositories, commits, licenses). No GPU needed; ~1.5 min.
 #
 #   benchmarks/gpu_profiles.sh [DATA_DIR]
 set -euo pipefail

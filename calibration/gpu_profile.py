@@ -141,7 +141,7 @@ def monotone_seconds(seconds: np.ndarray) -> np.ndarray:
     (Vidur's DGX tables); held out on those tables (TP 2/4/8, H100 and A100; median / p90 APE %),
     a running maximum carried the first high one on to every size after it (H100 0.31 / 23.7 at
     TP 8, A100 2.81 / 14.0 at TP 2), the lower envelope put every dip under all smaller sizes
-    (H100 TP 4 0.34 / 61.8); this 0.31-1.25 / 2.8-21.3, the best p90 on three of the six."""
+    (H100 TP 4 0.34 / 61.8); this 0.31-1.25 / 2.8-21.3, the best p90 on four of the six."""
     return isotonic_regression(np.asarray(seconds, dtype=float)).x
 
 
