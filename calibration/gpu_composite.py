@@ -251,10 +251,12 @@ def assemble_composite(opts: Any, model: ModelConfig, link: dict[str, Any]) -> t
     grid, att_check, att_src = _attention(model, hw, tp, decode, prefill, notes)
 
     # ---- all-reduce ----
+    ar_check = None  # held-out error of a measured table
     if tp == 1:
         ar = {"type": "none"}
     elif allreduce is not None and len(allreduce):
         t = allreduce.groupby("bytes")["seconds"].median().sort_index()
+        ar_check = gp.check_allreduce(t.index.to_numpy(), t.to_numpy())
         secs = gp.monotone_seconds(t.to_numpy())  # NCCL's small-message noise: a monotone fit
         ar = {"type": "table", "count": 2 * model.num_layers + 1, "bytes_per_token": model.hidden_size * model.dtype_bytes,
               "bytes": t.index.astype(float).tolist(), "seconds": secs.tolist(),
@@ -272,10 +274,9 @@ def assemble_composite(opts: Any, model: ModelConfig, link: dict[str, Any]) -> t
                       dense_ops=dense_ops, seq_sequences=[int(x) for x in seqs],
                       seq_ops={"lm_head": lm.tolist(), "sampler": sampler.tolist()},
                       seq_sources={"lm_head": lm_src, "sampler": sampler_src}, grid=grid, attention_source=att_src,
-                      allreduce=ar, sources=[p.to_dict() for p in provs], assembly_notes=notes)
+                      allreduce=ar, sources=[p.to_dict() for p in provs], assembly_notes=notes,
+                      allreduce_check=ar_check)
     asm.attention_check = att_check
-    if ar["type"] == "table":
-        asm.allreduce_check = gp.check_allreduce(t.index.to_numpy(), t.to_numpy())
     asm.seq_native = {"lm_head": (xs, g["lm_head"].to_numpy()) if v0_same_model else None, "sampler": None}
     return asm, None, None
 
